@@ -1,0 +1,1 @@
+"""Pure, host-side planning of the data layout, mounts and skill views."""

@@ -1,0 +1,96 @@
+"""Validation of every identifier that may end up in a filesystem path.
+
+Nothing in the project joins an id into a path without passing it through one of these
+functions first (SPEC §2: a bad id is a clear 422, never a path).
+"""
+
+from __future__ import annotations
+
+import re
+
+# A user's sandbox runs as uid = base + user id (SPEC §13); keep the sum inside 31 bits.
+MAX_USER_ID = 1_000_000_000
+
+_SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_PROJECT_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+_CHAT_ID = re.compile(r"[A-Za-z0-9_@:=+-][A-Za-z0-9._@:=+-]{0,127}")
+_FINGERPRINT = re.compile(r"[0-9a-f]{64}")
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+class InvalidIdentifier(ValueError):
+    """An identifier failed validation; `field` names it for the 422 answer."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def _require_str(field: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise InvalidIdentifier(field, f"{field} must be a string")
+    return value
+
+
+def user_id(value: object, field: str = "user_id") -> int:
+    # bool is an int subclass: True must not become user 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidIdentifier(field, f"{field} must be a positive integer")
+    if not 0 < value <= MAX_USER_ID:
+        raise InvalidIdentifier(field, f"{field} must be between 1 and {MAX_USER_ID}")
+    return value
+
+
+def session_id(value: object, field: str = "session_id") -> str:
+    text = _require_str(field, value)
+    # "." and ".." match the character class but would name a parent directory.
+    if not _SESSION_ID.fullmatch(text) or text in (".", ".."):
+        raise InvalidIdentifier(
+            field, f"{field} must be 1-128 characters of A-Z a-z 0-9 . _ : - and not '.' or '..'"
+        )
+    return text
+
+
+def project_id(value: object, field: str = "project_id") -> str:
+    text = _require_str(field, value)
+    if not _PROJECT_ID.fullmatch(text) or text in (".", ".."):
+        raise InvalidIdentifier(field, f"{field} must be 1-64 characters of A-Z a-z 0-9 . _ -")
+    return text
+
+
+def name(value: object, field: str = "name") -> str:
+    """A skill name, agent id or group channel: a single safe path component."""
+    text = _require_str(field, value)
+    if not _NAME.fullmatch(text):
+        raise InvalidIdentifier(
+            field, f"{field} must be 1-64 characters of A-Z a-z 0-9 . _ - not starting with '.' or '-'"
+        )
+    return text
+
+
+def chat_id(value: object, field: str = "chat_id") -> str:
+    text = _require_str(field, value)
+    if not _CHAT_ID.fullmatch(text):
+        raise InvalidIdentifier(
+            field, f"{field} must be 1-128 characters of A-Z a-z 0-9 . _ @ : = + - not starting with '.'"
+        )
+    return text
+
+
+def fingerprint(value: object, field: str = "fingerprint") -> str:
+    text = _require_str(field, value)
+    if not _FINGERPRINT.fullmatch(text):
+        raise InvalidIdentifier(field, f"{field} must be 64 lowercase hex digits")
+    return text
+
+
+def file_name(value: object, field: str = "file") -> str:
+    """A single file name inside a per-user directory (an upload's UUID name)."""
+    text = _require_str(field, value)
+    if not _FILE_NAME.fullmatch(text):
+        raise InvalidIdentifier(
+            field, f"{field} must be 1-128 characters of A-Z a-z 0-9 . _ - not starting with '.' or '-'"
+        )
+    return text

@@ -1,0 +1,1 @@
+"""Where sandboxes run: the ContainerBackend interface and its implementations."""

@@ -1,0 +1,50 @@
+"""The sandbox lifecycle interface (SPEC §13), kept as small as JupyterHub's spawners.
+
+A backend knows *where* a user's sandbox runs; *what* can be done in it is the sandbox
+agent's wire API (`sandbox_agent.wire`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mounts.plan import MountPlan
+
+
+@dataclass(frozen=True)
+class SandboxUser:
+    """What a backend needs to run one user's sandbox: the user and their current plan."""
+
+    user_id: int
+    plan: MountPlan
+
+
+@dataclass(frozen=True)
+class SandboxStatus:
+    user_id: int
+    backend: str
+    state: str  # running | stopped | starting | failed
+    plan_hash: str | None = None
+    agent_build: str | None = None
+    busy: int = 0
+    detail: dict[str, Any] | None = None
+
+
+class ContainerBackend(Protocol):
+    name: str
+
+    def ensure(self, user: SandboxUser) -> SandboxStatus:
+        """Start (or adopt, or recreate) the user's sandbox and wait until its agent answers."""
+
+    def call(self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str) -> dict[str, Any]:
+        """Run one tool in the user's sandbox; raises `ToolError` for tool-level failures."""
+
+    def stop(self, user_id: int) -> None:
+        """Stop the user's sandbox; the next call starts it again."""
+
+    def status(self) -> list[SandboxStatus]:
+        """Every sandbox this backend knows about."""
+
+    def close(self) -> None:
+        """Release resources at orchestrator shutdown (sandboxes may keep running)."""

@@ -1,0 +1,1 @@
+"""The HTTP API (SPEC §12)."""

@@ -1,0 +1,35 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from orchestrator import __version__
+from orchestrator.http import routes_core, routes_sessions
+from orchestrator.http.errors import install_error_handlers
+from orchestrator.service import OrchestratorService
+
+
+def create_app(service: OrchestratorService) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            service.close()
+
+    app = FastAPI(
+        title="Sandbox Orchestrator",
+        version=__version__,
+        description="Per-user sandboxes for multi-user AI agents (SPEC §12).",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    install_error_handlers(app)
+    app.include_router(routes_core.router)
+    app.include_router(routes_sessions.router)
+    return app

@@ -1,0 +1,92 @@
+"""Bearer-token auth (SPEC §12): the bot token for the API, the admin token for /v1/admin/*.
+
+With no token configured at all, authentication is off and the server listens on loopback
+only (enforced by `orchestrator serve`).
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+
+from fastapi import Depends, Header, Request
+
+from mounts import ids
+from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
+from orchestrator.service import OrchestratorService
+
+
+@dataclass(frozen=True)
+class Caller:
+    role: str  # bot | admin | local
+
+    @property
+    def actor(self) -> str:
+        return self.role
+
+
+def service_of(request: Request) -> OrchestratorService:
+    return request.app.state.service
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def _matches(token: str, secret) -> bool:
+    return secret is not None and hmac.compare_digest(token.encode(), secret.get_secret_value().encode())
+
+
+def _caller(service: OrchestratorService, authorization: str | None) -> Caller | None:
+    settings = service.settings
+    if not settings.auth_enabled:
+        return Caller("local")
+    token = _bearer(authorization)
+    if token is None:
+        return None
+    if _matches(token, settings.admin_token):
+        return Caller("admin")
+    if _matches(token, settings.api_token):
+        return Caller("bot")
+    return None
+
+
+def require_bot(
+    service: OrchestratorService = Depends(service_of),
+    authorization: str | None = Header(None),
+) -> Caller:
+    caller = _caller(service, authorization)
+    if caller is None:
+        raise Unauthorized("missing or wrong bearer token")
+    return caller
+
+
+def require_admin(
+    service: OrchestratorService = Depends(service_of),
+    authorization: str | None = Header(None),
+) -> Caller:
+    caller = _caller(service, authorization)
+    if caller is None:
+        raise Unauthorized("missing or wrong bearer token")
+    if caller.role == "bot":
+        raise Forbidden("this route needs the admin token")
+    return caller
+
+
+def acting_user(x_acting_user: str | None = Header(None)) -> int | None:
+    """`X-Acting-User: {uid}`: the person a session read or write is made for (SPEC §12)."""
+    if x_acting_user is None:
+        return None
+    try:
+        value = int(x_acting_user)
+    except ValueError:
+        raise InvalidInput("X-Acting-User must be a positive integer user id", field="X-Acting-User") from None
+    try:
+        return ids.user_id(value, "X-Acting-User")
+    except ids.InvalidIdentifier as exc:
+        raise InvalidInput(exc.message, field=exc.field) from None

@@ -1,0 +1,249 @@
+"""Request and response bodies of the HTTP API. Unknown fields are refused (422)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from mounts import ids
+from mounts.layout import GroupRef
+from orchestrator.identity import Trigger
+from orchestrator.runs import RunContext, RunRecord, RunStatus
+from orchestrator.sessions import Channel, SessionRecord
+from orchestrator.settings import IdentityMode
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check(validator, value, field):
+    try:
+        return validator(value, field)
+    except ids.InvalidIdentifier as exc:
+        raise ValueError(exc.message) from None
+
+
+UserIdField = Field(..., gt=0, le=ids.MAX_USER_ID, strict=True)
+
+
+class GroupIn(Body):
+    channel: str
+    chat_id: str
+
+    @field_validator("channel")
+    @classmethod
+    def _channel(cls, v: str) -> str:
+        return _check(ids.name, v, "channel")
+
+    @field_validator("chat_id")
+    @classmethod
+    def _chat(cls, v: str) -> str:
+        return _check(ids.chat_id, v, "chat_id")
+
+    def ref(self) -> GroupRef:
+        return GroupRef(self.channel, self.chat_id)
+
+
+class GroupOut(BaseModel):
+    channel: str
+    chat_id: str
+
+
+class UserIn(Body):
+    display_name: str | None = Field(None, max_length=200)
+    backend: Literal["auto", "docker", "process"] | None = None
+
+
+class UserOut(BaseModel):
+    user_id: int
+    display_name: str | None
+    backend: str | None
+    groups: list[GroupOut]
+
+
+class ProjectSettingsIn(Body):
+    cross_session_read: bool | None = Field(None, strict=True)
+    cross_project_collaboration: bool | None = Field(None, strict=True)
+
+
+class ProjectSettingsOut(BaseModel):
+    project_id: str
+    cross_session_read: bool
+    cross_project_collaboration: bool
+
+
+class SessionCreate(Body):
+    session_id: str | None = None
+    owner_user_id: int = UserIdField
+    project_id: str | None = None
+    channel: Channel
+    group: GroupIn | None = None
+    parent_session_id: str | None = None
+    title: str | None = Field(None, max_length=500)
+
+    @field_validator("session_id", "parent_session_id")
+    @classmethod
+    def _sid(cls, v: str | None, info) -> str | None:
+        return None if v is None else _check(ids.session_id, v, info.field_name)
+
+    @field_validator("project_id")
+    @classmethod
+    def _pid(cls, v: str | None) -> str | None:
+        return None if v is None else _check(ids.project_id, v, "project_id")
+
+
+class SessionPatch(Body):
+    title: str | None = Field(None, max_length=500)
+    archived: bool | None = Field(None, strict=True)
+    pinned: bool | None = Field(None, strict=True)
+    allow_cross_read: bool | None = Field(None, strict=True)
+    cross_private: bool | None = Field(None, strict=True)
+
+
+class SessionOut(BaseModel):
+    session_id: str
+    owner_user_id: int
+    project_id: str | None
+    channel: Channel
+    group: GroupOut | None
+    parent_session_id: str | None
+    title: str | None
+    last_runtime_user_id: int | None
+    allow_cross_read: bool
+    cross_private: bool
+    archived: bool
+    pinned: bool
+    created_at: str
+    updated_at: str
+
+    @classmethod
+    def of(cls, record: SessionRecord) -> SessionOut:
+        return cls(
+            session_id=record.session_id,
+            owner_user_id=record.owner_user_id,
+            project_id=record.project_id,
+            channel=record.channel,
+            group=GroupOut(channel=record.group.channel, chat_id=record.group.chat_id) if record.group else None,
+            parent_session_id=record.parent_session_id,
+            title=record.title,
+            last_runtime_user_id=record.last_runtime_user_id,
+            allow_cross_read=record.allow_cross_read,
+            cross_private=record.cross_private,
+            archived=record.archived,
+            pinned=record.pinned,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+        )
+
+
+class RunStart(Body):
+    trigger: Trigger
+    speaker_user_id: int | None = Field(None, gt=0, le=ids.MAX_USER_ID, strict=True)
+    agent_id: str = "default"
+    delivery_id: str | None = Field(None, max_length=128)
+
+    @field_validator("agent_id")
+    @classmethod
+    def _agent(cls, v: str) -> str:
+        return _check(ids.name, v, "agent_id")
+
+
+class SkillCatalogOut(BaseModel):
+    name: str
+    path: str
+    kind: str
+
+
+class SkillsOut(BaseModel):
+    available: list[str]
+    failed: list[str]
+    catalog: list[SkillCatalogOut]
+
+
+class RunContextOut(BaseModel):
+    run_id: str
+    session_id: str
+    trigger: Trigger
+    owner_user_id: int
+    execution_user_id: int | None
+    runtime_user_id: int
+    identity_mode: IdentityMode
+    workdir: str
+    upload_dir: str
+    skills: SkillsOut
+    archive_hint_enabled: bool
+    memory_user_id: int
+    prompt_identity_section: str | None
+
+    @classmethod
+    def of(cls, context: RunContext) -> RunContextOut:
+        run = context.run
+        return cls(
+            run_id=run.run_id,
+            session_id=run.session_id,
+            trigger=run.trigger,
+            owner_user_id=run.owner_user_id,
+            execution_user_id=run.execution_user_id,
+            runtime_user_id=run.runtime_user_id,
+            identity_mode=run.identity_mode,
+            workdir=context.workdir,
+            upload_dir=context.upload_dir,
+            skills=SkillsOut(
+                available=list(context.skills.available),
+                failed=list(context.skills.failed),
+                catalog=[SkillCatalogOut(name=e.name, path=e.path, kind=e.kind) for e in context.skills.catalog],
+            ),
+            archive_hint_enabled=context.archive_hint_enabled,
+            memory_user_id=context.memory_user_id,
+            prompt_identity_section=context.prompt_identity_section,
+        )
+
+
+class RunEnd(Body):
+    status: Literal["succeeded", "failed", "cancelled"] = "succeeded"
+
+
+class RunOut(BaseModel):
+    run_id: str
+    session_id: str
+    trigger: Trigger
+    owner_user_id: int
+    execution_user_id: int | None
+    runtime_user_id: int
+    identity_mode: IdentityMode
+    status: RunStatus
+    started_at: str
+    ended_at: str | None
+
+    @classmethod
+    def of(cls, run: RunRecord) -> RunOut:
+        return cls(
+            run_id=run.run_id,
+            session_id=run.session_id,
+            trigger=run.trigger,
+            owner_user_id=run.owner_user_id,
+            execution_user_id=run.execution_user_id,
+            runtime_user_id=run.runtime_user_id,
+            identity_mode=run.identity_mode,
+            status=run.status,
+            started_at=run.started_at,
+            ended_at=run.ended_at,
+        )
+
+
+class ToolCallIn(Body):
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    tool_call_id: str | None = Field(None, min_length=1, max_length=200)
+
+
+class IdentityModeIn(Body):
+    mode: IdentityMode
+
+
+class IdentityModeOut(BaseModel):
+    mode: IdentityMode
+    source: str
+    changed_at: str
+    invalid_value: str | None

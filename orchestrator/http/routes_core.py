@@ -1,0 +1,137 @@
+"""Health, users, projects and the admin runtime-identity switch."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+
+from orchestrator import __version__, audit
+from orchestrator.errors import NotFound
+from orchestrator.http.auth import Caller, require_admin, require_bot, service_of
+from orchestrator.http.models import (
+    GroupOut,
+    IdentityModeIn,
+    IdentityModeOut,
+    ProjectSettingsIn,
+    ProjectSettingsOut,
+    UserIn,
+    UserOut,
+)
+from orchestrator.http.params import project_id_param, user_id_param
+from orchestrator.identity_switch import IdentityModeState
+from orchestrator.service import OrchestratorService
+
+router = APIRouter()
+
+
+def _mode_out(state: IdentityModeState) -> IdentityModeOut:
+    return IdentityModeOut(
+        mode=state.mode, source=state.source, changed_at=state.changed_at, invalid_value=state.invalid_value
+    )
+
+
+@router.get("/healthz", tags=["health"])
+def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
+    state = service.switch.state()
+    return {
+        "status": "ok",
+        "version": __version__,
+        "backend": service.sandboxes.default_backend,
+        "backends_available": sorted(service.sandboxes.backends),
+        "runtime_identity": state.mode.value,
+        "runtime_identity_source": state.source,
+        "runtime_identity_changed_at": state.changed_at,
+        "runtime_identity_invalid_value": state.invalid_value,
+    }
+
+
+def _user_out(service: OrchestratorService, user_id: int) -> UserOut:
+    record = service.users.get(user_id)
+    groups = [GroupOut(channel=g.channel, chat_id=g.chat_id) for g in service.users.groups_of(user_id)]
+    return UserOut(
+        user_id=user_id,
+        display_name=record.display_name if record else None,
+        backend=record.backend if record else None,
+        groups=groups,
+    )
+
+
+@router.put("/v1/users/{user_id}", response_model=UserOut, tags=["users"])
+def put_user(
+    body: UserIn,
+    user_id: int = Depends(user_id_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> UserOut:
+    service.users.upsert(user_id, display_name=body.display_name, backend=body.backend)
+    return _user_out(service, user_id)
+
+
+@router.get("/v1/users/{user_id}", response_model=UserOut, tags=["users"])
+def get_user(
+    user_id: int = Depends(user_id_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> UserOut:
+    if service.users.get(user_id) is None:
+        raise NotFound(f"user {user_id} not found")
+    return _user_out(service, user_id)
+
+
+@router.put("/v1/projects/{project_id}/settings", response_model=ProjectSettingsOut, tags=["projects"])
+def put_project_settings(
+    body: ProjectSettingsIn,
+    project_id: str = Depends(project_id_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> ProjectSettingsOut:
+    settings = service.projects.update(
+        project_id,
+        cross_session_read=body.cross_session_read,
+        cross_project_collaboration=body.cross_project_collaboration,
+    )
+    return ProjectSettingsOut(**settings.__dict__)
+
+
+@router.get("/v1/projects/{project_id}/settings", response_model=ProjectSettingsOut, tags=["projects"])
+def get_project_settings(
+    project_id: str = Depends(project_id_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> ProjectSettingsOut:
+    return ProjectSettingsOut(**service.projects.get(project_id).__dict__)
+
+
+@router.get("/v1/admin/runtime-identity", response_model=IdentityModeOut, tags=["admin"])
+def get_runtime_identity(
+    service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
+) -> IdentityModeOut:
+    return _mode_out(service.switch.state())
+
+
+@router.put("/v1/admin/runtime-identity", response_model=IdentityModeOut, tags=["admin"])
+def put_runtime_identity(
+    body: IdentityModeIn,
+    service: OrchestratorService = Depends(service_of),
+    caller: Caller = Depends(require_admin),
+) -> IdentityModeOut:
+    return _mode_out(service.switch.set_by_admin(body.mode, actor=caller.actor))
+
+
+@router.get("/v1/admin/audit", tags=["admin"])
+def get_audit(
+    action: str | None = Query(None, max_length=100),
+    session_id: str | None = Query(None, max_length=200),
+    limit: int = Query(100, ge=1, le=1000),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_admin),
+) -> dict:
+    entries = audit.entries(service.store, action=action, session_id=session_id, limit=limit)
+    return {"entries": [entry.__dict__ for entry in entries]}
+
+
+@router.get("/v1/admin/sandboxes", tags=["admin"])
+def get_sandboxes(service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)) -> dict:
+    return {
+        "default_backend": service.sandboxes.default_backend,
+        "sandboxes": [status.__dict__ for status in service.sandboxes.status()],
+    }

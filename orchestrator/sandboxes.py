@@ -1,0 +1,56 @@
+"""Routing a user to their sandbox: the backend that runs it and the plan it runs with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from mounts.layout import DataLayout
+from mounts.plan import plan_mounts
+from orchestrator.backends.base import ContainerBackend, SandboxStatus, SandboxUser
+from orchestrator.errors import ToolError
+from orchestrator.users import UserRepository
+
+
+class SandboxRouter:
+    def __init__(
+        self,
+        layout: DataLayout,
+        users: UserRepository,
+        backends: Mapping[str, ContainerBackend],
+        default_backend: str,
+    ) -> None:
+        self._layout = layout
+        self._users = users
+        self.backends = dict(backends)
+        self.default_backend = default_backend
+
+    def sandbox_user(self, user_id: int) -> SandboxUser:
+        return SandboxUser(user_id, plan_mounts(self._layout, user_id, self._users.groups_of(user_id)))
+
+    def backend_name_for(self, user_id: int) -> str:
+        user = self._users.get(user_id)
+        if user is not None and user.backend not in (None, "auto") and user.backend in self.backends:
+            return user.backend
+        return self.default_backend
+
+    def backend_for(self, user_id: int) -> ContainerBackend:
+        name = self.backend_name_for(user_id)
+        backend = self.backends.get(name)
+        if backend is None:
+            raise ToolError(
+                "sandbox_unavailable",
+                f"No sandbox backend is available for user {user_id} (wanted: {name}). "
+                "The tool cannot run now; tell the user the sandbox service is not ready.",
+            )
+        return backend
+
+    def call(self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str) -> dict[str, Any]:
+        return self.backend_for(user_id).call(self.sandbox_user(user_id), tool, arguments, cwd=cwd)
+
+    def status(self) -> list[SandboxStatus]:
+        return [status for backend in self.backends.values() for status in backend.status()]
+
+    def close(self) -> None:
+        for backend in self.backends.values():
+            backend.close()

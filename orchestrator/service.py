@@ -1,0 +1,92 @@
+"""The composition root: builds every part of the orchestrator from its settings, and owns
+their start and stop. Nothing else constructs services."""
+
+from __future__ import annotations
+
+import logging
+
+from orchestrator.backends.base import ContainerBackend
+from orchestrator.file_watch import FileWatcher
+from orchestrator.identity_switch import RuntimeIdentitySwitch
+from orchestrator.log import kv
+from orchestrator.projects import ProjectRepository
+from orchestrator.runs import RunRepository, RunService
+from orchestrator.sandboxes import SandboxRouter
+from orchestrator.sessions import SessionRepository, SessionService
+from orchestrator.settings import Settings
+from orchestrator.skills_port import NoSkills, SkillProvider
+from orchestrator.state_store import StateStore
+from orchestrator.tools.dispatch import ToolDispatcher
+from orchestrator.tools.registry import ToolRegistry
+from orchestrator.user_dirs import UserDirectories
+from orchestrator.users import UserRepository
+
+log = logging.getLogger(__name__)
+
+
+def choose_default_backend(settings: Settings, available: dict[str, ContainerBackend]) -> str:
+    if settings.backend != "auto":
+        return settings.backend
+    return "docker" if "docker" in available else "process"
+
+
+class OrchestratorService:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self.store = StateStore(self.layout.state_db)
+        self.store.open()
+        self.users = UserRepository(self.store)
+        self.projects = ProjectRepository(self.store)
+        self.session_repo = SessionRepository(self.store)
+        self.sessions = SessionService(self.store, self.session_repo, self.users)
+        self.run_repo = RunRepository(self.store)
+        self.switch = RuntimeIdentitySwitch(self.store, settings)
+        self.directories = UserDirectories(self.layout, settings.sandbox_uid_base)
+        self.skills: SkillProvider = NoSkills()
+        backends: dict[str, ContainerBackend] = {}
+        self.sandboxes = SandboxRouter(
+            self.layout, self.users, backends, choose_default_backend(settings, backends)
+        )
+        self.runs = RunService(
+            settings=settings,
+            store=self.store,
+            sessions=self.session_repo,
+            users=self.users,
+            runs=self.run_repo,
+            switch=self.switch,
+            directories=self.directories,
+            skills=self.skills,
+        )
+        self.tools = ToolRegistry()
+        self.dispatcher = ToolDispatcher(
+            layout=self.layout,
+            store=self.store,
+            registry=self.tools,
+            runs=self.run_repo,
+            sessions=self.session_repo,
+            sandboxes=self.sandboxes,
+        )
+        self._watchers: list[FileWatcher] = []
+
+    def start(self) -> None:
+        """Background work: the settings-file watcher (SPEC §8)."""
+        settings_file = self.settings.settings_file
+        if settings_file is not None:
+            path = settings_file.resolve()
+            watcher = FileWatcher(
+                "settings-file",
+                [path.parent],
+                lambda _paths: self.switch.reload_settings_file(),
+                only=[path],
+            )
+            watcher.start()
+            self._watchers.append(watcher)
+            log.info("watching the settings file %s", kv(file=path))
+
+    def close(self) -> None:
+        for watcher in self._watchers:
+            watcher.stop()
+        self._watchers.clear()
+        self.sandboxes.close()
+        self.store.close()

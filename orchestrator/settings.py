@@ -1,0 +1,87 @@
+"""Service settings (SPEC §12): environment variables prefixed `ORCH_`, plus an optional
+dotenv-style settings file named by `ORCH_SETTINGS_FILE` (the environment wins over the file)."""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mounts.layout import DataLayout
+
+
+class IdentityMode(str, Enum):
+    EXECUTION = "execution"
+    OWNER = "owner"
+
+
+DEFAULT_IDENTITY_MODE = IdentityMode.EXECUTION
+
+
+def parse_identity_mode(raw: str | None) -> tuple[IdentityMode, str | None]:
+    """Return the mode and, when `raw` was not a valid mode, the rejected value (SPEC §8)."""
+    if raw is None or raw.strip() == "":
+        return DEFAULT_IDENTITY_MODE, None
+    try:
+        return IdentityMode(raw.strip().lower()), None
+    except ValueError:
+        return DEFAULT_IDENTITY_MODE, raw
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ORCH_", extra="ignore", frozen=True)
+
+    data_dir: Path = Field(Path("./data"), description="Root of the data layout (SPEC §2).")
+    public_base_url: str = Field(
+        "http://127.0.0.1:8700", description="Origin used to build public /uploads/ URLs."
+    )
+    api_token: SecretStr | None = Field(None, description="Bearer token for chat bots.")
+    admin_token: SecretStr | None = Field(None, description="Bearer token for /v1/admin/*.")
+    runtime_identity: str = Field(
+        DEFAULT_IDENTITY_MODE.value,
+        description="`execution` or `owner`; an invalid value falls back to `execution`.",
+    )
+    backend: Literal["auto", "docker", "process"] = Field(
+        "auto", description="Sandbox backend: docker when an engine and the image exist, else process."
+    )
+    settings_file: Path | None = Field(
+        None, description="Optional dotenv file with the same keys; watched for identity-mode changes."
+    )
+    idle_timeout_s: float = Field(900.0, gt=0, description="Stop a user's sandbox after this idle time.")
+    tool_timeout_s: float = Field(60.0, gt=0, description="Default `shell` timeout.")
+    tool_timeout_max_s: float = Field(600.0, gt=0, description="Largest `timeout_s` a shell call may ask for.")
+    output_cap_bytes: int = Field(256 * 1024, gt=0, description="Cap on a tool's text output.")
+    read_bytes_max: int = Field(20 * 1024 * 1024, gt=0, description="Cap on read_bytes / send_file size.")
+    url_fetch_timeout_s: float = Field(15.0, gt=0, description="Timeout when the host fetches an http(s) URL.")
+    sandbox_uid_base: int = Field(100000, ge=1000, description="A user's sandbox runs as uid base + user id.")
+    sandbox_image: str = Field("sandbox-orchestrator/sandbox:latest", description="Docker image of sandboxes.")
+    sandbox_network: str = Field("none", description="Docker network of sandboxes.")
+    sandbox_cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox.")
+    sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit per sandbox (MiB).")
+    sandbox_pids: int = Field(512, gt=0, description="Process limit per sandbox.")
+    skill_gc_days: float = Field(7.0, ge=0, description="Unreferenced skill content older than this is removed.")
+    transcript_turns: int = Field(200, gt=0, description="Turns kept in a session's transcript.")
+
+    @property
+    def layout(self) -> DataLayout:
+        return DataLayout(self.data_dir)
+
+    @property
+    def identity_mode(self) -> tuple[IdentityMode, str | None]:
+        return parse_identity_mode(self.runtime_identity)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.api_token is not None or self.admin_token is not None
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment and the optional settings file it names."""
+    settings_file = overrides.get("settings_file") or os.environ.get("ORCH_SETTINGS_FILE")
+    if settings_file:
+        return Settings(_env_file=str(settings_file), **overrides)  # type: ignore[arg-type]
+    return Settings(**overrides)  # type: ignore[arg-type]

@@ -1,0 +1,222 @@
+"""The orchestrator's SQLite state (SPEC §2 `state/orchestrator.sqlite3`).
+
+WAL mode, a busy timeout, `BEGIN IMMEDIATE` for every write (so two writers never
+deadlock on a lock upgrade), one connection per thread, and forward-only versioned
+migrations. A database written by a newer orchestrator refuses to open.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+BUSY_TIMEOUT_MS = 10_000
+
+# Append only: a released migration is never edited; the version is its 1-based index.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: users, groups, projects, sessions, runs, audit, runtime overrides
+    """
+    CREATE TABLE users (
+        user_id       INTEGER PRIMARY KEY,
+        display_name  TEXT,
+        backend       TEXT,
+        created_at    TEXT NOT NULL,
+        updated_at    TEXT NOT NULL
+    );
+    CREATE TABLE group_members (
+        channel    TEXT NOT NULL,
+        chat_id    TEXT NOT NULL,
+        user_id    INTEGER NOT NULL,
+        joined_at  TEXT NOT NULL,
+        PRIMARY KEY (channel, chat_id, user_id)
+    );
+    CREATE INDEX group_members_by_user ON group_members (user_id);
+    CREATE TABLE projects (
+        project_id                   TEXT PRIMARY KEY,
+        cross_session_read           INTEGER NOT NULL DEFAULT 0,
+        cross_project_collaboration  INTEGER NOT NULL DEFAULT 1,
+        updated_at                   TEXT NOT NULL
+    );
+    CREATE TABLE sessions (
+        session_id            TEXT PRIMARY KEY,
+        owner_user_id         INTEGER NOT NULL,
+        project_id            TEXT,
+        channel               TEXT NOT NULL,
+        group_channel         TEXT,
+        group_chat_id         TEXT,
+        parent_session_id     TEXT,
+        title                 TEXT,
+        last_runtime_user_id  INTEGER,
+        allow_cross_read      INTEGER NOT NULL DEFAULT 1,
+        cross_private         INTEGER NOT NULL DEFAULT 0,
+        archived              INTEGER NOT NULL DEFAULT 0,
+        pinned                INTEGER NOT NULL DEFAULT 0,
+        created_at            TEXT NOT NULL,
+        updated_at            TEXT NOT NULL,
+        deleted_at            TEXT,
+        cleanup_done_at       TEXT
+    );
+    CREATE INDEX sessions_by_owner ON sessions (owner_user_id, project_id);
+    CREATE TABLE session_runtime_users (
+        session_id  TEXT NOT NULL,
+        user_id     INTEGER NOT NULL,
+        first_at    TEXT NOT NULL,
+        PRIMARY KEY (session_id, user_id)
+    );
+    CREATE TABLE runs (
+        run_id             TEXT PRIMARY KEY,
+        session_id         TEXT NOT NULL,
+        trigger            TEXT NOT NULL,
+        agent_id           TEXT NOT NULL,
+        identity_mode      TEXT NOT NULL,
+        owner_user_id      INTEGER NOT NULL,
+        execution_user_id  INTEGER,
+        runtime_user_id    INTEGER NOT NULL,
+        speaker_user_id    INTEGER,
+        delivery_id        TEXT,
+        status             TEXT NOT NULL,
+        started_at         TEXT NOT NULL,
+        ended_at           TEXT
+    );
+    CREATE INDEX runs_by_session ON runs (session_id, started_at);
+    CREATE TABLE audit_log (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        at            TEXT NOT NULL,
+        actor         TEXT NOT NULL,
+        action        TEXT NOT NULL,
+        session_id    TEXT,
+        owner_user_id INTEGER,
+        runtime_user_id INTEGER,
+        detail        TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX audit_by_action ON audit_log (action, id);
+    CREATE TABLE runtime_overrides (
+        key         TEXT PRIMARY KEY,
+        value       TEXT NOT NULL,
+        actor       TEXT NOT NULL,
+        changed_at  TEXT NOT NULL
+    );
+    """,
+)
+
+
+class SchemaTooNewError(RuntimeError):
+    """The database was written by a newer orchestrator; opening it could corrupt it."""
+
+
+class StateStore:
+    def __init__(self, path: Path, migrations: Sequence[str] = MIGRATIONS) -> None:
+        self.path = Path(path)
+        self._migrations = tuple(migrations)
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._connections_lock = threading.Lock()
+
+    @property
+    def code_version(self) -> int:
+        return len(self._migrations)
+
+    def open(self) -> None:
+        """Create the file when missing, refuse a newer schema, apply pending migrations."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path.parent, 0o700)
+        conn = self.connection()
+        found = conn.execute("PRAGMA user_version").fetchone()[0]
+        if found > self.code_version:
+            self.close()
+            raise SchemaTooNewError(
+                f"{self.path} has schema version {found}, but this orchestrator only knows "
+                f"versions up to {self.code_version}: run a newer orchestrator or restore a "
+                "backup made by this version"
+            )
+        for version in range(found + 1, self.code_version + 1):
+            with self.write() as tx:
+                tx.executescript_in_tx(self._migrations[version - 1])
+                tx.execute(f"PRAGMA user_version = {version}")
+
+    def schema_version(self) -> int:
+        return self.connection().execute("PRAGMA user_version").fetchone()[0]
+
+    def connection(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            os.chmod(self.path, 0o600)
+            self._local.conn = conn
+            with self._connections_lock:
+                self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def write(self) -> Iterator[Transaction]:
+        """A write transaction taken with BEGIN IMMEDIATE; committed on success."""
+        conn = self.connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield Transaction(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    @contextmanager
+    def read(self) -> Iterator[Transaction]:
+        """A consistent read snapshot."""
+        conn = self.connection()
+        conn.execute("BEGIN")
+        try:
+            yield Transaction(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._connections_lock:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+
+class Transaction:
+    """A thin view of a connection inside a transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params: Sequence[object] | dict[str, object] = ()) -> sqlite3.Cursor:
+        return self._conn.execute(sql, params)
+
+    def one(self, sql: str, params: Sequence[object] | dict[str, object] = ()) -> sqlite3.Row | None:
+        return self._conn.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: Sequence[object] | dict[str, object] = ()) -> list[sqlite3.Row]:
+        return self._conn.execute(sql, params).fetchall()
+
+    def executescript_in_tx(self, script: str) -> None:
+        # sqlite3.executescript would COMMIT first; run the statements one by one instead.
+        for statement in _split_statements(script):
+            self._conn.execute(statement)
+
+
+def _split_statements(script: str) -> list[str]:
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip():
+        raise ValueError(f"incomplete SQL statement in migration: {buffer.strip()[:80]}")
+    return statements

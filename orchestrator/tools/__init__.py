@@ -1,0 +1,1 @@
+"""Tools a run may call: their registry, the identity table, and dispatch."""

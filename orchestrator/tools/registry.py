@@ -1,0 +1,79 @@
+"""Tool specifications: name, argument model, where it runs, and (for host tools) a handler."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel
+
+from orchestrator.runs import RunRecord
+from orchestrator.sessions import SessionRecord
+from orchestrator.tools.identity_table import CONTAINER_TOOLS, TOOL_IDENTITY
+
+
+class ToolPlace(str, Enum):
+    CONTAINER = "container"  # runs inside the acting user's sandbox
+    HOST = "host"  # runs in the orchestrator
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """Everything a host tool may trust: it comes from the run, never from the model."""
+
+    run: RunRecord
+    session: SessionRecord
+    acting_user_id: int
+    workdir: str
+    arguments: BaseModel
+    tool_call_id: str | None
+
+
+HostHandler = Callable[[ToolCall], Any]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    arguments: type[BaseModel]
+    place: ToolPlace
+    handler: HostHandler | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in TOOL_IDENTITY:
+            raise ValueError(f"tool {self.name} needs a row in the identity table first")
+        if (self.place is ToolPlace.CONTAINER) != (self.name in CONTAINER_TOOLS):
+            raise ValueError(f"tool {self.name}: place {self.place.value} contradicts the identity table")
+        if (self.place is ToolPlace.HOST) != (self.handler is not None):
+            raise ValueError(f"tool {self.name}: host tools need a handler, container tools none")
+
+
+class ToolRegistry:
+    def __init__(self) -> None:
+        self._tools: dict[str, ToolSpec] = {}
+
+    def register(self, spec: ToolSpec) -> None:
+        if spec.name in self._tools:
+            raise ValueError(f"tool {spec.name} registered twice")
+        self._tools[spec.name] = spec
+
+    def get(self, name: str) -> ToolSpec | None:
+        return self._tools.get(name)
+
+    def all(self) -> list[ToolSpec]:
+        return sorted(self._tools.values(), key=lambda spec: spec.name)
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": spec.name,
+                "description": spec.description,
+                "place": spec.place.value,
+                "acts_as": TOOL_IDENTITY[spec.name].value,
+                "parameters": spec.arguments.model_json_schema(),
+            }
+            for spec in self.all()
+        ]

@@ -1,0 +1,90 @@
+"""Users, their display names and backend overrides, and group memberships."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mounts.layout import GroupRef
+from orchestrator.clock import now_iso
+from orchestrator.state_store import StateStore, Transaction
+
+__all__ = ["GroupRef", "UserRecord", "UserRepository"]
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    user_id: int
+    display_name: str | None
+    backend: str | None
+    created_at: str
+    updated_at: str
+
+
+def _user(row) -> UserRecord:
+    return UserRecord(
+        user_id=row["user_id"],
+        display_name=row["display_name"],
+        backend=row["backend"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+class UserRepository:
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+
+    def upsert(self, user_id: int, *, display_name: str | None, backend: str | None) -> UserRecord:
+        now = now_iso()
+        with self._store.write() as tx:
+            tx.execute(
+                "INSERT INTO users (user_id, display_name, backend, created_at, updated_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"
+                " display_name = excluded.display_name, backend = excluded.backend,"
+                " updated_at = excluded.updated_at",
+                (user_id, display_name, backend, now, now),
+            )
+            row = tx.one("SELECT * FROM users WHERE user_id = ?", (user_id,))
+        return _user(row)
+
+    @staticmethod
+    def ensure(tx: Transaction, user_id: int) -> None:
+        now = now_iso()
+        tx.execute(
+            "INSERT OR IGNORE INTO users (user_id, created_at, updated_at) VALUES (?, ?, ?)",
+            (user_id, now, now),
+        )
+
+    def get(self, user_id: int) -> UserRecord | None:
+        with self._store.read() as tx:
+            row = tx.one("SELECT * FROM users WHERE user_id = ?", (user_id,))
+        return _user(row) if row else None
+
+    def known_user_ids(self) -> set[int]:
+        with self._store.read() as tx:
+            return {row["user_id"] for row in tx.all("SELECT user_id FROM users")}
+
+    @staticmethod
+    def add_group_member(tx: Transaction, group: GroupRef, user_id: int) -> bool:
+        """Returns True when the user was not a member before."""
+        cursor = tx.execute(
+            "INSERT OR IGNORE INTO group_members (channel, chat_id, user_id, joined_at) VALUES (?, ?, ?, ?)",
+            (group.channel, group.chat_id, user_id, now_iso()),
+        )
+        return cursor.rowcount == 1
+
+    def groups_of(self, user_id: int) -> list[GroupRef]:
+        with self._store.read() as tx:
+            rows = tx.all(
+                "SELECT channel, chat_id FROM group_members WHERE user_id = ? ORDER BY channel, chat_id",
+                (user_id,),
+            )
+        return [GroupRef(row["channel"], row["chat_id"]) for row in rows]
+
+    def is_group_member(self, group: GroupRef, user_id: int) -> bool:
+        with self._store.read() as tx:
+            row = tx.one(
+                "SELECT 1 FROM group_members WHERE channel = ? AND chat_id = ? AND user_id = ?",
+                (group.channel, group.chat_id, user_id),
+            )
+        return row is not None

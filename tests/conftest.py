@@ -1,0 +1,93 @@
+"""Shared fixtures. Tests marked `docker` skip without an engine, except when
+ORCH_REQUIRE_DOCKER=1 (CI): then a missing engine is a failure."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator.http.app import create_app
+from orchestrator.service import OrchestratorService
+from orchestrator.settings import Settings
+
+API_TOKEN = "bot-token-for-tests"
+ADMIN_TOKEN = "admin-token-for-tests"
+
+
+@lru_cache(maxsize=1)
+def docker_engine_problem() -> str | None:
+    """None when a Docker engine answers, else why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.ping()
+        client.close()
+        return None
+    except Exception as exc:  # any failure means: no usable engine
+        return f"no Docker engine answers: {exc}"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("docker") is None:
+        return
+    problem = docker_engine_problem()
+    if problem is None:
+        return
+    if os.environ.get("ORCH_REQUIRE_DOCKER") == "1":
+        pytest.fail(f"ORCH_REQUIRE_DOCKER=1 but {problem}", pytrace=False)
+    pytest.skip(problem)
+
+
+@pytest.fixture(autouse=True)
+def _clean_identity_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests build their own settings; the developer's environment must not leak in.
+    for key in list(os.environ):
+        if key.startswith("ORCH_") and key != "ORCH_REQUIRE_DOCKER":
+            monkeypatch.delenv(key, raising=False)
+
+
+def make_settings(data_dir: Path, **overrides: object) -> Settings:
+    values: dict[str, object] = {
+        "data_dir": data_dir,
+        "api_token": API_TOKEN,
+        "admin_token": ADMIN_TOKEN,
+        "public_base_url": "http://testserver",
+        "backend": "process",
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def settings(data_dir: Path) -> Settings:
+    return make_settings(data_dir)
+
+
+@pytest.fixture
+def service(settings: Settings) -> Iterator[OrchestratorService]:
+    svc = OrchestratorService(settings)
+    yield svc
+    svc.close()
+
+
+@pytest.fixture
+def client(service: OrchestratorService) -> Iterator[TestClient]:
+    with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as c:
+        yield c
+
+
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
