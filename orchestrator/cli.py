@@ -53,6 +53,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_build_image(args: argparse.Namespace) -> int:
+    import docker
+    from docker.errors import DockerException
+
+    from orchestrator.image.build import BuildSources, ImageBuildError, ImageBuilder
+    from orchestrator.image.recipe import RecipeError
+    from orchestrator.settings import load_settings
+
+    image = args.image or load_settings().sandbox_image
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except DockerException as exc:
+        print(f"orchestrator build-image: no Docker engine answers: {exc}", file=sys.stderr)
+        return 2
+    try:
+        builder = ImageBuilder(client, BuildSources.from_checkout(), image=image, progress=lambda line: print(line, flush=True))
+        result = builder.build(base_image=args.base_image, force=args.force)
+    except (ImageBuildError, RecipeError) as exc:
+        print(f"orchestrator build-image: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    verb = "built" if result.built else "up to date"
+    print(f"{verb}: {result.image} {result.image_id[:19]} recipe={result.recipe[:12]} ({result.seconds:.1f} s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description="Sandbox Orchestrator")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -61,6 +89,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=DEFAULT_HOST)
     serve.add_argument("--port", type=int, default=DEFAULT_PORT)
     serve.set_defaults(func=cmd_serve)
+    build = sub.add_parser(
+        "build-image",
+        help="build the sandbox image offline (local Debian base, host wheelhouse, docker build --network none)",
+    )
+    build.add_argument("--image", help="image reference to tag (default: ORCH_SANDBOX_IMAGE)")
+    build.add_argument(
+        "--base-image", help="use this local image as the base instead of building one with debootstrap"
+    )
+    build.add_argument("--force", action="store_true", help="rebuild even if an image with the same recipe exists")
+    build.set_defaults(func=cmd_build_image)
     return parser
 
 

@@ -1,0 +1,33 @@
+# The sandbox image (SPEC §13). Built by `orchestrator build-image`, which also makes the
+# wheelhouse and (where no registry is reachable) the local base image, and builds with
+# `--network none`:
+#
+#   docker build --network none --build-arg BASE_IMAGE=<base> -t sandbox-orchestrator/sandbox .
+#
+# The build context is the repository root; .dockerignore lets only .wheelhouse/ and the
+# entrypoint in. The agent's code is not in the image: it is mounted read-only from the host.
+ARG BASE_IMAGE=python:3.11-slim
+
+# Stage 1: a virtualenv with the agent's dependencies, installed from the wheelhouse only.
+# pip itself runs from its wheel, so the base needs no pip (Debian's python3 has none).
+FROM ${BASE_IMAGE} AS install
+COPY .wheelhouse/ /wheelhouse/
+RUN python3 -m venv --without-pip /opt/sandbox/venv \
+ && /opt/sandbox/venv/bin/python "$(ls /wheelhouse/pip-*.whl)/pip" install \
+      --no-index --find-links /wheelhouse --no-cache-dir --disable-pip-version-check \
+      --only-binary=:all: -r /wheelhouse/requirements.txt \
+ && /opt/sandbox/venv/bin/python -c "import fastapi, uvicorn, pydantic, psutil"
+
+# Stage 2: the base plus that virtualenv; no wheelhouse layer left behind.
+FROM ${BASE_IMAGE}
+ARG RECIPE=unknown
+COPY --from=install /opt/sandbox/venv /opt/sandbox/venv
+COPY images/sandbox-entrypoint /usr/local/bin/sandbox-entrypoint
+# An unprivileged default user; the orchestrator runs each user's sandbox as that user's own
+# uid (base + user id) instead, which needs no passwd entry.
+RUN useradd --system --uid 999 --user-group --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin sandbox
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LANG=C.UTF-8
+LABEL org.sandbox-orchestrator.role=sandbox org.sandbox-orchestrator.recipe=${RECIPE}
+USER sandbox
+ENTRYPOINT ["/usr/local/bin/sandbox-entrypoint"]

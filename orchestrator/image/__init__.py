@@ -1,0 +1,1 @@
+"""The sandbox image: its recipe (pure) and its offline build."""
