@@ -24,6 +24,7 @@ from orchestrator.identity import (
 from orchestrator.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv, run_logger
 from orchestrator.prompt_identity import IdentityPromptFacts, render_identity_section
+from orchestrator.session_cleanup import DeletedSession
 from orchestrator.sessions import SessionRecord, SessionRepository
 from orchestrator.settings import IdentityMode, Settings
 from orchestrator.skills_port import RunSkills, SkillProvider
@@ -200,6 +201,9 @@ class RunService:
             ended_at=None,
         )
         with self._store.write() as tx:
+            if self._sessions.get_in(tx, session.session_id).deleted:  # type: ignore[union-attr]
+                # Deleted since it was read above: no run (and no runtime dir) after the tombstone.
+                raise NotFound(f"session {session_id} not found")
             for user_id in {runtime, request.speaker_user_id} - {None}:
                 UserRepository.ensure(tx, user_id)
             if session.group is not None and request.speaker_user_id is not None and request.trigger in SPEAKER_TRIGGERS:
@@ -290,6 +294,20 @@ class RunService:
         if run is None:
             raise NotFound(f"run {run_id} not found")
         return run
+
+    def cancel_running_of_deleted(self, deleted: DeletedSession) -> list[str]:
+        """End every running run of a deleted session as cancelled (a cleanup STOP step).
+
+        Goes through `end`, so end listeners see these runs end like any other.
+        """
+        cancelled = []
+        for run in self._runs.running_in_session(deleted.session_id):
+            try:
+                self.end(run.run_id, RunStatus.CANCELLED, actor="session.delete")
+                cancelled.append(run.run_id)
+            except Conflict:
+                pass  # it ended on its own meanwhile
+        return cancelled
 
     def end(self, run_id: str, status: RunStatus, *, actor: str) -> RunRecord:
         if status is RunStatus.RUNNING:

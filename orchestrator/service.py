@@ -6,16 +6,20 @@ from __future__ import annotations
 import logging
 
 from orchestrator.backends.base import ContainerBackend
+from orchestrator.chat_store import ChatStore
 from orchestrator.file_watch import FileWatcher
 from orchestrator.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv
 from orchestrator.projects import ProjectRepository
 from orchestrator.runs import RunRepository, RunService
 from orchestrator.sandboxes import SandboxRouter
+from orchestrator.session_cleanup import CleanupPhase
+from orchestrator.session_upkeep import SessionUpkeep
 from orchestrator.sessions import SessionRepository, SessionService
 from orchestrator.settings import Settings
 from orchestrator.skills_port import NoSkills, SkillProvider
 from orchestrator.state_store import StateStore
+from orchestrator.tools.conversation_tools import register_conversation_tools
 from orchestrator.tools.dispatch import ToolDispatcher
 from orchestrator.tools.registry import ToolRegistry
 from orchestrator.user_dirs import UserDirectories
@@ -39,7 +43,9 @@ class OrchestratorService:
         self.users = UserRepository(self.store)
         self.projects = ProjectRepository(self.store)
         self.session_repo = SessionRepository(self.store)
-        self.sessions = SessionService(self.store, self.session_repo, self.users)
+        self.chat = ChatStore(self.layout, transcript_turns=settings.transcript_turns)
+        self.sessions = SessionService(self.store, self.session_repo, self.users, chat=self.chat, layout=self.layout)
+        self.session_upkeep = SessionUpkeep(self.sessions, self.chat)
         self.run_repo = RunRepository(self.store)
         self.switch = RuntimeIdentitySwitch(self.store, settings)
         self.directories = UserDirectories(self.layout, settings.sandbox_uid_base)
@@ -58,7 +64,9 @@ class OrchestratorService:
             directories=self.directories,
             skills=self.skills,
         )
+        self.sessions.register_cleanup_step("runs", self.runs.cancel_running_of_deleted, phase=CleanupPhase.STOP)
         self.tools = ToolRegistry()
+        register_conversation_tools(self.tools, self.store, self.session_repo, self.projects, self.chat, settings)
         self.dispatcher = ToolDispatcher(
             layout=self.layout,
             store=self.store,
@@ -70,7 +78,8 @@ class OrchestratorService:
         self._watchers: list[FileWatcher] = []
 
     def start(self) -> None:
-        """Background work: the settings-file watcher (SPEC §8)."""
+        """Background work: the settings-file watcher (SPEC §8), session storage upkeep (§9)."""
+        self.session_upkeep.start()
         settings_file = self.settings.settings_file
         if settings_file is not None:
             path = settings_file.resolve()
@@ -85,6 +94,7 @@ class OrchestratorService:
             log.info("watching the settings file %s", kv(file=path))
 
     def close(self) -> None:
+        self.session_upkeep.stop()
         for watcher in self._watchers:
             watcher.stop()
         self._watchers.clear()

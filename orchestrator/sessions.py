@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 import sqlite3
+import threading
+import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 
+from mounts.layout import DataLayout
 from orchestrator import audit
+from orchestrator.chat_records import ChatMessage, NewMessage
+from orchestrator.chat_store import AppendResult, ChatKey, ChatStore
 from orchestrator.clock import now_iso
-from orchestrator.errors import Conflict, NotFound
+from orchestrator.errors import CleanupPending, Conflict, NotFound
 from orchestrator.identity import ParentIdentity, inherited_runtime_user
+from orchestrator.log import kv
 from orchestrator.projects import ProjectRepository
+from orchestrator.session_cleanup import (
+    CleanupAction,
+    CleanupFailed,
+    CleanupPhase,
+    DeletedSession,
+    SessionCleanup,
+    chat_records_step,
+    runtime_dirs_step,
+)
 from orchestrator.state_store import StateStore, Transaction
 from orchestrator.users import GroupRef, UserRepository
+
+log = logging.getLogger(__name__)
 
 
 class Channel(str, Enum):
@@ -150,6 +169,26 @@ class SessionRepository:
                 "UPDATE sessions SET last_runtime_user_id = ? WHERE session_id = ?", (user_id, session_id)
             )
 
+    @staticmethod
+    def touch(tx: Transaction, session_id: str) -> bool:
+        """Bump `updated_at` of a live session; False when it is (now) deleted."""
+        cursor = tx.execute(
+            "UPDATE sessions SET updated_at = ? WHERE session_id = ? AND deleted_at IS NULL", (now_iso(), session_id)
+        )
+        return cursor.rowcount == 1
+
+    @staticmethod
+    def runtime_user_ids(tx: Transaction, session_id: str) -> list[int]:
+        rows = tx.all("SELECT user_id FROM session_runtime_users WHERE session_id = ? ORDER BY user_id", (session_id,))
+        return [row["user_id"] for row in rows]
+
+    def pending_cleanups(self) -> list[SessionRecord]:
+        with self._store.read() as tx:
+            rows = tx.all(
+                "SELECT * FROM sessions WHERE deleted_at IS NOT NULL AND cleanup_done_at IS NULL ORDER BY deleted_at"
+            )
+        return [_session(row) for row in rows]
+
     def list_for_owner(self, owner_user_id: int, project_id: str | None) -> list[SessionRecord]:
         with self._store.read() as tx:
             rows = tx.all(
@@ -171,12 +210,49 @@ class NewSession:
     title: str | None = None
 
 
+
 class SessionService:
-    def __init__(self, store: StateStore, sessions: SessionRepository, users: UserRepository) -> None:
+    """The session endpoints' rules: who may see what (SPEC §9, §12), records, deletion.
+
+    Every method that takes `acting_user` decides visibility from the index row alone,
+    before any chat record is opened: not visible looks exactly like not found (404).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        sessions: SessionRepository,
+        users: UserRepository,
+        *,
+        chat: ChatStore,
+        layout: DataLayout,
+    ) -> None:
         self._store = store
         self._sessions = sessions
         self._users = users
+        self._chat = chat
+        self.cleanup = SessionCleanup([chat_records_step(chat), runtime_dirs_step(layout)])
+        self._cleanup_locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
+        self._cleanup_locks_guard = threading.Lock()
 
+    @property
+    def chat(self) -> ChatStore:
+        return self._chat
+
+    def register_cleanup_step(
+        self, name: str, action: CleanupAction, *, phase: CleanupPhase = CleanupPhase.REMOVE
+    ) -> None:
+        """Add an idempotent step to every session deletion (see `SessionCleanup.register`).
+
+        For example the collaboration mailbox registers one that drops the deleted session's
+        requests and deliveries: `sessions.register_cleanup_step("mailbox", mailbox.forget)`,
+        where `forget(deleted: DeletedSession) -> None`. STOP steps run before any data is
+        removed (ending running runs is one); REMOVE steps run after the chat records and
+        runtime directories are gone.
+        """
+        self.cleanup.register(name, action, phase=phase)
+
+    # create, read, list -------------------------------------------------------------------
     def create(self, new: NewSession, *, actor: str) -> SessionRecord:
         now = now_iso()
         session_id = new.session_id or f"s-{secrets.token_hex(12)}"
@@ -224,18 +300,38 @@ class SessionService:
                 channel=new.channel.value,
                 project_id=new.project_id,
             )
+            # Inside the transaction: if the chat directory cannot be made (a planted symlink),
+            # the session does not come into existence either.
+            self._chat.init(ChatKey.of(record))
         return record
 
     def get(self, session_id: str, *, acting_user: int | None = None, owner_only: bool = False) -> SessionRecord:
         """A live session as seen by `acting_user` (None: the bot itself, trusted for everyone).
 
         Not visible looks exactly like not found (SPEC §9): 404, never 403. Group members see
-        their group's sessions; only the owner may change or delete one (`owner_only`).
+        their group's sessions; only the owner may change or delete one (`owner_only`). A
+        deleted session whose cleanup is unfinished is 503 `session_cleanup_pending` for its
+        owner (so the client knows to repeat the DELETE) and 404 for everybody else.
         """
-        record = self._sessions.get(session_id)
-        if record is None or not self.visible(record, acting_user, owner_only=owner_only):
-            raise NotFound(f"session {session_id} not found")
+        record = self._sessions.get_any(session_id)
+        if record is None:
+            raise _not_found(session_id)
+        if record.deleted:
+            if record.cleanup_done_at is None and self.visible(record, acting_user, owner_only=True):
+                raise _cleanup_pending(session_id, "repeat DELETE to finish it")
+            raise _not_found(session_id)
+        if not self.visible(record, acting_user, owner_only=owner_only):
+            raise _not_found(session_id)
         return record
+
+    def get_for_run(self, session_id: str, *, acting_user: int | None, joins_by_speaking: bool) -> SessionRecord:
+        """`get` for starting a run. A person speaking in a group session may start a run in
+        it before they are a member: speaking there is how they join (SPEC §12)."""
+        if acting_user is not None and joins_by_speaking:
+            record = self._sessions.get(session_id)
+            if record is not None and record.group is not None:
+                return record
+        return self.get(session_id, acting_user=acting_user)
 
     def visible(self, record: SessionRecord, acting_user: int | None, *, owner_only: bool = False) -> bool:
         if acting_user is None or acting_user == record.owner_user_id:
@@ -244,11 +340,15 @@ class SessionService:
             return False
         return self._users.is_group_member(record.group, acting_user)
 
+    def list(self, owner_user_id: int, project_id: str | None) -> list[SessionRecord]:
+        """The owner's live sessions in one scope (personal when `project_id` is None), newest first."""
+        return self._sessions.list_for_owner(owner_user_id, project_id)
+
     def update(self, session_id: str, changes: dict[str, object], *, actor: str) -> SessionRecord:
         with self._store.write() as tx:
             record = self._sessions.get_in(tx, session_id)
             if record is None or record.deleted:
-                raise NotFound(f"session {session_id} not found")
+                raise _not_found(session_id)
             self._sessions.update_flags(tx, session_id, changes)
             audit.record(
                 tx,
@@ -262,15 +362,124 @@ class SessionService:
         assert updated is not None
         return updated
 
-    def delete(self, session_id: str, *, actor: str) -> SessionRecord:
-        """Tombstone: the session vanishes at once and its id is never reused."""
+    # chat records -------------------------------------------------------------------------
+    def append_messages(
+        self, session_id: str, messages: Sequence[NewMessage], *, acting_user: int | None = None
+    ) -> AppendResult:
+        record = self.get(session_id, acting_user=acting_user)
+        result = self._chat.append(ChatKey.of(record), messages, at=now_iso())
+        with self._store.write() as tx:
+            self._sessions.touch(tx, session_id)
+        return result
+
+    def messages(
+        self, session_id: str, *, acting_user: int | None = None, last: int | None = None
+    ) -> tuple[list[ChatMessage], int]:
+        """The last `last` messages (all when None) and the total count."""
+        record = self.get(session_id, acting_user=acting_user)
+        return self._chat.message_window(ChatKey.of(record), last)
+
+    # deletion -------------------------------------------------------------------------------
+    def delete(self, session_id: str, *, acting_user: int | None = None, actor: str) -> SessionRecord:
+        """Tombstone first, then clean up; repeating the call continues an unfinished cleanup.
+
+        The index row is marked deleted in one transaction (the session vanishes from lists,
+        reads, search and tools at once, and its id stays taken), then `chat/deleted.json` is
+        written, then every cleanup step runs. If anything fails, or the process dies, the
+        session stays hidden and the cleanup pending: `CleanupPending` (503) tells the caller
+        to repeat the DELETE, which runs every (idempotent) step again.
+        """
         with self._store.write() as tx:
             record = self._sessions.get_in(tx, session_id)
-            if record is None or record.deleted:
-                raise NotFound(f"session {session_id} not found")
-            now = now_iso()
-            tx.execute("UPDATE sessions SET deleted_at = ?, updated_at = ? WHERE session_id = ?", (now, now, session_id))
-            audit.record(
-                tx, actor=actor, action="session.delete", session_id=session_id, owner_user_id=record.owner_user_id
-            )
-        return replace(record, deleted_at=now)
+            if (
+                record is None
+                or record.cleanup_done_at is not None
+                or not self.visible(record, acting_user, owner_only=True)
+            ):
+                raise _not_found(session_id)
+            if not record.deleted:
+                deleted_at = now_iso()
+                tx.execute(
+                    "UPDATE sessions SET deleted_at = ?, updated_at = ? WHERE session_id = ?",
+                    (deleted_at, deleted_at, session_id),
+                )
+                audit.record(
+                    tx, actor=actor, action="session.delete", session_id=session_id, owner_user_id=record.owner_user_id
+                )
+                record = replace(record, deleted_at=deleted_at, updated_at=deleted_at)
+            runtime_users = self._sessions.runtime_user_ids(tx, session_id)
+        return self._finish_cleanup(record, runtime_users, actor=actor)
+
+    def finish_pending_cleanups(self, *, actor: str) -> tuple[list[str], list[str]]:
+        """Continue every unfinished cleanup (at start-up); returns (finished, still pending)."""
+        finished, pending = [], []
+        for record in self._sessions.pending_cleanups():
+            with self._store.read() as tx:
+                runtime_users = self._sessions.runtime_user_ids(tx, record.session_id)
+            try:
+                self._finish_cleanup(record, runtime_users, actor=actor)
+                finished.append(record.session_id)
+            except CleanupPending:
+                pending.append(record.session_id)
+        return finished, pending
+
+    def _cleanup_lock(self, session_id: str) -> threading.Lock:
+        with self._cleanup_locks_guard:
+            lock = self._cleanup_locks.get(session_id)
+            if lock is None:
+                lock = threading.Lock()
+                self._cleanup_locks[session_id] = lock
+        return lock
+
+    def _finish_cleanup(self, record: SessionRecord, runtime_users: Sequence[int], *, actor: str) -> SessionRecord:
+        assert record.deleted_at is not None
+        deleted = DeletedSession(
+            session_id=record.session_id,
+            owner_user_id=record.owner_user_id,
+            project_id=record.project_id,
+            group=record.group,
+            deleted_at=record.deleted_at,
+            runtime_user_ids=tuple(sorted({*runtime_users, record.owner_user_id})),
+        )
+        fields = {"session": record.session_id, "owner": record.owner_user_id}
+        with self._cleanup_lock(record.session_id):
+            try:
+                self._chat.mark_deleted(deleted.chat_key, deleted_at=record.deleted_at, actor=actor)
+                self.cleanup.run(deleted)
+            except Exception as exc:
+                step = exc.step if isinstance(exc, CleanupFailed) else "tombstone_file"
+                cause = exc.cause if isinstance(exc, CleanupFailed) else exc
+                log.warning("session cleanup unfinished %s", kv(**fields, step=step, error=cause))
+                raise _cleanup_pending(
+                    record.session_id, f"step {step} failed ({cause}); repeat DELETE to continue it", step=step
+                ) from exc
+            done_at = now_iso()
+            with self._store.write() as tx:
+                cursor = tx.execute(
+                    "UPDATE sessions SET cleanup_done_at = ? WHERE session_id = ? AND cleanup_done_at IS NULL",
+                    (done_at, record.session_id),
+                )
+                if cursor.rowcount == 1:
+                    audit.record(
+                        tx,
+                        actor=actor,
+                        action="session.cleanup_done",
+                        session_id=record.session_id,
+                        owner_user_id=record.owner_user_id,
+                        runtime_user_ids=list(deleted.runtime_user_ids),
+                    )
+        log.info("session deleted and cleaned up %s", kv(**fields, runtime_users=",".join(map(str, deleted.runtime_user_ids))))
+        return replace(record, cleanup_done_at=done_at)
+
+
+def _not_found(session_id: str) -> NotFound:
+    # One message for unknown, deleted, and not visible: they must be indistinguishable.
+    return NotFound(f"session {session_id} not found")
+
+
+def _cleanup_pending(session_id: str, what_next: str, **details: object) -> CleanupPending:
+    return CleanupPending(
+        f"session {session_id} is deleted but its cleanup is unfinished: {what_next}",
+        session_id=session_id,
+        **details,
+    )

@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Query
+
+from mounts import ids
+from orchestrator.errors import InvalidInput
+from orchestrator.http.chat_models import (
+    MESSAGES_READ_DEFAULT,
+    MESSAGES_READ_MAX,
+    AppendOut,
+    DeletedOut,
+    MessageOut,
+    MessagesIn,
+    MessagesOut,
+    SessionListOut,
+)
 
 from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
 from orchestrator.http.models import (
@@ -16,6 +29,7 @@ from orchestrator.http.models import (
     ToolCallIn,
 )
 from orchestrator.http.params import run_id_param, session_id_param
+from orchestrator.identity import SPEAKER_TRIGGERS
 from orchestrator.runs import RunStatus, StartRun
 from orchestrator.service import OrchestratorService
 from orchestrator.sessions import NewSession
@@ -67,25 +81,74 @@ def patch_session(
     return SessionOut.of(service.sessions.update(session_id, changes, actor=caller.actor))
 
 
-@router.delete("/v1/sessions/{session_id}", tags=["sessions"])
+@router.get("/v1/sessions", response_model=SessionListOut, tags=["sessions"])
+def list_sessions(
+    owner_user_id: int | None = Query(None, gt=0, le=ids.MAX_USER_ID),
+    project_id: str | None = Query(None, max_length=200),
+    acting: int | None = Depends(acting_user),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> SessionListOut:
+    """The live sessions of one owner in one scope (personal without `project_id`), newest first.
+
+    With `X-Acting-User` the owner is that user; asking for another owner then lists nothing.
+    """
+    if project_id is not None:
+        project_id = ids.project_id(project_id, "project_id")
+    owner = acting if acting is not None else owner_user_id
+    if owner is None:
+        raise InvalidInput("owner_user_id (or X-Acting-User) is required", field="owner_user_id")
+    records = [] if owner_user_id not in (None, owner) else service.sessions.list(owner, project_id)
+    return SessionListOut(owner_user_id=owner, project_id=project_id, sessions=[SessionOut.of(r) for r in records])
+
+
+@router.delete("/v1/sessions/{session_id}", response_model=DeletedOut, tags=["sessions"])
 def delete_session(
     session_id: str = Depends(session_id_param),
     acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
-) -> dict:
-    service.sessions.get(session_id, acting_user=acting, owner_only=True)
-    service.sessions.delete(session_id, actor=caller.actor)
-    return {"session_id": session_id, "deleted": True}
+) -> DeletedOut:
+    """Tombstone, then cleanup (SPEC §9). 503 `session_cleanup_pending`: repeat to continue."""
+    record = service.sessions.delete(session_id, acting_user=acting, actor=caller.actor)
+    return DeletedOut(session_id=record.session_id, deleted=True, cleanup_done=record.cleanup_done_at is not None)
+
+
+@router.post("/v1/sessions/{session_id}/messages", response_model=AppendOut, tags=["sessions"])
+def append_messages(
+    body: MessagesIn,
+    session_id: str = Depends(session_id_param),
+    acting: int | None = Depends(acting_user),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> AppendOut:
+    result = service.sessions.append_messages(session_id, [m.new() for m in body.messages], acting_user=acting)
+    return AppendOut.of(session_id, result)
+
+
+@router.get("/v1/sessions/{session_id}/messages", response_model=MessagesOut, tags=["sessions"])
+def read_messages(
+    session_id: str = Depends(session_id_param),
+    limit: int = Query(MESSAGES_READ_DEFAULT, ge=1, le=MESSAGES_READ_MAX),
+    acting: int | None = Depends(acting_user),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> MessagesOut:
+    """The last `limit` messages, oldest first."""
+    window, total = service.sessions.messages(session_id, acting_user=acting, last=limit)
+    return MessagesOut(session_id=session_id, total=total, messages=[MessageOut.of(m) for m in window])
 
 
 @router.post("/v1/sessions/{session_id}/runs", status_code=201, response_model=RunContextOut, tags=["runs"])
 def start_run(
     body: RunStart,
     session_id: str = Depends(session_id_param),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> RunContextOut:
+    speaking = acting is not None and acting == body.speaker_user_id and body.trigger in SPEAKER_TRIGGERS
+    service.sessions.get_for_run(session_id, acting_user=acting, joins_by_speaking=speaking)
     context = service.runs.start(
         session_id,
         StartRun(
