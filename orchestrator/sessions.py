@@ -16,7 +16,7 @@ from orchestrator import audit
 from orchestrator.chat_records import ChatMessage, NewMessage
 from orchestrator.chat_store import AppendResult, ChatKey, ChatStore
 from orchestrator.clock import now_iso
-from orchestrator.errors import CleanupPending, Conflict, NotFound
+from orchestrator.errors import CleanupPending, Conflict, InvalidInput, NotFound
 from orchestrator.identity import ParentIdentity, inherited_runtime_user
 from orchestrator.log import kv
 from orchestrator.projects import ProjectRepository
@@ -253,9 +253,20 @@ class SessionService:
         self.cleanup.register(name, action, phase=phase)
 
     # create, read, list -------------------------------------------------------------------
-    def create(self, new: NewSession, *, actor: str) -> SessionRecord:
+    def create(self, new: NewSession, *, actor: str, acting_user: int | None = None) -> SessionRecord:
+        """A new session. With `acting_user`, only for that user, and only as the child of a
+        parent session that user can see (an invisible parent is "not found", like a missing one)."""
         now = now_iso()
         session_id = new.session_id or f"s-{secrets.token_hex(12)}"
+        if acting_user is not None:
+            if acting_user != new.owner_user_id:
+                raise InvalidInput(
+                    "a session is created for the acting user (X-Acting-User) only", field="owner_user_id"
+                )
+            if new.parent_session_id is not None:
+                parent = self._sessions.get(new.parent_session_id)
+                if parent is None or not self.visible(parent, acting_user):
+                    raise NotFound(f"parent session {new.parent_session_id} not found", field="parent_session_id")
         with self._store.write() as tx:
             if self._sessions.get_in(tx, session_id) is not None:
                 # A deleted id stays taken forever (SPEC §9).

@@ -40,6 +40,7 @@ router = APIRouter()
 @router.post("/v1/sessions", status_code=201, response_model=SessionOut, tags=["sessions"])
 def create_session(
     body: SessionCreate,
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> SessionOut:
@@ -54,6 +55,7 @@ def create_session(
             title=body.title,
         ),
         actor=caller.actor,
+        acting_user=acting,
     )
     return SessionOut.of(record)
 

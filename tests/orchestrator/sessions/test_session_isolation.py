@@ -130,3 +130,34 @@ def test_sandboxes_never_see_sessions_or_state(service: OrchestratorService) -> 
         for root in plan.allowed_roots(in_sandbox=False):
             assert not layout.sessions_root.is_relative_to(root.path)
             assert not layout.state_dir.is_relative_to(root.path)
+
+
+def test_creating_for_someone_else_or_under_an_invisible_parent_is_refused(api: SessionsApi) -> None:
+    api.create("theirs", 18)
+    mine = {"X-Acting-User": "17"}
+    other_owner = api.client.post("/v1/sessions", json={"owner_user_id": 18, "channel": "web"}, headers=mine)
+    assert other_owner.status_code == 422 and other_owner.json()["error"]["field"] == "owner_user_id"
+    body = {"session_id": "child", "owner_user_id": 17, "channel": "web"}
+    hidden = api.client.post("/v1/sessions", json={**body, "parent_session_id": "theirs"}, headers=mine)
+    missing = api.client.post("/v1/sessions", json={**body, "parent_session_id": "nobody"}, headers=mine)
+    assert hidden.status_code == missing.status_code == 404
+    assert hidden.json()["error"]["message"].replace("theirs", "X") == missing.json()["error"]["message"].replace("nobody", "X")
+    assert api.client.get("/v1/sessions/child").status_code == 404
+    api.create("own-parent", 17)
+    ok = api.client.post("/v1/sessions", json={**body, "parent_session_id": "own-parent"}, headers=mine)
+    assert ok.status_code == 201
+
+
+def test_a_session_whose_chat_dir_cannot_be_made_does_not_come_into_existence(
+    api: SessionsApi, service: OrchestratorService, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    service.layout.sessions_root.mkdir(exist_ok=True)
+    (service.layout.sessions_root / "actor-17").symlink_to(victim, target_is_directory=True)
+    response = api.client.post("/v1/sessions", json={"session_id": "x", "owner_user_id": 17, "channel": "web"})
+    assert response.status_code == 500 and response.json()["error"]["code"] == "chat_storage_refused"
+    assert list(victim.iterdir()) == []
+    assert service.session_repo.get_any("x") is None
+    (service.layout.sessions_root / "actor-17").unlink()
+    assert api.client.post("/v1/sessions", json={"session_id": "x", "owner_user_id": 17, "channel": "web"}).status_code == 201
