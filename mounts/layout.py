@@ -162,6 +162,23 @@ class DataLayout:
         return self.root / "agent"
 
     @property
+    def agent_releases_dir(self) -> Path:
+        return self.agent_dir / "releases"
+
+    def agent_release_dir(self, release_id: str) -> Path:
+        """An immutable deployed agent runtime, named by the hash of its content."""
+        return self.agent_releases_dir / ids.fingerprint(release_id, "release_id")
+
+    @property
+    def agent_current(self) -> Path:
+        """Symlink to the release new agents start from."""
+        return self.agent_dir / "current"
+
+    @property
+    def agent_build_file(self) -> Path:
+        return self.agent_dir / "BUILD"
+
+    @property
     def sockets_root(self) -> Path:
         return self.root / "sockets"
 
@@ -173,3 +190,6 @@ class DataLayout:
 
     def token_path(self, user_id: int) -> Path:
         return self.socket_dir(user_id) / "token"
+
+    def agent_config_path(self, user_id: int) -> Path:
+        return self.socket_dir(user_id) / "agent.json"

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 
+from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.base import ContainerBackend
+from orchestrator.backends.process import ProcessBackend
 from orchestrator.chat_store import ChatStore
 from orchestrator.file_watch import FileWatcher
 from orchestrator.identity_switch import RuntimeIdentitySwitch
@@ -19,6 +21,7 @@ from orchestrator.sessions import SessionRepository, SessionService
 from orchestrator.settings import Settings
 from orchestrator.skills_port import NoSkills, SkillProvider
 from orchestrator.state_store import StateStore
+from orchestrator.tools.container_tools import register_container_tools
 from orchestrator.tools.conversation_tools import register_conversation_tools
 from orchestrator.tools.dispatch import ToolDispatcher
 from orchestrator.tools.registry import ToolRegistry
@@ -50,7 +53,9 @@ class OrchestratorService:
         self.switch = RuntimeIdentitySwitch(self.store, settings)
         self.directories = UserDirectories(self.layout, settings.sandbox_uid_base)
         self.skills: SkillProvider = NoSkills()
-        backends: dict[str, ContainerBackend] = {}
+        self.agent_deployment = AgentDeployment(self.layout)
+        self.process_backend = ProcessBackend(settings, self.layout, self.directories, self.agent_deployment)
+        backends: dict[str, ContainerBackend] = {"process": self.process_backend}
         self.sandboxes = SandboxRouter(
             self.layout, self.users, backends, choose_default_backend(settings, backends)
         )
@@ -67,6 +72,7 @@ class OrchestratorService:
         self.sessions.register_cleanup_step("runs", self.runs.cancel_running_of_deleted, phase=CleanupPhase.STOP)
         self.tools = ToolRegistry()
         register_conversation_tools(self.tools, self.store, self.session_repo, self.projects, self.chat, settings)
+        register_container_tools(self.tools)
         self.dispatcher = ToolDispatcher(
             layout=self.layout,
             store=self.store,
@@ -78,8 +84,10 @@ class OrchestratorService:
         self._watchers: list[FileWatcher] = []
 
     def start(self) -> None:
-        """Background work: the settings-file watcher (SPEC §8), session storage upkeep (§9)."""
+        """Background work: the settings-file watcher (SPEC §8), session storage upkeep (§9),
+        the idle-agent reaper."""
         self.session_upkeep.start()
+        self.process_backend.start_idle_reaper()
         settings_file = self.settings.settings_file
         if settings_file is not None:
             path = settings_file.resolve()

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     read_bytes_max: int = Field(20 * 1024 * 1024, gt=0, description="Cap on read_bytes / send_file size.")
     url_fetch_timeout_s: float = Field(15.0, gt=0, description="Timeout when the host fetches an http(s) URL.")
     sandbox_uid_base: int = Field(100000, ge=1000, description="A user's sandbox runs as uid base + user id.")
+    agent_resolver: Literal["auto", "openat2", "walk"] = Field(
+        "auto", description="PathSandbox resolver: openat2 where the kernel has it, else the O_NOFOLLOW walk."
+    )
     sandbox_image: str = Field("sandbox-orchestrator/sandbox:latest", description="Docker image of sandboxes.")
     sandbox_network: str = Field("none", description="Docker network of sandboxes.")
     sandbox_cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox.")

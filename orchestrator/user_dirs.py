@@ -2,15 +2,43 @@
 
 When the orchestrator runs as root, a user's read-write directories belong to that user's
 own unprivileged sandbox uid (base + user id), so the operating system keeps users apart,
-not only the PathSandbox.
+not only the PathSandbox:
+- private dirs (runtime, uploads, home, deps, tmp, sockets): owned by the uid, mode 0700;
+- their parents (`runtime/`, `uploads/`, ...): root, 0711 — traversable, not listable;
+- read-only per-user dirs (skill views, personal skill sources): root-owned, group = the
+  user's own gid, 0750: the user reads them, nobody else does, and only root writes;
+- shared dirs (`share/`, group workspaces): root-owned, group = the shared sandbox gid
+  (= the uid base, which no user gets), mode 2770: every sandbox uid is in that group, new
+  files inherit it (setgid) and agents run with umask 002, so members can edit each other's
+  files;
+- `agent/`: root, 0755 (see `agent_deploy`).
+Without root everything simply belongs to the current user.
+
+Directories are created component by component from the data root on directory fds with
+O_NOFOLLOW: a user owns `runtime/{uid}/` and could plant a symlink there, and root must never
+chown or chmod whatever such a link points at.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from pathlib import Path
 
 from mounts.layout import COMPACTION_SUBDIR, RUNTIME_SUBDIRS, DataLayout
+from mounts.plan import MountPlan
+from orchestrator.log import kv
+
+log = logging.getLogger(__name__)
+
+PRIVATE_PURPOSES = frozenset({"runtime", "uploads", "home", "deps", "tmp", "socket"})
+USER_READ_ONLY_PURPOSES = frozenset({"skill_views", "userskills"})
+SHARED_PURPOSES = frozenset({"share"})  # and every "group:..." purpose
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+Ownership = tuple[int, int, int] | None  # (uid, gid, mode); None: leave as found
 
 
 class UserDirectories:
@@ -22,27 +50,98 @@ class UserDirectories:
     def sandbox_uid(self, user_id: int) -> int:
         return self.uid_base + user_id
 
-    def _private_dir(self, path: Path, user_id: int) -> Path:
-        path.mkdir(parents=True, exist_ok=True)
+    @property
+    def shared_gid(self) -> int:
+        """The group every sandbox uid is in: owns `share/` and group workspaces."""
+        return self.uid_base
+
+    # --- policies ---------------------------------------------------------------------------
+
+    def _parent(self) -> Ownership:
+        return (0, 0, 0o711) if self.chown else None
+
+    def _private(self, user_id: int) -> Ownership:
         if self.chown:
             uid = self.sandbox_uid(user_id)
-            stat = path.stat()
-            if stat.st_uid != uid or stat.st_gid != uid:
-                os.chown(path, uid, uid)
-        os.chmod(path, 0o700)
+            return (uid, uid, 0o700)
+        return (os.geteuid(), os.getegid(), 0o700)
+
+    def _user_read_only(self, user_id: int) -> Ownership:
+        return (0, self.sandbox_uid(user_id), 0o750) if self.chown else None
+
+    def _shared(self) -> Ownership:
+        return (0, self.shared_gid, 0o2770) if self.chown else None
+
+    # --- the one primitive ----------------------------------------------------------------
+
+    def _ensure(self, path: Path, levels: list[Ownership]) -> Path:
+        """Create `path` below the data root, never following a symlink; `levels[i]` is the
+        ownership of the i-th component below the root (missing entries: leave as found)."""
+        names = path.relative_to(self.layout.root).parts
+        self.layout.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for depth, name in enumerate(names):
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except OSError as exc:
+                    raise RuntimeError(f"{path}: {name} is not a plain directory ({exc.strerror})") from exc
+                os.close(fd)
+                fd = child
+                want = levels[depth] if depth < len(levels) else None
+                if want is not None:
+                    uid, gid, mode = want
+                    st = os.fstat(fd)
+                    if self.chown and (st.st_uid, st.st_gid) != (uid, gid):
+                        os.fchown(fd, uid, gid)
+                    if stat.S_IMODE(st.st_mode) != mode:
+                        os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
         return path
+
+    def ensure_data_root_traversable(self) -> None:
+        root = self.layout.root
+        root.mkdir(parents=True, exist_ok=True)
+        if self.chown:
+            mode = stat.S_IMODE(os.stat(root).st_mode)
+            if mode & 0o011 != 0o011:
+                os.chmod(root, mode | 0o011)
+                log.info("made the data root traversable for sandbox uids %s", kv(path=root, mode=oct(mode | 0o011)))
+
+    # --- what callers use --------------------------------------------------------------
 
     def ensure_session_runtime(self, user_id: int, session_id: str, *, is_owner: bool) -> Path:
         """`runtime/{uid}/{sid}/` with its subdirectories; `compaction/` only for the owner (D6)."""
-        self._private_dir(self.layout.runtime_user_dir(user_id), user_id)
-        workdir = self._private_dir(self.layout.runtime_dir(user_id, session_id), user_id)
-        for sub in RUNTIME_SUBDIRS:
-            self._private_dir(workdir / sub, user_id)
-        if is_owner:
-            self._private_dir(workdir / COMPACTION_SUBDIR, user_id)
+        private = self._private(user_id)
+        workdir = self._ensure(self.layout.runtime_dir(user_id, session_id), [self._parent(), private, private])
+        subdirs = list(RUNTIME_SUBDIRS) + ([COMPACTION_SUBDIR] if is_owner else [])
+        for sub in subdirs:
+            self._ensure(workdir / sub, [self._parent(), private, private, private])
         return workdir
 
     def ensure_uploads(self, user_id: int) -> Path:
-        path = self._private_dir(self.layout.uploads_dir(user_id), user_id)
         # Uploads are served publicly by the orchestrator, not by other sandboxes.
-        return path
+        return self._ensure(self.layout.uploads_dir(user_id), [self._parent(), self._private(user_id)])
+
+    def ensure_socket_dir(self, user_id: int) -> Path:
+        return self._ensure(self.layout.socket_dir(user_id), [self._parent(), self._private(user_id)])
+
+    def ensure_sandbox_dirs(self, plan: MountPlan) -> None:
+        """Every host directory of a user's mount plan exists with its owner and mode."""
+        self.ensure_data_root_traversable()
+        for mount in plan.mounts:
+            purpose, path = mount.purpose, mount.host_path
+            depth = len(path.relative_to(self.layout.root).parts)
+            parents = [self._parent()] * (depth - 1)
+            if purpose in PRIVATE_PURPOSES:
+                self._ensure(path, parents + [self._private(plan.user_id)])
+            elif purpose in USER_READ_ONLY_PURPOSES:
+                self._ensure(path, parents + [self._user_read_only(plan.user_id)])
+            elif purpose in SHARED_PURPOSES or purpose.startswith("group:"):
+                self._ensure(path, parents + [self._shared()])
+            # "agent" is deployed by AgentDeployment.

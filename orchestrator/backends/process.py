@@ -1,0 +1,352 @@
+"""The `process` backend (SPEC §13): one sandbox agent subprocess per runtime user, on
+`sockets/{uid}/agent.sock`, enforcing that user's mount plan with the PathSandbox.
+
+- Concurrent first calls for one user start exactly one agent (a lock per user).
+- Readiness is the agent's own `/health` answering with the instance id we gave it.
+- A dead agent is restarted on the next call; a call that never reached the agent (the
+  connection was refused) is retried once on the new agent — it cannot have run.
+- An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
+- Idle agents are stopped by a reaper thread; all agents are stopped at `close()`.
+- As root, an agent runs as the user's own uid (base + user id) with the shared sandbox
+  group, umask 002, and an interpreter that uid can execute.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from mounts.layout import DataLayout
+from orchestrator.agent_deploy import AgentDeployment
+from orchestrator.backends.agent_launch import prepare_agent_launch
+from orchestrator.backends.base import SandboxStatus, SandboxUser
+from orchestrator.errors import ToolError
+from orchestrator.log import kv
+from orchestrator.settings import Settings
+from orchestrator.user_dirs import UserDirectories
+from sandbox_agent.client import AgentClient
+from sandbox_agent.errors import AgentToolError, AgentUnavailable
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 30.0
+STOP_GRACE_S = 3.0
+_AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+@dataclass
+class _Agent:
+    user_id: int
+    proc: subprocess.Popen[bytes]
+    client: AgentClient
+    plan_hash: str
+    build: str
+    instance_id: str
+    run_as_uid: int | None
+    started_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    inflight: int = 0
+    stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def unavailable(user_id: int, why: str) -> ToolError:
+    return ToolError(
+        "sandbox_unavailable",
+        f"The sandbox of user {user_id} is not available ({why}). The tool did not run; try again, "
+        "and tell the user if it keeps failing.",
+    )
+
+
+class ProcessBackend:
+    name = "process"
+
+    def __init__(
+        self,
+        settings: Settings,
+        layout: DataLayout,
+        directories: UserDirectories,
+        deployment: AgentDeployment,
+        *,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.directories = directories
+        self.deployment = deployment
+        self.start_timeout_s = start_timeout_s
+        self._agents: dict[int, _Agent] = {}
+        self._user_locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()  # guards the two dicts and the inflight counters
+        self._reaper: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _user_lock(self, user_id: int) -> threading.Lock:
+        with self._lock:
+            return self._user_locks.setdefault(user_id, threading.Lock())
+
+    def ensure(self, user: SandboxUser) -> SandboxStatus:
+        return self._status_of(self._ready(user))
+
+    def _ready(self, user: SandboxUser) -> _Agent:
+        with self._user_lock(user.user_id):
+            agent = self._agents.get(user.user_id)
+            if agent is not None:
+                if agent.alive:
+                    stale = self._staleness(agent, user)
+                    if stale is None or agent.inflight > 0:
+                        return agent  # an outdated agent keeps serving until it is idle
+                    log.info("restarting an outdated agent %s", kv(user=user.user_id, reason=stale))
+                else:
+                    log.warning(
+                        "agent died; starting a new one %s",
+                        kv(user=user.user_id, exit_code=agent.proc.returncode, stderr=" | ".join(agent.stderr_tail)[-300:]),
+                    )
+                self._terminate(agent)
+            return self._start(user)
+
+    def _staleness(self, agent: _Agent, user: SandboxUser) -> str | None:
+        if agent.plan_hash != user.plan.plan_hash:
+            return "plan_changed"
+        if agent.build != self.deployment.build:
+            return "build_drift"
+        return None
+
+    def _start(self, user: SandboxUser) -> _Agent:
+        user_id = user.user_id
+        try:
+            release = self.deployment.ensure()
+            launch = prepare_agent_launch(
+                self.settings, self.directories, user, in_sandbox=False, parent_pid=os.getpid()
+            )
+            run_as = self.directories.sandbox_uid(user_id) if self.directories.chown else None
+            python = self.deployment.interpreter_for(run_as)
+        except (OSError, RuntimeError) as exc:
+            log.error("cannot prepare the agent %s", kv(user=user_id, error=exc))
+            raise unavailable(user_id, f"preparing it failed: {exc}") from exc
+        self._remove_stale_socket(launch.socket_path)
+        identity: dict[str, Any] = {}
+        if run_as is not None:
+            identity = {"user": run_as, "group": run_as, "extra_groups": [self.directories.shared_gid]}
+        try:
+            proc = subprocess.Popen(
+                release.command(python, launch.config_path),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=str(self.layout.home_dir(user_id)),
+                env=dict(_AGENT_ENV),
+                start_new_session=True,  # its own process group: signals to us do not hit it
+                umask=0o002,  # group-writable files in shared dirs; private dirs are 0700 anyway
+                **identity,
+            )
+        except OSError as exc:
+            raise unavailable(user_id, f"starting it failed: {exc}") from exc
+        agent = _Agent(
+            user_id=user_id,
+            proc=proc,
+            client=AgentClient(
+                launch.socket_path, launch.token, timeout_s=self.settings.tool_timeout_max_s + 60
+            ),
+            plan_hash=user.plan.plan_hash,
+            build=release.build,
+            instance_id=launch.config.instance_id,
+            run_as_uid=run_as,
+        )
+        threading.Thread(target=self._forward_stderr, args=(agent,), daemon=True, name=f"agent-{user_id}-stderr").start()
+        try:
+            self._wait_healthy(agent)
+        except ToolError:
+            self._terminate(agent)
+            raise
+        with self._lock:
+            self._agents[user_id] = agent
+        log.info(
+            "agent started %s",
+            kv(user=user_id, pid=proc.pid, uid=run_as if run_as is not None else os.geteuid(), build=release.build),
+        )
+        return agent
+
+    def _remove_stale_socket(self, socket_path: Any) -> None:
+        # So that readiness can only be the new agent (a stale socket would refuse anyway).
+        try:
+            os.unlink(socket_path)
+        except FileNotFoundError:
+            pass
+
+    def _wait_healthy(self, agent: _Agent) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        delay = 0.005
+        while True:
+            if not agent.alive:
+                time.sleep(0.05)  # let the stderr forwarder catch the last lines
+                raise unavailable(
+                    agent.user_id,
+                    f"the agent exited with code {agent.proc.returncode}: {' | '.join(agent.stderr_tail)[-500:]}",
+                )
+            try:
+                health = agent.client.health(timeout_s=2.0)
+                if health.instance_id == agent.instance_id:
+                    return
+            except AgentUnavailable:
+                pass
+            if time.monotonic() > deadline:
+                raise unavailable(agent.user_id, f"the agent did not answer within {self.start_timeout_s:g} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _forward_stderr(self, agent: _Agent) -> None:
+        stream = agent.proc.stderr
+        if stream is None:
+            return
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                agent.stderr_tail.append(line)
+                log.info("agent says %s", kv(user=agent.user_id, line=line))
+        stream.close()
+
+    def _terminate(self, agent: _Agent) -> None:
+        """Stop the agent and everything it started (shells run in their own sessions)."""
+        with self._lock:
+            if self._agents.get(agent.user_id) is agent:
+                del self._agents[agent.user_id]
+        try:
+            tree = psutil.Process(agent.proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        if agent.alive:
+            try:
+                agent.proc.send_signal(signal.SIGTERM)
+                agent.proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                agent.proc.kill()
+            except OSError:
+                pass
+        agent.proc.wait()
+        for proc in tree:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        agent.client.close()
+
+    def stop(self, user_id: int) -> None:
+        with self._user_lock(user_id):
+            agent = self._agents.get(user_id)
+            if agent is not None:
+                self._terminate(agent)
+                log.info("agent stopped %s", kv(user=user_id))
+
+    # --- calls ------------------------------------------------------------------------------
+
+    def call(self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str) -> Any:
+        agent = self._ready(user)
+        try:
+            return self._call_on(agent, tool, arguments, cwd)
+        except AgentUnavailable as exc:
+            if exc.delivered:
+                log.warning("agent failed during a call %s", kv(user=user.user_id, tool=tool, error=exc.message))
+                raise unavailable(user.user_id, "the agent failed during the call; it may have run partly") from exc
+            log.warning("agent unreachable; restarting it %s", kv(user=user.user_id, error=exc.message))
+        agent = self._ready(user)  # it never received the call: safe to run it on a new agent
+        try:
+            return self._call_on(agent, tool, arguments, cwd)
+        except AgentUnavailable as exc:
+            raise unavailable(user.user_id, exc.message) from exc
+
+    def _call_on(self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str) -> Any:
+        with self._lock:
+            agent.inflight += 1
+        try:
+            return agent.client.call(tool, arguments, cwd=cwd)
+        except AgentToolError as exc:
+            raise ToolError(exc.code, exc.message, path=exc.path, **exc.details) from None
+        finally:
+            with self._lock:
+                agent.inflight -= 1
+                agent.last_used = time.monotonic()
+
+    # --- idleness ---------------------------------------------------------------------------
+
+    def reap_idle(self, *, now: float | None = None) -> list[int]:
+        """Stop agents idle for longer than the idle timeout; returns their users."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            candidates = [
+                a.user_id
+                for a in self._agents.values()
+                if a.inflight == 0 and now - a.last_used > self.settings.idle_timeout_s
+            ]
+        stopped = []
+        for user_id in candidates:
+            with self._user_lock(user_id):
+                agent = self._agents.get(user_id)
+                if agent is not None and agent.inflight == 0 and now - agent.last_used > self.settings.idle_timeout_s:
+                    self._terminate(agent)
+                    stopped.append(user_id)
+                    log.info("idle agent stopped %s", kv(user=user_id, idle_s=round(now - agent.last_used, 1)))
+        return stopped
+
+    def start_idle_reaper(self, interval_s: float | None = None) -> None:
+        if self._reaper is not None:
+            return
+        interval = interval_s if interval_s is not None else max(0.5, min(30.0, self.settings.idle_timeout_s / 4))
+
+        def loop() -> None:
+            while not self._stopping.wait(interval):
+                try:
+                    self.reap_idle()
+                except Exception:  # the reaper must survive one bad round
+                    log.exception("idle reaper round failed")
+
+        self._reaper = threading.Thread(target=loop, daemon=True, name="process-backend-reaper")
+        self._reaper.start()
+
+    # --- status -----------------------------------------------------------------------------
+
+    def _status_of(self, agent: _Agent) -> SandboxStatus:
+        return SandboxStatus(
+            user_id=agent.user_id,
+            backend=self.name,
+            state="running" if agent.alive else "failed",
+            plan_hash=agent.plan_hash,
+            agent_build=agent.build,
+            busy=agent.inflight,
+            detail={
+                "pid": agent.proc.pid,
+                "uid": agent.run_as_uid if agent.run_as_uid is not None else os.geteuid(),
+                "socket": agent.client.socket_path,
+                "started_at": agent.started_at,
+                "idle_s": round(time.monotonic() - agent.last_used, 3),
+            },
+        )
+
+    def status(self) -> list[SandboxStatus]:
+        with self._lock:
+            agents = list(self._agents.values())
+        return [self._status_of(a) for a in sorted(agents, key=lambda a: a.user_id)]
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=5)
+            self._reaper = None
+        with self._lock:
+            agents = list(self._agents.values())
+        for agent in agents:
+            self._terminate(agent)

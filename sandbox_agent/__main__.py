@@ -1,0 +1,30 @@
+"""`python -m sandbox_agent --config <json file>` (or `--print-build`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sandbox_agent", description="The per-user sandbox tool agent.")
+    parser.add_argument("--config", help="JSON file with the AgentConfig (see sandbox_agent.wire)")
+    parser.add_argument("--print-build", action="store_true", help="print this code's BUILD id and exit")
+    args = parser.parse_args(argv)
+    if args.print_build:
+        from sandbox_agent.build import own_build_id
+
+        print(own_build_id())
+        return 0
+    if not args.config:
+        parser.error("--config is required")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    from sandbox_agent.server import load_config, serve
+
+    serve(load_config(args.config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""The agent's HTTP API (served on a Unix socket by `sandbox_agent.server`).
+
+- `GET /health` answers without the token: it tells only the BUILD id, uptime, calls in
+  flight and the instance id, and a liveness probe should not need a secret.
+- `POST /v1/tools/{name}` with `{"arguments": {...}, "cwd": "/abs/workdir"}` and
+  `Authorization: Bearer <token>` answers 200 `{"ok": true, "result": ...}` or
+  200 `{"ok": false, "error": {"code", "message", "path"}}`. A missing or wrong token is 401,
+  an unknown tool 404.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from sandbox_agent.build import own_build_id
+from sandbox_agent.errors import AgentToolError
+from sandbox_agent.path_sandbox import PathSandbox, os_error
+from sandbox_agent.tools.context import ToolContext
+from sandbox_agent.tools.registry import TOOLS
+from sandbox_agent.wire import AgentConfig, Health, ToolRequest
+
+log = logging.getLogger("sandbox_agent")
+
+
+class AgentState:
+    def __init__(self, config: AgentConfig, sandbox: PathSandbox, token: str) -> None:
+        self.config = config
+        self.sandbox = sandbox
+        self._token = token.encode()
+        self.started = time.monotonic()
+        self._busy = 0
+        self._lock = threading.Lock()
+
+    def token_ok(self, header: str | None) -> bool:
+        if not header or not header.startswith("Bearer "):
+            return False
+        return hmac.compare_digest(header[7:].strip().encode(), self._token)
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    def enter(self) -> None:
+        with self._lock:
+            self._busy += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+
+
+def _invalid_arguments(exc: ValidationError) -> dict[str, Any]:
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:5]
+    )
+    return {"code": "invalid_arguments", "message": f"Invalid tool arguments: {problems}", "path": None}
+
+
+def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, Any]:
+    """One tool call → the response envelope (never raises for tool-level failures)."""
+    model, function = TOOLS[name]
+    if not request.cwd.startswith("/"):
+        return {"ok": False, "error": {"code": "invalid_arguments", "message": "cwd must be absolute", "path": None}}
+    try:
+        arguments = model.model_validate(request.arguments)
+    except ValidationError as exc:
+        return {"ok": False, "error": _invalid_arguments(exc)}
+    state.enter()
+    try:
+        result = function(ToolContext(state.sandbox, state.config, request.cwd), arguments)
+        return {"ok": True, "result": result}
+    except AgentToolError as exc:
+        return {"ok": False, "error": exc.body()}
+    except OSError as exc:
+        return {"ok": False, "error": os_error(exc, getattr(arguments, "path", None) or request.cwd).body()}
+    except Exception as exc:  # a bug must still answer in the envelope, and be logged
+        log.exception("tool %s failed", name)
+        return {
+            "ok": False,
+            "error": {"code": "internal_error", "message": f"The sandbox agent failed: {type(exc).__name__}: {exc}", "path": None},
+        }
+    finally:
+        state.leave()
+
+
+def _json(payload: dict[str, Any], status_code: int = 200) -> Response:
+    return Response(json.dumps(payload, ensure_ascii=False), status_code=status_code, media_type="application/json")
+
+
+def create_app(state: AgentState) -> FastAPI:
+    app = FastAPI(title="sandbox agent", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.agent = state
+
+    @app.get("/health")
+    def health() -> Health:
+        return Health(
+            build=own_build_id(),
+            uptime_s=round(time.monotonic() - state.started, 3),
+            busy=state.busy,
+            user_id=state.config.user_id,
+            pid=os.getpid(),
+            instance_id=state.config.instance_id,
+            resolver=state.sandbox.resolver,
+        )
+
+    def require_token(request: Request) -> None:
+        # A dependency runs before the body is parsed: no token, no further work.
+        if not state.token_ok(request.headers.get("authorization")):
+            raise HTTPException(401, "missing or wrong agent token")
+
+    @app.post("/v1/tools/{name}", dependencies=[Depends(require_token)])
+    def call_tool(name: str, body: ToolRequest) -> Response:
+        if name not in TOOLS:
+            return _json({"error": {"code": "unknown_tool", "message": f"unknown tool {name}"}}, 404)
+        return _json(run_tool(state, name, body))
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        code = "unauthorized" if exc.status_code == 401 else "bad_request"
+        return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected agent error")
+        return JSONResponse({"error": {"code": "internal_error", "message": str(exc)}}, status_code=500)
+
+    return app
+

@@ -1,0 +1,34 @@
+"""Errors of the agent and of its client, free of any orchestrator type.
+
+`AgentToolError` is a tool-level failure the model should see (`{code, message, path}`);
+the orchestrator's backends translate it into their own `ToolError`. `AgentUnavailable`
+means the agent could not be reached or did not answer properly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class AgentToolError(Exception):
+    def __init__(self, code: str, message: str, path: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.path = path
+        self.details = details
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"code": self.code, "message": self.message, "path": self.path}
+        body.update(self.details)
+        return body
+
+
+class AgentUnavailable(Exception):
+    """The agent did not answer. `delivered` is False when the request certainly never
+    reached it (connection refused, no socket), so a retry cannot run a tool twice."""
+
+    def __init__(self, message: str, *, delivered: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.delivered = delivered

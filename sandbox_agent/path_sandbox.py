@@ -1,0 +1,471 @@
+"""PathSandbox (SPEC §6): every path of every tool is resolved *and opened* in one step
+against the allowed roots, and the tools then work on the file descriptor.
+
+How a path is resolved:
+1. It is joined with the cwd (not normalized: `..` stays a real step) and split into
+   components; empty and `.` components are dropped.
+2. The allowed root whose components are a prefix of the path is chosen (component-wise, so
+   `uploads/1` never matches `uploads/10`). Each root is held open as an O_PATH fd.
+3. Fast path: `openat2(root_fd, rest, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`: the kernel
+   follows symlinks and `..` but refuses anything that would leave the root, with no window
+   between check and open.
+4. When that fails because a symlink leaves the root (EXDEV/ELOOP), or the kernel has no
+   openat2, a walk resolves component by component with O_NOFOLLOW on held directory fds,
+   reads link targets with readlinkat, re-roots absolute targets into the allowed root that
+   contains them (a session's `skills/x` link into `skill-views/{uid}/x`), refuses `..`
+   above a root and gives up after 40 links. `..` never touches the disk: it pops a held fd.
+
+Never a string prefix check on a realpath: that is raced by swapping a symlink between the
+check and the open (CVE-2018-15664). Writes are allowed only when the directory the object
+finally lands in belongs to a read-write root.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import posixpath
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from sandbox_agent import syscalls
+from sandbox_agent.diagnostics import diagnose
+from sandbox_agent.errors import AgentToolError
+from sandbox_agent.wire import TOOL_PATH_MAX
+
+MAX_SYMLINK_HOPS = 40  # like the kernel's limit
+NAME_MAX = 255
+
+_RESOLVE = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
+# EXDEV: a step would leave the root (absolute link, `..`, link outside); ELOOP: too many links
+# or a magic link; EAGAIN: a concurrent rename made `..` unsafe. The walk decides all three.
+_WALK_ERRNOS = frozenset({errno.EXDEV, errno.ELOOP, errno.EAGAIN})
+
+READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: opening a FIFO must not hang
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+PATH_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+Resolver = Literal["auto", "openat2", "walk"]
+
+
+@dataclass(frozen=True)
+class Root:
+    path: str
+    writable: bool
+    purpose: str = ""
+
+
+class _Escape(Exception):
+    """Resolution left every allowed root; `at` is where (lexically normalized)."""
+
+    def __init__(self, at: str) -> None:
+        super().__init__(at)
+        self.at = at
+
+
+class Opened:
+    """An open fd inside an allowed root; `path` is how the model should see it."""
+
+    __slots__ = ("fd", "root", "_parts", "_path")
+
+    def __init__(self, fd: int, root: Root, parts: list[str]) -> None:
+        self.fd = fd
+        self.root = root
+        self._parts = parts
+        self._path: str | None = None
+
+    @property
+    def path(self) -> str:
+        if self._path is None:  # computed on demand: not part of the hot resolve-and-open path
+            self._path = shown_path(self._parts)
+        return self._path
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Opened:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+@dataclass
+class WriteTarget:
+    """Where a write lands: a held directory fd in a read-write root and a final name that is
+    not a symlink (links at the final name were followed while resolving)."""
+
+    dir_fd: int
+    name: str
+    root: Root
+    path: str
+    existing: os.stat_result | None
+
+    def close(self) -> None:
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+    def __enter__(self) -> WriteTarget:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def _split(path: str) -> list[str]:
+    parts = path.split("/")
+    if "" in parts or "." in parts:
+        return [p for p in parts if p and p != "."]
+    return parts
+
+
+def shown_path(parts: list[str]) -> str:
+    """How a path is quoted back to the model: absolute and lexically normalized."""
+    return posixpath.normpath("/" + "/".join(parts))
+
+
+class PathSandbox:
+    def __init__(
+        self,
+        roots: Iterable[Root],
+        *,
+        data_root: str,
+        user_id: int,
+        resolver: Resolver = "auto",
+    ) -> None:
+        self.data_root = posixpath.normpath(data_root)
+        self.user_id = user_id
+        if resolver == "openat2" and not syscalls.OPENAT2_AVAILABLE:
+            raise RuntimeError("resolver 'openat2' requested but this kernel has no openat2(2)")
+        self.use_openat2 = resolver != "walk" and syscalls.OPENAT2_AVAILABLE
+        self.roots: list[Root] = []
+        self._root_fds: list[int | None] = []
+        self._by_parts: dict[tuple[str, ...], int] = {}
+        for root in roots:
+            if not root.path.startswith("/"):
+                raise ValueError(f"allowed root must be absolute: {root.path!r}")
+            norm = posixpath.normpath(root.path)
+            key = tuple(_split(norm))
+            if key in self._by_parts:
+                raise ValueError(f"allowed root listed twice: {norm}")
+            self._by_parts[key] = len(self.roots)
+            self.roots.append(Root(norm, root.writable, root.purpose))
+            try:
+                self._root_fds.append(os.open(norm, PATH_DIR_FLAGS))
+            except OSError:
+                self._root_fds.append(None)  # a missing root answers not_found, it is not fatal
+        self._lengths = sorted({len(k) for k in self._by_parts}, reverse=True)
+
+    @property
+    def resolver(self) -> str:
+        return "openat2" if self.use_openat2 else "walk"
+
+    def close(self) -> None:
+        for i, fd in enumerate(self._root_fds):
+            if fd is not None:
+                os.close(fd)
+                self._root_fds[i] = None
+
+    # --- parsing ------------------------------------------------------------------------
+
+    def parse(self, path: object, cwd: str) -> tuple[list[str], bool]:
+        """(components, trailing slash) of a tool's path argument."""
+        if not isinstance(path, str) or path == "":
+            raise AgentToolError("invalid_arguments", "The path is empty; give a file or directory path.", None)
+        if "\x00" in path:
+            raise AgentToolError("invalid_arguments", "The path contains a NUL byte, which no file name can.", None)
+        raw = path if path.startswith("/") else f"{cwd}/{path}"
+        if len(raw) > 63:  # shorter strings cannot exceed the byte limits below
+            try:
+                encoded = raw.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                raise AgentToolError("invalid_arguments", "The path is not valid UTF-8.", None) from None
+            if len(encoded) > TOOL_PATH_MAX:
+                raise AgentToolError(
+                    "invalid_arguments", f"The path is longer than {TOOL_PATH_MAX} bytes.", path[:200] + "..."
+                )
+            parts = _split(raw)
+            for part in parts:
+                if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+                    raise AgentToolError(
+                        "invalid_arguments",
+                        f"A name in the path is longer than {NAME_MAX} bytes: {part[:60]}...",
+                        path[:200],
+                    )
+        else:
+            parts = _split(raw)
+        return parts, raw.endswith(("/", "/.", "/.."))
+
+    def shown(self, path: object, cwd: str) -> str:
+        return shown_path(self.parse(path, cwd)[0])
+
+    # --- resolution -----------------------------------------------------------------------
+
+    def _find_root(self, parts: list[str]) -> tuple[int, int] | None:
+        for n in self._lengths:
+            if n <= len(parts):
+                index = self._by_parts.get(tuple(parts[:n]))
+                if index is not None:
+                    return index, n
+        return None
+
+    def _root_fd(self, index: int) -> int:
+        fd = self._root_fds[index]
+        if fd is None:
+            raise FileNotFoundError(errno.ENOENT, "allowed root is missing", self.roots[index].path)
+        return fd
+
+    def open_parts(self, parts: list[str], flags: int) -> tuple[int, int]:
+        """(root index, fd) of `parts` opened with `flags`, following symlinks inside the roots."""
+        found = self._find_root(parts)
+        if found is None:
+            raise _Escape(posixpath.normpath("/" + "/".join(parts)))
+        index, n = found
+        root_fd = self._root_fd(index)
+        if self.use_openat2:
+            rest = "/".join(parts[n:]) or "."
+            fd = syscalls.openat2_raw(root_fd, rest.encode("utf-8", "surrogateescape"), flags, _RESOLVE)
+            if fd >= 0:
+                return index, fd
+            err = -fd
+            if err == errno.ENOSYS:  # e.g. a seccomp profile that predates openat2
+                self.use_openat2 = False
+            elif err not in _WALK_ERRNOS:
+                raise OSError(err, os.strerror(err))
+        return self._walk(index, parts[n:], flags)
+
+    def _readlink(self, dir_fd: int, name: str) -> str | None:
+        """The link's target, or None when `name` is not a symlink (anymore)."""
+        try:
+            return os.readlink(name, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                return None
+            raise
+
+    def _walk(self, index: int, rest: list[str], flags: int) -> tuple[int, int]:
+        pending = rest[::-1]  # a stack: the next component is last
+        held: list[int] = []  # directories below the current root, innermost last
+        hops = 0
+        want_path = bool(flags & os.O_PATH)
+        try:
+            while True:
+                cur = held[-1] if held else self._root_fd(index)
+                if not pending:
+                    return index, os.open(".", flags, dir_fd=cur)
+                part = pending.pop()
+                if part == "..":
+                    if not held:
+                        beyond = "/".join(reversed(pending))
+                        raise _Escape(posixpath.normpath(f"{self.roots[index].path}/../{beyond}"))
+                    os.close(held.pop())
+                    continue
+                if pending:
+                    try:
+                        held.append(os.open(part, PATH_DIR_FLAGS | os.O_NOFOLLOW, dir_fd=cur))
+                        continue
+                    except NotADirectoryError:
+                        target = self._readlink(cur, part)
+                        if target is None:
+                            st = os.stat(part, dir_fd=cur, follow_symlinks=False)
+                            if not stat.S_ISDIR(st.st_mode):
+                                raise
+                            pending.append(part)  # it became a directory meanwhile: retry
+                            hops += 1
+                            if hops > MAX_SYMLINK_HOPS:
+                                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP)) from None
+                            continue
+                else:
+                    if want_path:
+                        fd = os.open(part, (flags & ~os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=cur)
+                        st = os.fstat(fd)
+                        if not stat.S_ISLNK(st.st_mode):
+                            if flags & os.O_DIRECTORY and not stat.S_ISDIR(st.st_mode):
+                                os.close(fd)
+                                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+                            return index, fd
+                        os.close(fd)
+                        target = self._readlink(cur, part)
+                    else:
+                        try:
+                            return index, os.open(part, flags | os.O_NOFOLLOW, dir_fd=cur)
+                        except OSError as exc:
+                            # O_NOFOLLOW on a symlink: ELOOP, or ENOTDIR together with O_DIRECTORY.
+                            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                                raise
+                            target = self._readlink(cur, part)
+                            if target is None and not stat.S_ISLNK(
+                                os.stat(part, dir_fd=cur, follow_symlinks=False).st_mode
+                            ):
+                                raise
+                    if target is None:  # swapped away from a symlink meanwhile: retry
+                        pending.append(part)
+                        hops += 1
+                        if hops > MAX_SYMLINK_HOPS:
+                            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+                        continue
+                hops += 1
+                if hops > MAX_SYMLINK_HOPS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+                target_parts = _split(target)
+                if target.startswith("/"):
+                    found = self._find_root(target_parts)
+                    if found is None:
+                        beyond = "/".join(reversed(pending))
+                        raise _Escape(posixpath.normpath(f"{target}/{beyond}"))
+                    for fd in held:
+                        os.close(fd)
+                    held.clear()
+                    index, n = found
+                    pending.extend(reversed(target_parts[n:]))
+                else:
+                    pending.extend(reversed(target_parts))
+        finally:
+            for fd in held:
+                os.close(fd)
+
+    # --- errors ---------------------------------------------------------------------------
+
+    def refusal(self, exc: BaseException, shown: str) -> AgentToolError:
+        """The structured error for a failed resolution (identity diagnostics for escapes)."""
+        if isinstance(exc, AgentToolError):
+            return exc
+        if isinstance(exc, _Escape):
+            diagnosis = diagnose(shown, exc.at, self.data_root, self.user_id)
+            return AgentToolError(diagnosis.code, diagnosis.message, shown)
+        if isinstance(exc, OSError):
+            return os_error(exc, shown)
+        raise exc
+
+    # --- public operations -------------------------------------------------------------
+
+    def open_file(self, path: object, cwd: str) -> Opened:
+        """A regular file, opened for reading."""
+        parts, trailing = self.parse(path, cwd)
+        try:
+            index, fd = self.open_parts(parts, READ_FLAGS | (os.O_DIRECTORY if trailing else 0))
+        except (OSError, _Escape) as exc:
+            raise self.refusal(exc, shown_path(parts)) from None
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(fd)
+            shown = shown_path(parts)
+            if stat.S_ISDIR(mode):
+                raise AgentToolError("is_a_directory", f"This is a directory, not a file (use list_dir): {shown}", shown)
+            raise AgentToolError("not_a_regular_file", f"This is not a regular file: {shown}", shown)
+        return Opened(fd, self.roots[index], parts)
+
+    def open_dir(self, path: object, cwd: str) -> Opened:
+        """A directory, opened for listing."""
+        parts, _ = self.parse(path, cwd)
+        try:
+            index, fd = self.open_parts(parts, DIR_FLAGS)
+        except (OSError, _Escape) as exc:
+            raise self.refusal(exc, shown_path(parts)) from None
+        return Opened(fd, self.roots[index], parts)
+
+    def write_target(self, path: object, cwd: str, *, create_parents: bool = True) -> WriteTarget:
+        parts, trailing = self.parse(path, cwd)
+        shown = shown_path(parts)
+        try:
+            for _ in range(MAX_SYMLINK_HOPS + 1):
+                found = self._find_root(parts)
+                if trailing or not parts or parts[-1] == ".." or (found is not None and found[1] == len(parts)):
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+                index, dir_fd = self._open_dir(parts[:-1], create_parents)
+                name = parts[-1]
+                try:
+                    existing: os.stat_result | None = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    existing = None
+                if existing is not None and stat.S_ISLNK(existing.st_mode):
+                    # Follow a final symlink like open(2) would, through the same rules (a dangling
+                    # link pointing outside must not create a file there: CVE-2025-53109).
+                    target = os.readlink(name, dir_fd=dir_fd)
+                    os.close(dir_fd)
+                    parts = _split(target) if target.startswith("/") else parts[:-1] + _split(target)
+                    trailing = target.endswith("/")
+                    continue
+                if existing is not None and stat.S_ISDIR(existing.st_mode):
+                    os.close(dir_fd)
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
+                root = self.roots[index]
+                if not root.writable:
+                    os.close(dir_fd)
+                    raise read_only(shown, root)
+                return WriteTarget(dir_fd, name, root, shown, existing)
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
+        except (OSError, _Escape) as exc:
+            raise self.refusal(exc, shown) from None
+
+    def _open_dir(self, parts: list[str], create: bool) -> tuple[int, int]:
+        try:
+            return self.open_parts(parts, PATH_DIR_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
+        # Find the deepest existing ancestor, then create downwards; each new level is
+        # re-resolved from scratch, so a link swapped in meanwhile is judged like any other.
+        found = self._find_root(parts)
+        if found is None:
+            raise _Escape(posixpath.normpath("/" + "/".join(parts)))
+        depth = len(parts) - 1
+        while True:
+            if depth < found[1]:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+            try:
+                index, fd = self.open_parts(parts[:depth], PATH_DIR_FLAGS)
+                break
+            except FileNotFoundError:
+                depth -= 1
+        try:
+            for j in range(depth, len(parts)):
+                if not self.roots[index].writable:
+                    raise read_only("/" + "/".join(parts[: j + 1]), self.roots[index])
+                try:
+                    os.mkdir(parts[j], 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                os.close(fd)
+                fd = -1
+                index, fd = self.open_parts(parts[: j + 1], PATH_DIR_FLAGS)
+            return index, fd
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            raise
+
+
+def read_only(shown: str, root: Root) -> AgentToolError:
+    return AgentToolError(
+        "read_only",
+        f"This location is read-only ({root.purpose or 'read-only mount'} at {root.path}); "
+        f"write somewhere in your working directory instead: {shown}",
+        shown,
+    )
+
+
+_OS_CODES = {
+    errno.ENOENT: ("not_found", "No such file or directory: {}"),
+    errno.ENOTDIR: ("not_a_directory", "A component of the path is not a directory: {}"),
+    errno.EISDIR: ("is_a_directory", "This is a directory, not a file: {}"),
+    errno.ELOOP: ("symlink_loop", f"Too many levels of symbolic links (more than {MAX_SYMLINK_HOPS}): {{}}"),
+    errno.ENAMETOOLONG: ("invalid_arguments", "The path or a name in it is too long: {}"),
+    errno.EACCES: ("permission_denied", "Permission denied: {}"),
+    errno.EPERM: ("permission_denied", "Operation not permitted: {}"),
+    errno.EROFS: ("read_only", "This file system is read-only: {}"),
+    errno.ENOSPC: ("no_space", "No space left on the device while writing: {}"),
+    errno.EDQUOT: ("no_space", "Disk quota exceeded while writing: {}"),
+    errno.EEXIST: ("already_exists", "It already exists: {}"),
+    errno.ENOTEMPTY: ("not_empty", "The directory is not empty: {}"),
+}
+
+
+def os_error(exc: OSError, shown: str) -> AgentToolError:
+    code, template = _OS_CODES.get(exc.errno or 0, ("io_error", f"{exc.strerror or exc}: {{}}"))
+    return AgentToolError(code, template.format(shown), shown)

@@ -1,0 +1,128 @@
+"""Serving the agent on its Unix socket (no TCP port, no network needed)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import uvicorn
+
+from sandbox_agent import process_tree
+from sandbox_agent.app import AgentState, create_app
+from sandbox_agent.build import own_build_id
+from sandbox_agent.path_sandbox import PathSandbox, Root
+from sandbox_agent.wire import AgentConfig
+
+log = logging.getLogger("sandbox_agent")
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    return AgentConfig.model_validate_json(Path(path).read_bytes())
+
+
+def load_token(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o077:
+            log.warning("token file %s is accessible by others (mode %o)", path, stat.S_IMODE(st.st_mode))
+        with os.fdopen(fd, "r", closefd=False) as fh:
+            token = fh.read().strip()
+    finally:
+        os.close(fd)
+    if len(token) < 16:
+        raise SystemExit(f"token file {path} holds no usable token")
+    return token
+
+
+def bind_unix_socket(path: str) -> socket.socket:
+    """Listen on `path` with mode 0600, replacing a stale socket (never a directory)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if stat.S_ISDIR(st.st_mode):
+            raise SystemExit(f"socket path {path} is a directory")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket file is created 0600 (single-threaded here)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    sock.listen(128)
+    return sock
+
+
+def _watch_parent(server: uvicorn.Server, parent_pid: int) -> None:
+    # An agent of the process backend must not outlive the orchestrator that started it.
+    while not server.should_exit:
+        if os.getppid() != parent_pid:
+            log.warning("parent %s is gone; shutting down", parent_pid)
+            server.should_exit = True
+            return
+        time.sleep(0.5)
+
+
+def _kill_descendants() -> None:
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(children, timeout=2)
+
+
+def serve(config: AgentConfig) -> None:
+    process_tree.adopt_orphans()
+    sandbox = PathSandbox(
+        [Root(r.path, r.access == "rw", r.purpose) for r in config.roots],
+        data_root=config.data_root,
+        user_id=config.user_id,
+        resolver=config.resolver,
+    )
+    state = AgentState(config, sandbox, load_token(config.token_file))
+    sock = bind_unix_socket(config.socket_path)
+    bound = os.stat(config.socket_path)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(state),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=3,
+        )
+    )
+    # uvicorn re-raises a captured SIGTERM after its graceful shutdown; with this handler that
+    # becomes SystemExit, so the cleanup below still runs.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    if config.parent_pid is not None:
+        threading.Thread(target=_watch_parent, args=(server, config.parent_pid), daemon=True).start()
+    log.info(
+        "agent listening socket=%s user=%s build=%s resolver=%s roots=%d",
+        config.socket_path, config.user_id, own_build_id(), sandbox.resolver, len(config.roots),
+    )
+    try:
+        server.run(sockets=[sock])
+    finally:
+        _kill_descendants()
+        try:
+            st = os.stat(config.socket_path)
+            if (st.st_dev, st.st_ino) == (bound.st_dev, bound.st_ino):  # not a successor's socket
+                os.unlink(config.socket_path)
+        except OSError:
+            pass
+        sandbox.close()

@@ -1,0 +1,164 @@
+"""The wire between the orchestrator and a sandbox agent: tool arguments (SPEC §12 names),
+the agent's configuration, request/response envelopes, health and the structured error.
+
+These models are the contract the backends (process, docker) and the agent share.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TOOL_PATH_MAX = 4096  # bytes, like Linux PATH_MAX: longer arguments are refused up front
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- tool arguments (SPEC §12) ------------------------------------------------------------
+
+_PATH_DOC = "Absolute path, or relative to the run's working directory."
+
+
+class ReadFileArgs(_Args):
+    path: str = Field(..., description=_PATH_DOC)
+    offset: int | None = Field(None, ge=1, description="First line to return (1-based). Default 1.")
+    limit: int | None = Field(None, ge=1, le=100_000, description="How many lines to return. Default 2000.")
+
+
+class WriteFileArgs(_Args):
+    path: str = Field(..., description=_PATH_DOC + " Missing parent directories are created.")
+    content: str = Field(..., description="The complete new content of the file (UTF-8 text).")
+
+
+class EditFileArgs(_Args):
+    path: str = Field(..., description=_PATH_DOC)
+    old: str = Field(..., min_length=1, description="Exact text to replace; it must occur exactly once.")
+    new: str = Field(..., description="Replacement text.")
+
+
+class ListDirArgs(_Args):
+    path: str = Field(".", description=_PATH_DOC + " Default: the working directory.")
+
+
+class GlobSearchArgs(_Args):
+    pattern: str = Field(
+        ..., min_length=1, description="Glob relative to `path`: `*` and `?` within a name, `**` across directories."
+    )
+    path: str | None = Field(None, description=_PATH_DOC + " Default: the working directory.")
+
+
+class GrepSearchArgs(_Args):
+    pattern: str = Field(..., min_length=1, description="Python regular expression searched line by line.")
+    path: str | None = Field(None, description="File or directory to search. Default: the working directory.")
+    glob: str | None = Field(
+        None, description="Only files matching this glob (a name glob like `*.py` matches at any depth)."
+    )
+
+
+class ShellArgs(_Args):
+    command: str = Field(..., min_length=1, description="A bash command line, run in the working directory.")
+    timeout_s: float | None = Field(None, gt=0, description="Seconds before the whole process tree is killed.")
+
+
+class ReadBytesArgs(_Args):
+    path: str = Field(..., description=_PATH_DOC)
+
+
+TOOL_ARGUMENTS: dict[str, type[_Args]] = {
+    "read_file": ReadFileArgs,
+    "write_file": WriteFileArgs,
+    "edit_file": EditFileArgs,
+    "list_dir": ListDirArgs,
+    "glob_search": GlobSearchArgs,
+    "grep_search": GrepSearchArgs,
+    "shell": ShellArgs,
+    "read_bytes": ReadBytesArgs,
+}
+
+
+# --- configuration --------------------------------------------------------------------------
+
+
+class RootConfig(BaseModel):
+    """One allowed root of the PathSandbox (from the mount plan)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str
+    access: Literal["ro", "rw"]
+    purpose: str = ""
+
+
+class AgentLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    output_cap_bytes: int = Field(256 * 1024, gt=0)
+    read_bytes_max: int = Field(20 * 1024 * 1024, gt=0)
+    shell_timeout_s: float = Field(60.0, gt=0)
+    shell_timeout_max_s: float = Field(600.0, gt=0)
+    read_file_default_lines: int = Field(2000, gt=0)
+    list_max_entries: int = Field(1000, gt=0)
+    glob_max_results: int = Field(1000, gt=0)
+    grep_max_matches: int = Field(200, gt=0)
+    grep_max_file_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    walk_max_entries: int = Field(100_000, gt=0)
+
+
+class AgentConfig(BaseModel):
+    """Everything an agent needs; written by the orchestrator as JSON next to the socket.
+    It holds no secret: the token is read from `token_file` (0600, owned by the sandbox uid)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    socket_path: str
+    token_file: str
+    user_id: int = Field(..., gt=0)
+    data_root: str
+    home: str
+    tmp_dir: str
+    roots: list[RootConfig]
+    limits: AgentLimits = AgentLimits()
+    # "auto": openat2 where the kernel has it, else the O_NOFOLLOW walk; the others force one.
+    resolver: Literal["auto", "openat2", "walk"] = "auto"
+    shell_env: dict[str, str] = Field(default_factory=dict)
+    # Reported by /health so a starter can tell its own agent from a stale one.
+    instance_id: str = ""
+    # Exit when the process that started the agent is gone (process backend); None in containers.
+    parent_pid: int | None = None
+
+
+# --- envelopes ------------------------------------------------------------------------------
+
+
+class ToolRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    cwd: str = Field(..., description="Absolute working directory of the run; relative paths start here.")
+
+
+class ErrorBody(BaseModel):
+    """The structured error a model sees (SPEC §6)."""
+
+    code: str
+    message: str
+    path: str | None = None
+
+
+class ToolResponse(BaseModel):
+    ok: bool
+    result: Any = None
+    error: ErrorBody | None = None
+
+
+class Health(BaseModel):
+    build: str
+    uptime_s: float
+    busy: int
+    user_id: int | None = None
+    pid: int | None = None
+    instance_id: str = ""
+    resolver: str = ""

@@ -1,0 +1,54 @@
+"""Fixtures for tests that start real sandbox agents.
+
+Agents run as unprivileged sandbox uids when the tests run as root, and those uids must be
+able to traverse the data dir: pytest's own tmp dir (/tmp/pytest-of-root) is 0700, so these
+fixtures use a fresh 0711 directory directly under /tmp, removed afterwards. Import the
+fixtures into a conftest.py to use them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator.http.app import create_app
+from orchestrator.service import OrchestratorService
+from tests.conftest import API_TOKEN, make_settings
+
+
+@pytest.fixture
+def traversable_tmp() -> Iterator[Path]:
+    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="orch-test-"))
+    os.chmod(base, 0o711)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def agent_data_dir(traversable_tmp: Path) -> Path:
+    path = traversable_tmp / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def agent_service(agent_data_dir: Path) -> Iterator[OrchestratorService]:
+    svc = OrchestratorService(make_settings(agent_data_dir))
+    try:
+        yield svc
+    finally:
+        svc.close()
+
+
+@pytest.fixture
+def agent_client(agent_service: OrchestratorService) -> Iterator[TestClient]:
+    with TestClient(create_app(agent_service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
+        yield client

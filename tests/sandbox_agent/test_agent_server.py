@@ -1,0 +1,200 @@
+"""A real agent process on a real Unix socket, driven by the real client."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandbox_agent.build import own_build_id
+from sandbox_agent.client import AgentClient
+from sandbox_agent.errors import AgentToolError, AgentUnavailable
+from sandbox_agent.wire import AgentConfig, RootConfig
+from tests.sandbox_agent.conftest import Tree, build_tree
+
+
+@dataclass
+class LiveAgent:
+    tree: Tree
+    proc: subprocess.Popen[bytes]
+    client: AgentClient
+    token: str
+    config: AgentConfig
+
+
+def start_agent(tree: Tree, *, resolver: str = "auto", **limits: object) -> LiveAgent:
+    sockets = tree.p("sockets/17")
+    sockets.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    token_file = sockets / "token"
+    token_file.write_text(token)
+    os.chmod(token_file, 0o600)
+    config = AgentConfig(
+        socket_path=str(sockets / "agent.sock"),
+        token_file=str(token_file),
+        user_id=17,
+        data_root=str(tree.data),
+        home=str(tree.p("users/17")),
+        tmp_dir=str(tree.p("users/17")),
+        roots=[RootConfig(path=r.path, access="rw" if r.writable else "ro", purpose=r.purpose) for r in tree.roots()],
+        resolver=resolver,  # type: ignore[arg-type]
+        instance_id=secrets.token_hex(4),
+        parent_pid=os.getpid(),
+        limits={"output_cap_bytes": 4096, **limits},  # type: ignore[arg-type]
+    )
+    config_file = sockets / "agent.json"
+    config_file.write_text(config.model_dump_json())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandbox_agent", "--config", str(config_file)],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    client = AgentClient(config.socket_path, token)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if client.health(timeout_s=1).instance_id == config.instance_id:
+                break
+        except AgentUnavailable:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"agent did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
+        time.sleep(0.02)
+    return LiveAgent(tree, proc, client, token, config)
+
+
+def stop_agent(agent: LiveAgent) -> None:
+    agent.client.close()
+    if agent.proc.poll() is None:
+        agent.proc.terminate()
+        try:
+            agent.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            agent.proc.kill()
+            agent.proc.wait()
+    if agent.proc.stderr:
+        agent.proc.stderr.close()
+
+
+@pytest.fixture(params=["openat2", "walk"])
+def live(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveAgent]:
+    agent = start_agent(build_tree(tmp_path), resolver=request.param)
+    yield agent
+    stop_agent(agent)
+
+
+def test_health_needs_no_token_and_reports_build_uptime_busy(live: LiveAgent) -> None:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=live.config.socket_path), base_url="http://a") as raw:
+        body = raw.get("/health").json()
+    assert body["build"] == own_build_id()
+    assert body["busy"] == 0
+    assert body["uptime_s"] >= 0
+    assert body["instance_id"] == live.config.instance_id
+    assert body["pid"] == live.proc.pid
+
+
+def test_tool_calls_need_the_token(live: LiveAgent) -> None:
+    with httpx.Client(transport=httpx.HTTPTransport(uds=live.config.socket_path), base_url="http://a") as raw:
+        request = {"arguments": {"path": "hello.txt"}, "cwd": str(live.tree.workdir)}
+        assert raw.post("/v1/tools/read_file", json=request).status_code == 401
+        wrong = {"Authorization": "Bearer " + "x" * 43}
+        assert raw.post("/v1/tools/read_file", json=request, headers=wrong).status_code == 401
+        ok = raw.post("/v1/tools/read_file", json=request, headers={"Authorization": f"Bearer {live.token}"})
+        assert ok.status_code == 200 and ok.json()["ok"] is True
+    with AgentClient(live.config.socket_path, "not-the-token") as bad:
+        with pytest.raises(AgentUnavailable) as info:
+            bad.call("read_file", {"path": "hello.txt"}, cwd=str(live.tree.workdir))
+        assert info.value.delivered is False
+
+
+def test_socket_is_private(live: LiveAgent) -> None:
+    assert stat.S_IMODE(os.stat(live.config.socket_path).st_mode) == 0o600
+
+
+def test_read_write_list_through_the_socket(live: LiveAgent) -> None:
+    cwd = str(live.tree.workdir)
+    client = live.client
+    assert client.call("read_file", {"path": "hello.txt"}, cwd=cwd)["content"] == "hello\nworld\n"
+    written = client.call("write_file", {"path": "notes/a.md", "content": "# A\n"}, cwd=cwd)
+    assert written == {"path": f"{cwd}/notes/a.md", "bytes_written": 4, "created": True}
+    names = [e["name"] for e in client.call("list_dir", {"path": "notes"}, cwd=cwd)["entries"]]
+    assert names == ["a.md"]
+    skills = client.call("list_dir", {"path": "skills"}, cwd=cwd)["entries"]
+    assert skills == [{"name": "foo", "type": "symlink", "target": str(live.tree.p("skill-views/17/foo"))}]
+    assert client.call("read_file", {"path": "skills/foo/SKILL.md"}, cwd=cwd)["content"] == "# foo skill\n"
+
+
+def test_structured_errors_cross_the_wire(live: LiveAgent) -> None:
+    cwd = str(live.tree.workdir)
+    with pytest.raises(AgentToolError) as info:
+        live.client.call("read_file", {"path": "../../18/s9/secret.txt"}, cwd=cwd)
+    assert info.value.code == "foreign_runtime_path"
+    assert info.value.path == str(live.tree.p("runtime/18/s9/secret.txt"))
+    with pytest.raises(AgentToolError) as info:
+        live.client.call("write_file", {"path": "skills/foo/SKILL.md", "content": "x"}, cwd=cwd)
+    assert info.value.code == "read_only"
+    with pytest.raises(AgentToolError) as info:
+        live.client.call("read_file", {"path": "hello.txt", "bogus": 1}, cwd=cwd)
+    assert info.value.code == "invalid_arguments"
+    with pytest.raises(AgentToolError) as info:
+        live.client.call("no_such_tool", {}, cwd=cwd)
+    assert info.value.code == "unknown_tool"
+
+
+def test_busy_counts_calls_in_flight(live: LiveAgent) -> None:
+    import threading
+
+    cwd = str(live.tree.workdir)
+    thread = threading.Thread(target=live.client.call, args=("shell", {"command": "sleep 1"}), kwargs={"cwd": cwd})
+    thread.start()
+    try:
+        deadline = time.monotonic() + 5
+        while live.client.health().busy != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+    finally:
+        thread.join()
+    assert live.client.health().busy == 0
+
+
+def test_agent_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
+    """A process-backend agent must not outlive the orchestrator (config.parent_pid)."""
+    tree = build_tree(tmp_path)
+    sockets = tree.p("sockets/17")
+    sockets.mkdir(parents=True)
+    (sockets / "token").write_text("t" * 32)
+    config = {
+        "socket_path": str(sockets / "agent.sock"), "token_file": str(sockets / "token"), "user_id": 17,
+        "data_root": str(tree.data), "home": str(tree.p("users/17")), "tmp_dir": "/tmp", "roots": [],
+    }
+    launcher = (
+        "import json, os, subprocess, sys\n"
+        "cfg = json.loads(sys.argv[1]); cfg['parent_pid'] = os.getpid()\n"
+        "open(sys.argv[2], 'w').write(json.dumps(cfg))\n"
+        "p = subprocess.Popen([sys.executable, '-m', 'sandbox_agent', '--config', sys.argv[2]], start_new_session=True)\n"
+        "print(p.pid, flush=True)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", launcher, json.dumps(config), str(sockets / "agent.json")],
+        capture_output=True, text=True, check=True, cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "the orphaned agent kept running"
+        time.sleep(0.1)
