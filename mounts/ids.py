@@ -17,6 +17,7 @@ _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 _CHAT_ID = re.compile(r"[A-Za-z0-9_@:=+-][A-Za-z0-9._@:=+-]{0,127}")
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+_TOKEN = re.compile(r"[0-9a-f]{8,64}")
 
 
 class InvalidIdentifier(ValueError):
@@ -93,4 +94,12 @@ def file_name(value: object, field: str = "file") -> str:
         raise InvalidIdentifier(
             field, f"{field} must be 1-128 characters of A-Z a-z 0-9 . _ - not starting with '.' or '-'"
         )
+    return text
+
+
+def token(value: object, field: str = "token") -> str:
+    """A random hex token naming a staging or trash directory of the skill store."""
+    text = _require_str(field, value)
+    if not _TOKEN.fullmatch(text):
+        raise InvalidIdentifier(field, f"{field} must be 8-64 lowercase hex digits")
     return text

@@ -30,6 +30,16 @@ class GroupRef:
         ids.chat_id(self.chat_id, "group.chat_id")
 
 
+def view_version_name(skill: str, fingerprint: str) -> str:
+    """`{name}@{fp}`: '@' is never part of a skill name, so the name parses back unambiguously."""
+    return f"{ids.name(skill, 'skill')}@{ids.fingerprint(fingerprint)}"
+
+
+def view_link_target(skill: str, fingerprint: str) -> str:
+    """The relative target of `skill-views/{uid}/{name}`: it resolves inside the same mount."""
+    return f".versions/{view_version_name(skill, fingerprint)}"
+
+
 def session_dir_name(session_id: str) -> str:
     """`session-{sha256(id)}`: the stored name of a session's chat directory (SPEC §9)."""
     digest = hashlib.sha256(ids.session_id(session_id).encode()).hexdigest()
@@ -76,8 +86,11 @@ class DataLayout:
     def runtime_dir(self, user_id: int, session_id: str) -> Path:
         return self.runtime_user_dir(user_id) / ids.session_id(session_id)
 
+    def session_skills_dir(self, user_id: int, session_id: str) -> Path:
+        return self.runtime_dir(user_id, session_id) / "skills"
+
     def session_skill_link(self, user_id: int, session_id: str, skill: str) -> Path:
-        return self.runtime_dir(user_id, session_id) / "skills" / ids.name(skill, "skill")
+        return self.session_skills_dir(user_id, session_id) / ids.name(skill, "skill")
 
     @property
     def uploads_root(self) -> Path:
@@ -139,11 +152,59 @@ class DataLayout:
     def content_entry(self, fingerprint: str, skill: str) -> Path:
         return self.content_store / ids.fingerprint(fingerprint) / ids.name(skill, "skill")
 
+    def content_fp_dir(self, fingerprint: str) -> Path:
+        return self.content_store / ids.fingerprint(fingerprint)
+
+    def content_manifest(self, fingerprint: str) -> Path:
+        # Dot-named: never a skill name, so it cannot collide with an entry.
+        return self.content_fp_dir(fingerprint) / ".manifest.json"
+
+    def content_staging(self, fingerprint: str, token: str) -> Path:
+        # Inside the fingerprint's directory, so committing is a same-directory rename.
+        return self.content_fp_dir(fingerprint) / f".staging-{ids.token(token)}"
+
+    def content_trash(self, fingerprint: str, token: str) -> Path:
+        return self.content_fp_dir(fingerprint) / f".trash-{ids.token(token)}"
+
+    def content_store_trash(self, token: str) -> Path:
+        return self.content_store / f".trash-{ids.token(token)}"
+
+    @property
+    def skill_locks_dir(self) -> Path:
+        return self.skill_views_root / ".locks"
+
+    @property
+    def skill_store_lock(self) -> Path:
+        return self.skill_locks_dir / "store.lock"
+
+    def user_view_lock(self, user_id: int) -> Path:
+        return self.skill_locks_dir / f"user-{ids.user_id(user_id)}.lock"
+
     def user_views_dir(self, user_id: int) -> Path:
         return self.skill_views_root / str(ids.user_id(user_id))
 
     def user_view(self, user_id: int, skill: str) -> Path:
+        """The stable view path: a symlink to the view's current version directory."""
         return self.user_views_dir(user_id) / ids.name(skill, "skill")
+
+    def user_view_versions_dir(self, user_id: int) -> Path:
+        return self.user_views_dir(user_id) / ".versions"
+
+    def user_view_version(self, user_id: int, skill: str, fingerprint: str) -> Path:
+        return self.user_view_versions_dir(user_id) / view_version_name(skill, fingerprint)
+
+    def user_view_staging(self, user_id: int, token: str) -> Path:
+        return self.user_view_versions_dir(user_id) / f".staging-{ids.token(token)}"
+
+    def user_view_temp_link(self, user_id: int, token: str) -> Path:
+        """Where a view's new symlink is made before it is renamed over the old one."""
+        return self.user_views_dir(user_id) / f".staging-{ids.token(token)}"
+
+    def user_views_dir_trash(self, user_id: int, token: str) -> Path:
+        return self.user_views_dir(user_id) / f".trash-{ids.token(token)}"
+
+    def user_view_trash(self, user_id: int, token: str) -> Path:
+        return self.user_view_versions_dir(user_id) / f".trash-{ids.token(token)}"
 
     # shared places ------------------------------------------------------------------
     @property
