@@ -81,6 +81,25 @@ def cmd_build_image(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gc(args: argparse.Namespace) -> int:
+    from orchestrator.service import build_skill_service
+    from orchestrator.settings import load_settings
+
+    settings = load_settings()
+    days = settings.skill_gc_days if args.days is None else args.days
+    if days < 0:
+        print("orchestrator gc: --days must not be negative", file=sys.stderr)
+        return 2
+    skills = build_skill_service(settings)
+    report = skills.collect_garbage(max_age_days=days, dry_run=args.dry_run, verify=args.verify)
+    print(f"skill store GC {kv(days=days)} {report.summary()}")
+    for fingerprint, name in report.removed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {kv(skill=name, fingerprint=fingerprint)}")
+    for fingerprint, name in report.corrupt:
+        print(f"corrupt {kv(skill=name, fingerprint=fingerprint)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description="Sandbox Orchestrator")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -99,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--force", action="store_true", help="rebuild even if an image with the same recipe exists")
     build.set_defaults(func=cmd_build_image)
+    gc = sub.add_parser("gc", help="remove skill-store content no view uses (SPEC §5)")
+    gc.add_argument("--days", type=float, default=None, help="unused for this long (default: ORCH_SKILL_GC_DAYS)")
+    gc.add_argument("--dry-run", action="store_true", help="report what would be removed, remove nothing")
+    gc.add_argument("--verify", action="store_true", help="also re-hash every entry; corrupt ones are removed")
+    gc.set_defaults(func=cmd_gc)
     return parser
 
 

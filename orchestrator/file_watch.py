@@ -31,22 +31,31 @@ class FileWatcher:
         *,
         only: Iterable[Path] | None = None,
         debounce_ms: int = 50,
+        resolve: bool = True,
     ) -> None:
         self.name = name
         self._directories = [Path(d) for d in directories]
         self._on_change = on_change
         self._only = {Path(p).resolve() for p in only} if only is not None else None
         self._debounce_ms = debounce_ms
+        # resolve=False hands over paths as reported: resolving a changed symlink would name
+        # its target, not the place that changed.
+        self._resolve = resolve
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self, *, wait: bool = True) -> None:
         for directory in self._directories:
             directory.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name=f"watch-{self.name}", daemon=True)
         self._thread.start()
-        self._ready.wait(timeout=5)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 5) -> bool:
+        """Whether the watch is up (changes from now on are seen)."""
+        return self._ready.wait(timeout=timeout)
 
     def stop(self) -> None:
         self._stop.set()
@@ -66,7 +75,7 @@ class FileWatcher:
             )
             for changes in watcher:
                 self._ready.set()
-                paths = {Path(p).resolve() for _, p in changes}
+                paths = {Path(p).resolve() if self._resolve else Path(p) for _, p in changes}
                 if self._only is not None:
                     paths &= self._only
                 if not paths:

@@ -250,7 +250,9 @@ class RunService:
             runtime, session.session_id, is_owner=identity.runtime_is_owner
         )
         upload_dir = self._directories.ensure_uploads(runtime)
-        skills = self._skills.sync_for_run(run.agent_id, runtime, session.session_id)
+        skills = self._skills.sync_for_run(
+            run.agent_id, runtime, session.session_id, owner_user_id=run.owner_user_id
+        )
         if skills.failed:
             runlog.warning("skills left out of this run %s", kv(failed=",".join(skills.failed)))
         context = RunContext(

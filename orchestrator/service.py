@@ -12,6 +12,7 @@ from orchestrator.chat_store import ChatStore
 from orchestrator.file_watch import FileWatcher
 from orchestrator.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv
+from orchestrator.periodic import PeriodicTask
 from orchestrator.projects import ProjectRepository
 from orchestrator.runs import RunRepository, RunService
 from orchestrator.sandboxes import SandboxRouter
@@ -19,7 +20,7 @@ from orchestrator.session_cleanup import CleanupPhase
 from orchestrator.session_upkeep import SessionUpkeep
 from orchestrator.sessions import SessionRepository, SessionService
 from orchestrator.settings import Settings
-from orchestrator.skills_port import NoSkills, SkillProvider
+from orchestrator.skills import SkillService
 from orchestrator.state_store import StateStore
 from orchestrator.tools.container_tools import register_container_tools
 from orchestrator.tools.conversation_tools import register_conversation_tools
@@ -29,6 +30,18 @@ from orchestrator.user_dirs import UserDirectories
 from orchestrator.users import UserRepository
 
 log = logging.getLogger(__name__)
+
+
+def build_skill_service(settings: Settings, directories: UserDirectories | None = None) -> SkillService:
+    """The skill provider; also what `orchestrator gc` uses without starting a server."""
+    if directories is None:
+        return SkillService(settings.layout)
+
+    def prepare_links_dir(user_id: int, session_id: str) -> None:
+        # A session's skills dir belongs to the sandbox user, like the rest of its runtime dir.
+        directories.ensure_session_runtime(user_id, session_id, is_owner=False)
+
+    return SkillService(settings.layout, prepare_links_dir=prepare_links_dir)
 
 
 def choose_default_backend(settings: Settings, available: dict[str, ContainerBackend]) -> str:
@@ -52,7 +65,7 @@ class OrchestratorService:
         self.run_repo = RunRepository(self.store)
         self.switch = RuntimeIdentitySwitch(self.store, settings)
         self.directories = UserDirectories(self.layout, settings.sandbox_uid_base)
-        self.skills: SkillProvider = NoSkills()
+        self.skills = build_skill_service(settings, self.directories)
         self.agent_deployment = AgentDeployment(self.layout)
         self.process_backend = ProcessBackend(settings, self.layout, self.directories, self.agent_deployment)
         backends: dict[str, ContainerBackend] = {"process": self.process_backend}
@@ -82,10 +95,12 @@ class OrchestratorService:
             sandboxes=self.sandboxes,
         )
         self._watchers: list[FileWatcher] = []
+        self._tasks: list[PeriodicTask] = []
+        self.skills_watcher: FileWatcher | None = None
 
     def start(self) -> None:
         """Background work: the settings-file watcher (SPEC §8), session storage upkeep (§9),
-        the idle-agent reaper."""
+        the idle-agent reaper, the skill-source watcher and the periodic skill-store GC (§5)."""
         self.session_upkeep.start()
         self.process_backend.start_idle_reaper()
         settings_file = self.settings.settings_file
@@ -100,9 +115,27 @@ class OrchestratorService:
             watcher.start()
             self._watchers.append(watcher)
             log.info("watching the settings file %s", kv(file=path))
+        # SPEC §5 hot updates: a change under skills/ or userskills/ re-hashes what it touched.
+        # Not waited for: sources are hashed at first use, normally long after the watch is up.
+        self.skills_watcher = FileWatcher(
+            "skills", self.skills.watched_dirs, self.skills.on_source_change, resolve=False
+        )
+        self.skills_watcher.start(wait=False)
+        self._watchers.append(self.skills_watcher)
+        if self.settings.skill_gc_interval_s > 0:
+            gc = PeriodicTask(
+                "skill-gc",
+                self.settings.skill_gc_interval_s,
+                lambda: self.skills.collect_garbage(max_age_days=self.settings.skill_gc_days),
+            )
+            gc.start()
+            self._tasks.append(gc)
 
     def close(self) -> None:
         self.session_upkeep.stop()
+        for task in self._tasks:
+            task.stop()
+        self._tasks.clear()
         for watcher in self._watchers:
             watcher.stop()
         self._watchers.clear()

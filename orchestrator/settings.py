@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit per sandbox (MiB).")
     sandbox_pids: int = Field(512, gt=0, description="Process limit per sandbox.")
     skill_gc_days: float = Field(7.0, ge=0, description="Unreferenced skill content older than this is removed.")
+    skill_gc_interval_s: float = Field(
+        3600.0, ge=0, description="How often the server collects skill-store garbage (0: never)."
+    )
     transcript_turns: int = Field(200, gt=0, description="Turns kept in a session's transcript.")
     conversation_read_max_chars: int = Field(
         20_000, ge=1_000, description="Cap on the text read_conversation and session_search return."

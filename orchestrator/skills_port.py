@@ -21,12 +21,17 @@ class RunSkills:
 
 
 class SkillProvider(Protocol):
-    def sync_for_run(self, agent_id: str, runtime_user_id: int, session_id: str) -> RunSkills:
-        """Sync the runtime user's skill links into the session and say what is usable."""
+    def sync_for_run(
+        self, agent_id: str, runtime_user_id: int, session_id: str, *, owner_user_id: int | None = None
+    ) -> RunSkills:
+        """Sync the runtime user's skill links into the session and say what is usable.
+        `owner_user_id` only goes into the logs (they carry session=, owner=, runtime_user=)."""
 
 
 class NoSkills:
     """A provider for deployments without skills."""
 
-    def sync_for_run(self, agent_id: str, runtime_user_id: int, session_id: str) -> RunSkills:
+    def sync_for_run(
+        self, agent_id: str, runtime_user_id: int, session_id: str, *, owner_user_id: int | None = None
+    ) -> RunSkills:
         return RunSkills()
