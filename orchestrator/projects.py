@@ -22,7 +22,11 @@ class ProjectRepository:
     def get(self, project_id: str) -> ProjectSettings:
         """Settings of a project; a project nobody configured has the defaults."""
         with self._store.read() as tx:
-            row = tx.one("SELECT * FROM projects WHERE project_id = ?", (project_id,))
+            return self.get_in(tx, project_id)
+
+    @staticmethod
+    def get_in(tx: Transaction, project_id: str) -> ProjectSettings:
+        row = tx.one("SELECT * FROM projects WHERE project_id = ?", (project_id,))
         if row is None:
             return ProjectSettings(project_id)
         return ProjectSettings(

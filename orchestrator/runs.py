@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from enum import Enum
 
@@ -28,7 +28,7 @@ from orchestrator.session_cleanup import DeletedSession
 from orchestrator.sessions import SessionRecord, SessionRepository
 from orchestrator.settings import IdentityMode, Settings
 from orchestrator.skills_port import RunSkills, SkillProvider
-from orchestrator.state_store import StateStore
+from orchestrator.state_store import StateStore, Transaction
 from orchestrator.user_dirs import UserDirectories
 from orchestrator.users import UserRepository
 
@@ -109,18 +109,52 @@ class RunRepository:
     def __init__(self, store: StateStore) -> None:
         self._store = store
 
+    @staticmethod
+    def get_in(tx: Transaction, run_id: str) -> RunRecord | None:
+        row = tx.one("SELECT * FROM runs WHERE run_id = ?", (run_id,))
+        return _run(row) if row else None
+
     def get(self, run_id: str) -> RunRecord | None:
         with self._store.read() as tx:
-            row = tx.one("SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        return _run(row) if row else None
+            return self.get_in(tx, run_id)
 
     def running_in_session(self, session_id: str) -> list[RunRecord]:
         with self._store.read() as tx:
             rows = tx.all("SELECT * FROM runs WHERE session_id = ? AND status = 'running'", (session_id,))
         return [_run(row) for row in rows]
 
+    @staticmethod
+    def running_in_session_in(tx: Transaction, session_id: str) -> bool:
+        return tx.one("SELECT 1 FROM runs WHERE session_id = ? AND status = 'running' LIMIT 1", (session_id,)) is not None
+
+    @staticmethod
+    def latest_user_run_in(
+        tx: Transaction, session_id: str, triggers: Collection[Trigger], *, before: str
+    ) -> RunRecord | None:
+        """The newest run of the session with one of `triggers` and no delivery, started before `before`."""
+        marks = ", ".join("?" for _ in triggers)
+        row = tx.one(
+            f"SELECT * FROM runs WHERE session_id = ? AND delivery_id IS NULL AND trigger IN ({marks})"
+            " AND started_at < ? ORDER BY started_at DESC LIMIT 1",
+            (session_id, *(t.value for t in triggers), before),
+        )
+        return _run(row) if row else None
+
+    @staticmethod
+    def user_run_started_after_in(tx: Transaction, session_id: str, run_id: str, triggers: Collection[Trigger]) -> bool:
+        """Whether a run with one of `triggers` and no delivery started in the session after `run_id`."""
+        marks = ", ".join("?" for _ in triggers)
+        row = tx.one(
+            f"SELECT 1 FROM runs WHERE session_id = ? AND delivery_id IS NULL AND trigger IN ({marks})"
+            " AND run_id != ? AND started_at > (SELECT started_at FROM runs WHERE run_id = ?) LIMIT 1",
+            (session_id, *(t.value for t in triggers), run_id, run_id),
+        )
+        return row is not None
+
 
 RunListener = Callable[[RunRecord], None]
+# Called inside the transaction that inserts the run, before the insert; raising refuses the start.
+RunGuard = Callable[[Transaction, RunRecord], None]
 
 
 class RunService:
@@ -145,6 +179,7 @@ class RunService:
         self._switch = switch
         self._directories = directories
         self._skills = skills
+        self.start_guards: list[RunGuard] = []
         self.start_listeners: list[RunListener] = []
         self.end_listeners: list[RunListener] = []
 
@@ -204,6 +239,8 @@ class RunService:
             if self._sessions.get_in(tx, session.session_id).deleted:  # type: ignore[union-attr]
                 # Deleted since it was read above: no run (and no runtime dir) after the tombstone.
                 raise NotFound(f"session {session_id} not found")
+            for guard in self.start_guards:
+                guard(tx, run)
             for user_id in {runtime, request.speaker_user_id} - {None}:
                 UserRepository.ensure(tx, user_id)
             if session.group is not None and request.speaker_user_id is not None and request.trigger in SPEAKER_TRIGGERS:

@@ -9,12 +9,16 @@ from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.base import ContainerBackend
 from orchestrator.backends.process import ProcessBackend
 from orchestrator.chat_store import ChatStore
+from orchestrator.collaboration.coordinator import CollaborationService
+from orchestrator.collaboration.policy import CollaborationLimits
+from orchestrator.collaboration.store import open_mailbox
+from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.file_watch import FileWatcher
 from orchestrator.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
 from orchestrator.projects import ProjectRepository
-from orchestrator.runs import RunRepository, RunService
+from orchestrator.runs import RunRepository, RunService, RunStatus
 from orchestrator.sandboxes import SandboxRouter
 from orchestrator.session_cleanup import CleanupPhase
 from orchestrator.session_upkeep import SessionUpkeep
@@ -86,6 +90,21 @@ class OrchestratorService:
         self.tools = ToolRegistry()
         register_conversation_tools(self.tools, self.store, self.session_repo, self.projects, self.chat, settings)
         register_container_tools(self.tools)
+        self.mailbox = open_mailbox(self.layout.collaboration_db)
+        self.collaboration = CollaborationService(
+            mailbox=self.mailbox,
+            state=self.store,
+            end_run=lambda run_id: self.runs.end(run_id, RunStatus.CANCELLED, actor="collaboration"),
+            limits=CollaborationLimits.from_settings(settings),
+        )
+        self.runs.start_guards.append(self.collaboration.run_starting)
+        self.runs.start_listeners.append(self.collaboration.run_started)
+        self.runs.end_listeners.append(self.collaboration.run_ended)
+        self.sessions.register_cleanup_step(
+            "collaboration", lambda deleted: self.collaboration.forget_session(deleted.session_id)
+        )
+        self.collaboration.recover()  # SPEC §11: an uncertain start after a restart is marked, never replayed
+        register_collaboration_tools(self.tools, self.collaboration)
         self.dispatcher = ToolDispatcher(
             layout=self.layout,
             store=self.store,
@@ -140,4 +159,5 @@ class OrchestratorService:
             watcher.stop()
         self._watchers.clear()
         self.sandboxes.close()
+        self.mailbox.close()
         self.store.close()

@@ -74,6 +74,17 @@ class Settings(BaseSettings):
     conversation_read_max_chars: int = Field(
         20_000, ge=1_000, description="Cap on the text read_conversation and session_search return."
     )
+    collaboration_queue_max: int = Field(20, gt=0, description="Requests waiting per target session.")
+    collaboration_clarifications_max: int = Field(3, ge=0, description="Clarifications per request.")
+    collaboration_continuations_max: int = Field(
+        5, ge=0, description="Automatic continuation runs per piece of source work."
+    )
+    collaboration_merge_max: int = Field(10, gt=0, description="Answers merged into one continuation delivery.")
+    collaboration_message_max_chars: int = Field(16000, gt=0, description="Length of one collaboration message.")
+    collaboration_claim_timeout_s: float = Field(
+        120.0, gt=0, description="A delivery taken from the inbox must be started within this time."
+    )
+    collaboration_inbox_wait_max_s: float = Field(30.0, gt=0, description="Longest inbox long-poll.")
 
     @property
     def layout(self) -> DataLayout:

@@ -109,9 +109,12 @@ class SchemaTooNewError(RuntimeError):
 
 
 class StateStore:
-    def __init__(self, path: Path, migrations: Sequence[str] = MIGRATIONS) -> None:
+    def __init__(self, path: Path, migrations: Sequence[str] = MIGRATIONS, *, synchronous: str = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError(f"synchronous must be NORMAL or FULL, not {synchronous!r}")
         self.path = Path(path)
         self._migrations = tuple(migrations)
+        self._synchronous = synchronous
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._connections_lock = threading.Lock()
@@ -150,7 +153,7 @@ class StateStore:
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute(f"PRAGMA synchronous = {self._synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
             os.chmod(self.path, 0o600)
             self._local.conn = conn
