@@ -90,8 +90,13 @@ REQUEST_TRANSITIONS: dict[tuple[RequestState, RequestEvent], RequestState] = {
     **{(s, _RE.REPLIED): _R.REPLIED for s in _OPEN},
     (_R.PROCESSING, _RE.RUN_ENDED_NO_RESULT): _R.FAILED,
     (_R.PROCESSING, _RE.RUN_ENDED_MORE_QUEUED): _R.PENDING,
-    # The run already answered (or the request closed meanwhile): its end changes nothing.
-    **{(s, e): s for s in (_R.AWAITING_INPUT, *_REQUEST_CLOSED) for e in (_RE.RUN_ENDED_NO_RESULT, _RE.RUN_ENDED_MORE_QUEUED)},
+    # The run already answered (or the request closed meanwhile): its end changes nothing. PENDING:
+    # it asked a clarification and the source supplemented before this run ended.
+    **{
+        (s, e): s
+        for s in (_R.PENDING, _R.AWAITING_INPUT, *_REQUEST_CLOSED)
+        for e in (_RE.RUN_ENDED_NO_RESULT, _RE.RUN_ENDED_MORE_QUEUED)
+    },
     (_R.PENDING, _RE.STOPPED): _R.REVOKED,
     (_R.AWAITING_INPUT, _RE.STOPPED): _R.REVOKED,
     (_R.PROCESSING, _RE.STOPPED): _R.PROCESSING,  # seed §5.3: a started target may still reply

@@ -90,3 +90,29 @@ def make_harness(data_dir):
     yield make
     for service in made:
         service.close()
+
+
+@pytest.fixture
+def live_url(service: OrchestratorService):
+    """The app served by uvicorn on a real loopback socket, in a thread of this process."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from orchestrator.http.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)

@@ -278,6 +278,25 @@ def test_clarification_round_trip_and_its_bound(make_harness) -> None:
     assert [m.kind.value for m in h.view("A", request_id).messages] == ["request", "clarification", "supplement", "reply"]
 
 
+def test_a_supplement_that_arrives_before_the_clarifying_run_ends(harness: Harness) -> None:
+    """Found by the two-bot loop: the source answers the clarification while the target's run
+    that asked it is still ending. The request stays pending and the supplement is delivered."""
+    harness.session("A"), harness.session("B")
+    source_run = harness.user_run("A")
+    request_id = harness.contact(source_run, "B")
+    harness.end(source_run)
+    _, b1 = harness.take("B")
+    harness.reply(b1, request_id, kind="clarification", message="which one?")
+    _, a2 = harness.take("A")  # A is free: its bot takes the clarification at once
+    harness.reply(a2, request_id, kind="supplement", message="the first")
+    harness.end(a2)
+    harness.end(b1)  # only now does the clarifying run end
+    assert harness.states("A", request_id)[0] == "pending"
+    item, b2 = harness.take("B")
+    assert [m.body for m in item.messages] == ["the first"]
+    assert harness.states("A", request_id)[0] == "processing"
+
+
 def test_who_may_answer(harness: Harness) -> None:
     for sid in ("A", "B", "C"):
         harness.session(sid)
