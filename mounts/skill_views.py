@@ -2,7 +2,7 @@
 
 Layout of one user's views (root-owned; sandboxes get the directory mounted read-only):
 
-    skill-views/{uid}/                  0755
+    skill-views/{uid}/                  0755 (the orchestrator: root:{user gid} 0750)
     skill-views/{uid}/{name}            symlink -> .versions/{name}@{fp}
     skill-views/{uid}/.versions/{name}@{fp}/   dirs 0555, files hard links of the store (0444/0555)
 
@@ -44,7 +44,9 @@ from mounts.view_plan import (
 
 log = logging.getLogger(__name__)
 
-USER_VIEWS_MODE = 0o755  # root-owned: readable by the sandbox user, writable by nobody else
+USER_VIEWS_MODE = 0o755  # without a policy hook: root-owned, readable, writable by nobody else
+
+PrepareUserDir = Callable[[int], None]
 # EXDEV: store and view on different filesystems; EMLINK: the inode's link limit (65,000 on
 # ext4); EPERM: a filesystem without hard links, or protected_hardlinks for a non-owner.
 LINK_FALLBACK_ERRNOS = {errno.EXDEV: "EXDEV", errno.EMLINK: "EMLINK", errno.EPERM: "EPERM"}
@@ -67,9 +69,13 @@ class SkillViews:
         *,
         clock: Callable[[], float] = time.time,
         retired_grace_s: float = RETIRED_VERSION_GRACE_S,
+        prepare_user_dir: PrepareUserDir | None = None,
     ) -> None:
         self.layout = layout
         self.store = store
+        # Creates `skill-views/{uid}/` with the deployment's policy (the orchestrator passes
+        # the one that makes it root:{the user's gid} 0750); by default plain 0755.
+        self._prepare_user_dir = prepare_user_dir
         self._clock = clock
         self.retired_grace_s = retired_grace_s
 
@@ -98,12 +104,19 @@ class SkillViews:
 
     # writing (user lock + store lock held) ------------------------------------------
     def ensure_user_dirs(self, user_id: int) -> None:
-        for path in (self.layout.user_views_dir(user_id), self.layout.user_view_versions_dir(user_id)):
-            try:
-                os.mkdir(path, USER_VIEWS_MODE)
-            except FileExistsError:
-                pass
+        if self._prepare_user_dir is not None:
+            self._prepare_user_dir(user_id)
+        else:
+            self._mkdir(self.layout.user_views_dir(user_id))
+        self._mkdir(self.layout.user_view_versions_dir(user_id))
+
+    @staticmethod
+    def _mkdir(path: Path) -> None:
+        try:
+            os.mkdir(path, USER_VIEWS_MODE)
             os.chmod(path, USER_VIEWS_MODE)  # mkdir honours the umask
+        except FileExistsError:
+            pass
 
     def ensure_view(self, user_id: int, name: str, fingerprint: str, source: Path) -> ViewOutcome:
         """Make the user's view of `name` show `fingerprint`, storing the content if needed."""

@@ -38,14 +38,7 @@ log = logging.getLogger(__name__)
 
 def build_skill_service(settings: Settings, directories: UserDirectories | None = None) -> SkillService:
     """The skill provider; also what `orchestrator gc` uses without starting a server."""
-    if directories is None:
-        return SkillService(settings.layout)
-
-    def prepare_links_dir(user_id: int, session_id: str) -> None:
-        # A session's skills dir belongs to the sandbox user, like the rest of its runtime dir.
-        directories.ensure_session_runtime(user_id, session_id, is_owner=False)
-
-    return SkillService(settings.layout, prepare_links_dir=prepare_links_dir)
+    return SkillService(settings.layout, directories)
 
 
 def choose_default_backend(settings: Settings, available: dict[str, ContainerBackend]) -> str:
@@ -134,6 +127,7 @@ class OrchestratorService:
             watcher.start()
             self._watchers.append(watcher)
             log.info("watching the settings file %s", kv(file=path))
+        self.skills.protect_personal_sources()
         # SPEC §5 hot updates: a change under skills/ or userskills/ re-hashes what it touched.
         # Not waited for: sources are hashed at first use, normally long after the watch is up.
         self.skills_watcher = FileWatcher(

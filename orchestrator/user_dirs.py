@@ -124,6 +124,18 @@ class UserDirectories:
             self._ensure(workdir / sub, [self._parent(), private, private, private])
         return workdir
 
+    def ensure_skill_views_dir(self, user_id: int) -> Path:
+        """`skill-views/{uid}/` with its read-only policy (the skill store builds views in it)."""
+        return self._ensure_user_read_only(user_id, self.layout.user_views_dir(user_id))
+
+    def ensure_userskills_dir(self, user_id: int) -> Path:
+        """`userskills/{uid}/` with its read-only policy: personal skills are the user's alone."""
+        return self._ensure_user_read_only(user_id, self.layout.userskills_dir(user_id))
+
+    def _ensure_user_read_only(self, user_id: int, path: Path) -> Path:
+        depth = len(path.relative_to(self.layout.root).parts)
+        return self._ensure(path, [self._parent()] * (depth - 1) + [self._user_read_only(user_id)])
+
     def ensure_uploads(self, user_id: int) -> Path:
         # Uploads are served publicly by the orchestrator, not by other sandboxes.
         return self._ensure(self.layout.uploads_dir(user_id), [self._parent(), self._private(user_id)])

@@ -112,3 +112,18 @@ def test_the_running_service_collects_garbage_periodically(data_dir: Path) -> No
             time.sleep(0.05)
     finally:
         service.close()
+
+
+def test_personal_skill_dirs_get_their_policy_at_start(data_dir: Path) -> None:
+    write_skill(data_dir / "userskills" / "17" / "mine", {})
+    os.chmod(data_dir / "userskills" / "17", 0o755)
+    service = OrchestratorService(make_settings(data_dir))
+    try:
+        service.start()
+        st = (data_dir / "userskills" / "17").stat()
+        if os.geteuid() == 0:  # without root everything simply stays the current user's
+            base = service.settings.sandbox_uid_base
+            assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, base + 17, 0o750)
+            assert (data_dir / "userskills").stat().st_mode & 0o777 == 0o711
+    finally:
+        service.close()
