@@ -133,11 +133,22 @@ class AgentDeployment:
         self._lock = threading.Lock()
         self._release: AgentRelease | None = None
         self._interpreters: dict[int | None, str] = {}
+        self._build: str | None = None
 
     @property
     def build(self) -> str:
-        """The host's agent BUILD id (what a freshly started agent reports)."""
-        return compute_build_id(self.package_dir)
+        """The host's agent BUILD id (what a freshly started agent reports). Computed once:
+        the code this orchestrator ships changes with an upgrade, i.e. a restart."""
+        if self._build is None:
+            self._build = compute_build_id(self.package_dir)
+        return self._build
+
+    def refresh(self) -> str:
+        """Recompute the BUILD id (after the package on disk changed) and return it."""
+        with self._lock:
+            self._build = None
+            self._release = None
+        return self.build
 
     def release_id(self, build: str, dists: list[metadata.Distribution]) -> str:
         digest = hashlib.sha256()

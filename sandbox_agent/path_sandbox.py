@@ -36,6 +36,7 @@ from sandbox_agent.errors import AgentToolError
 from sandbox_agent.wire import TOOL_PATH_MAX
 
 MAX_SYMLINK_HOPS = 40  # like the kernel's limit
+MAX_RACE_RETRIES = 64  # a component that keeps flipping between link and directory
 NAME_MAX = 255
 
 _RESOLVE = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
@@ -248,10 +249,19 @@ class PathSandbox:
                 return None
             raise
 
+    def _changed(self, dir_fd: int, name: str) -> bool:
+        """After a failed open and a readlink that found no link: True when `name` is now a
+        directory or a link, i.e. a concurrent rename swapped it and the step must be retried."""
+        try:
+            mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        except FileNotFoundError:
+            return False
+        return stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
+
     def _walk(self, index: int, rest: list[str], flags: int) -> tuple[int, int]:
         pending = rest[::-1]  # a stack: the next component is last
         held: list[int] = []  # directories below the current root, innermost last
-        hops = 0
+        hops = retries = 0
         want_path = bool(flags & os.O_PATH)
         try:
             while True:
@@ -265,50 +275,43 @@ class PathSandbox:
                         raise _Escape(posixpath.normpath(f"{self.roots[index].path}/../{beyond}"))
                     os.close(held.pop())
                     continue
-                if pending:
+                target: str | None
+                if pending:  # an intermediate component: a directory, or a link to follow
                     try:
                         held.append(os.open(part, PATH_DIR_FLAGS | os.O_NOFOLLOW, dir_fd=cur))
                         continue
                     except NotADirectoryError:
                         target = self._readlink(cur, part)
-                        if target is None:
-                            st = os.stat(part, dir_fd=cur, follow_symlinks=False)
-                            if not stat.S_ISDIR(st.st_mode):
-                                raise
-                            pending.append(part)  # it became a directory meanwhile: retry
-                            hops += 1
-                            if hops > MAX_SYMLINK_HOPS:
-                                raise OSError(errno.ELOOP, os.strerror(errno.ELOOP)) from None
-                            continue
+                        if target is None and not self._changed(cur, part):
+                            raise
+                elif want_path:
+                    fd = os.open(part, (flags & ~os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=cur)
+                    mode = os.fstat(fd).st_mode
+                    if not stat.S_ISLNK(mode):
+                        if flags & os.O_DIRECTORY and not stat.S_ISDIR(mode):
+                            os.close(fd)
+                            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+                        return index, fd
+                    os.close(fd)
+                    target = self._readlink(cur, part)
                 else:
-                    if want_path:
-                        fd = os.open(part, (flags & ~os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=cur)
-                        st = os.fstat(fd)
-                        if not stat.S_ISLNK(st.st_mode):
-                            if flags & os.O_DIRECTORY and not stat.S_ISDIR(st.st_mode):
-                                os.close(fd)
-                                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-                            return index, fd
-                        os.close(fd)
+                    try:
+                        return index, os.open(part, flags | os.O_NOFOLLOW, dir_fd=cur)
+                    except OSError as exc:
+                        # O_NOFOLLOW on a symlink: ELOOP, or ENOTDIR together with O_DIRECTORY.
+                        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                            raise
                         target = self._readlink(cur, part)
-                    else:
-                        try:
-                            return index, os.open(part, flags | os.O_NOFOLLOW, dir_fd=cur)
-                        except OSError as exc:
-                            # O_NOFOLLOW on a symlink: ELOOP, or ENOTDIR together with O_DIRECTORY.
-                            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                                raise
-                            target = self._readlink(cur, part)
-                            if target is None and not stat.S_ISLNK(
-                                os.stat(part, dir_fd=cur, follow_symlinks=False).st_mode
-                            ):
-                                raise
-                    if target is None:  # swapped away from a symlink meanwhile: retry
-                        pending.append(part)
-                        hops += 1
-                        if hops > MAX_SYMLINK_HOPS:
-                            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-                        continue
+                        if target is None and not self._changed(cur, part):
+                            raise
+                if target is None:
+                    # Swapped between our two looks (a link became a directory or back): look
+                    # again. An adversary can keep winning only so long.
+                    retries += 1
+                    if retries > MAX_RACE_RETRIES:
+                        raise OSError(errno.EAGAIN, "the path kept changing while it was resolved")
+                    pending.append(part)
+                    continue
                 hops += 1
                 if hops > MAX_SYMLINK_HOPS:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
@@ -462,6 +465,7 @@ _OS_CODES = {
     errno.ENOSPC: ("no_space", "No space left on the device while writing: {}"),
     errno.EDQUOT: ("no_space", "Disk quota exceeded while writing: {}"),
     errno.EEXIST: ("already_exists", "It already exists: {}"),
+    errno.EAGAIN: ("conflict", "The path kept changing while it was being resolved (a concurrent rename); try again: {}"),
     errno.ENOTEMPTY: ("not_empty", "The directory is not empty: {}"),
 }
 

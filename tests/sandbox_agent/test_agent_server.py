@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -19,72 +17,7 @@ import pytest
 from sandbox_agent.build import own_build_id
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
-from sandbox_agent.wire import AgentConfig, RootConfig
-from tests.sandbox_agent.conftest import Tree, build_tree
-
-
-@dataclass
-class LiveAgent:
-    tree: Tree
-    proc: subprocess.Popen[bytes]
-    client: AgentClient
-    token: str
-    config: AgentConfig
-
-
-def start_agent(tree: Tree, *, resolver: str = "auto", **limits: object) -> LiveAgent:
-    sockets = tree.p("sockets/17")
-    sockets.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    token_file = sockets / "token"
-    token_file.write_text(token)
-    os.chmod(token_file, 0o600)
-    config = AgentConfig(
-        socket_path=str(sockets / "agent.sock"),
-        token_file=str(token_file),
-        user_id=17,
-        data_root=str(tree.data),
-        home=str(tree.p("users/17")),
-        tmp_dir=str(tree.p("users/17")),
-        roots=[RootConfig(path=r.path, access="rw" if r.writable else "ro", purpose=r.purpose) for r in tree.roots()],
-        resolver=resolver,  # type: ignore[arg-type]
-        instance_id=secrets.token_hex(4),
-        parent_pid=os.getpid(),
-        limits={"output_cap_bytes": 4096, **limits},  # type: ignore[arg-type]
-    )
-    config_file = sockets / "agent.json"
-    config_file.write_text(config.model_dump_json())
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandbox_agent", "--config", str(config_file)],
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        cwd=str(Path(__file__).resolve().parents[2]),
-    )
-    client = AgentClient(config.socket_path, token)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if client.health(timeout_s=1).instance_id == config.instance_id:
-                break
-        except AgentUnavailable:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"agent did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
-        time.sleep(0.02)
-    return LiveAgent(tree, proc, client, token, config)
-
-
-def stop_agent(agent: LiveAgent) -> None:
-    agent.client.close()
-    if agent.proc.poll() is None:
-        agent.proc.terminate()
-        try:
-            agent.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            agent.proc.kill()
-            agent.proc.wait()
-    if agent.proc.stderr:
-        agent.proc.stderr.close()
+from tests.sandbox_agent.conftest import LiveAgent, build_tree, start_agent, stop_agent
 
 
 @pytest.fixture(params=["openat2", "walk"])
