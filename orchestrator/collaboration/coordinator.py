@@ -578,17 +578,18 @@ class CollaborationService:
         facts = Facts.within(tx)  # we are inside the run-insert transaction
         busy = facts.session_busy(run.session_id)
         refusal: Exception | None = None
-        orphan = None
         with self._mailbox.write() as mtx:
             delivery = Mailbox.delivery(mtx, run.delivery_id)
             if delivery is None or delivery.session_id != run.session_id:
                 refusal = NotFound(f"delivery {run.delivery_id} not found for this session", field="delivery_id")
             elif delivery.state is DeliveryState.CLAIMED:
-                expired = self._expire_claims(mtx, facts, [delivery], self._clock())
+                # A claimed delivery has no run yet, so expiring it leaves no run to cancel (which
+                # could not be done here anyway: we are inside the run-insert transaction).
+                orphans = self._expire_claims(mtx, facts, [delivery], self._clock())
+                assert not orphans
                 current = Mailbox.delivery(mtx, delivery.delivery_id)
                 assert current is not None
                 if current.state is DeliveryState.REVIEW:
-                    orphan = expired[0] if expired else None
                     refusal = Conflict(
                         f"delivery {delivery.delivery_id} was claimed too long ago; its start is uncertain and it "
                         "is marked for review, never replayed",
@@ -614,7 +615,6 @@ class CollaborationService:
             else:
                 refusal = self._not_startable(delivery)
         if refusal is not None:
-            self._cancel_runs([orphan] if orphan else [])
             raise refusal
         crash_point("collab.start.before_run_commit")
 
