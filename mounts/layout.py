@@ -92,6 +92,10 @@ class DataLayout:
     def session_skill_link(self, user_id: int, session_id: str, skill: str) -> Path:
         return self.session_skills_dir(user_id, session_id) / ids.name(skill, "skill")
 
+    def user_messages_dir(self, user_id: int, session_id: str) -> Path:
+        """Where `dump_user_messages` writes (readable by the same runtime user's tools)."""
+        return self.runtime_dir(user_id, session_id) / "user-messages"
+
     @property
     def uploads_root(self) -> Path:
         return self.root / "uploads"
@@ -217,6 +221,14 @@ class DataLayout:
     @property
     def share_dir(self) -> Path:
         return self.root / "share"
+
+    @property
+    def outbox_root(self) -> Path:
+        """Host only: the bytes of outgoing deliveries (send_file / send_image)."""
+        return self.root / "outbox"
+
+    def outbox_file(self, delivery_id: str) -> Path:
+        return self.outbox_root / ids.file_name(delivery_id, "delivery_id")
 
     @property
     def agent_dir(self) -> Path:

@@ -48,6 +48,11 @@ class Conflict(OrchestratorError):
     code = "conflict"
 
 
+class Gone(OrchestratorError):
+    status_code = 410
+    code = "gone"
+
+
 class CleanupPending(OrchestratorError):
     status_code = 503
     code = "session_cleanup_pending"

@@ -13,6 +13,7 @@ from orchestrator.collaboration.coordinator import CollaborationService
 from orchestrator.collaboration.policy import CollaborationLimits
 from orchestrator.collaboration.store import open_mailbox
 from orchestrator.collaboration.tools import register_collaboration_tools
+from orchestrator.deliveries import DeliveryStore
 from orchestrator.file_watch import FileWatcher
 from orchestrator.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv
@@ -28,9 +29,12 @@ from orchestrator.skills import SkillService
 from orchestrator.state_store import StateStore
 from orchestrator.tools.container_tools import register_container_tools
 from orchestrator.tools.conversation_tools import register_conversation_tools
+from orchestrator.tools.byte_sources import BytesResolver
 from orchestrator.tools.dispatch import ToolDispatcher
+from orchestrator.tools.host_tools import HostTools, register_host_tools
 from orchestrator.tools.registry import ToolRegistry
 from orchestrator.user_dirs import UserDirectories
+from orchestrator.url_fetch import UrlFetcher
 from orchestrator.users import UserRepository
 
 log = logging.getLogger(__name__)
@@ -98,6 +102,27 @@ class OrchestratorService:
         )
         self.collaboration.recover()  # SPEC §11: an uncertain start after a restart is marked, never replayed
         register_collaboration_tools(self.tools, self.collaboration)
+        self.deliveries = DeliveryStore(self.store, self.layout, ttl_s=settings.delivery_ttl_s)
+        self.sessions.register_cleanup_step("deliveries", self.deliveries.forget_session)
+        self.url_fetcher = UrlFetcher(
+            timeout_s=settings.url_fetch_timeout_s, allow_loopback=settings.url_fetch_allow_loopback
+        )
+        register_host_tools(
+            self.tools,
+            HostTools(
+                settings=settings,
+                layout=self.layout,
+                directories=self.directories,
+                resolver=BytesResolver(
+                    layout=self.layout,
+                    public_base_url=settings.public_base_url,
+                    sandboxes=self.sandboxes,
+                    fetcher=self.url_fetcher,
+                ),
+                deliveries=self.deliveries,
+                sessions=self.sessions,
+            ),
+        )
         self.dispatcher = ToolDispatcher(
             layout=self.layout,
             store=self.store,
@@ -112,7 +137,8 @@ class OrchestratorService:
 
     def start(self) -> None:
         """Background work: the settings-file watcher (SPEC §8), session storage upkeep (§9),
-        the idle-agent reaper, the skill-source watcher and the periodic skill-store GC (§5)."""
+        the idle-agent reaper, the skill-source watcher, the periodic skill-store GC (§5) and
+        the sweep of expired deliveries."""
         self.session_upkeep.start()
         self.process_backend.start_idle_reaper()
         settings_file = self.settings.settings_file
@@ -143,6 +169,10 @@ class OrchestratorService:
             )
             gc.start()
             self._tasks.append(gc)
+        if self.settings.delivery_sweep_interval_s > 0:
+            sweep = PeriodicTask("delivery-sweep", self.settings.delivery_sweep_interval_s, self.deliveries.sweep)
+            sweep.start()
+            self._tasks.append(sweep)
 
     def close(self) -> None:
         self.session_upkeep.stop()

@@ -57,6 +57,14 @@ class Settings(BaseSettings):
     output_cap_bytes: int = Field(256 * 1024, gt=0, description="Cap on a tool's text output.")
     read_bytes_max: int = Field(20 * 1024 * 1024, gt=0, description="Cap on read_bytes / send_file size.")
     url_fetch_timeout_s: float = Field(15.0, gt=0, description="Timeout when the host fetches an http(s) URL.")
+    url_fetch_allow_loopback: bool = Field(
+        False, description="Let send_* fetch loopback URLs (tests, single-host setups); private ranges never."
+    )
+    image_max_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Cap on send_image size.")
+    delivery_ttl_s: float = Field(86400.0, gt=0, description="How long an outgoing delivery stays fetchable.")
+    delivery_sweep_interval_s: float = Field(
+        600.0, ge=0, description="How often expired deliveries are removed (0: never)."
+    )
     sandbox_uid_base: int = Field(100000, ge=1000, description="A user's sandbox runs as uid base + user id.")
     agent_resolver: Literal["auto", "openat2", "walk"] = Field(
         "auto", description="PathSandbox resolver: openat2 where the kernel has it, else the O_NOFOLLOW walk."

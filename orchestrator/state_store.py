@@ -101,6 +101,28 @@ MIGRATIONS: tuple[str, ...] = (
         changed_at  TEXT NOT NULL
     );
     """,
+    # 2: outgoing deliveries of send_file / send_image (orchestrator/deliveries.py)
+    """
+    CREATE TABLE deliveries (
+        delivery_id      TEXT PRIMARY KEY,
+        run_id           TEXT NOT NULL,
+        session_id       TEXT NOT NULL,
+        runtime_user_id  INTEGER NOT NULL,
+        tool             TEXT NOT NULL,
+        kind             TEXT NOT NULL,
+        file_name        TEXT NOT NULL,
+        media_type       TEXT NOT NULL,
+        size             INTEGER NOT NULL,
+        sha256           TEXT NOT NULL,
+        source           TEXT NOT NULL,
+        created_at       TEXT NOT NULL,
+        expires_at       TEXT NOT NULL,
+        fetched_at       TEXT
+    );
+    CREATE INDEX deliveries_by_run ON deliveries (run_id);
+    CREATE INDEX deliveries_by_session ON deliveries (session_id);
+    CREATE INDEX deliveries_by_expiry ON deliveries (expires_at);
+    """,
 )
 
 

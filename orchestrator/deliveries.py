@@ -1,0 +1,216 @@
+"""Outgoing deliveries: what `send_file` / `send_image` hand to the chat bot (SPEC §7).
+
+A delivery is a row in the state store plus its bytes in `{data}/outbox/{delivery_id}` (`DataLayout.outbox_file`)
+(host only: no sandbox mounts it). The bot fetches the bytes with `GET /v1/deliveries/{id}`,
+may delete the delivery once it has posted it, and otherwise it expires after
+`ORCH_DELIVERY_TTL_S`: a periodic sweep removes expired rows and their files. Deleting a session
+removes its deliveries. The bytes are written (temp file, fsync, rename) before the row is
+inserted, and the row is deleted before the file, so a crash leaves at most an orphan file,
+which the sweep removes too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import sqlite3
+import stat
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from mounts import ids
+from mounts.layout import DataLayout
+from orchestrator.errors import Gone, NotFound
+from orchestrator.log import kv
+from orchestrator.nofollow_fs import closing_fd, open_dirs, open_root, remove_file_at, replace_file_at
+from orchestrator.session_cleanup import DeletedSession
+from orchestrator.state_store import StateStore
+
+log = logging.getLogger(__name__)
+
+# An outbox file without a row is left this long (a delivery being created has a file but no
+# row yet) before the sweep removes it.
+ORPHAN_GRACE_S = 3600.0
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Delivery:
+    delivery_id: str
+    run_id: str
+    session_id: str
+    runtime_user_id: int
+    tool: str  # send_file | send_image
+    kind: str  # file | image
+    file_name: str
+    media_type: str
+    size: int
+    sha256: str
+    source: str  # the path or URL the model gave
+    created_at: str
+    expires_at: str
+    fetched_at: str | None
+
+    @property
+    def fetch_path(self) -> str:
+        return f"/v1/deliveries/{self.delivery_id}"
+
+
+@dataclass(frozen=True)
+class NewDelivery:
+    run_id: str
+    session_id: str
+    runtime_user_id: int
+    tool: str
+    kind: str
+    file_name: str
+    media_type: str
+    source: str
+    data: bytes
+
+
+def _delivery(row: sqlite3.Row) -> Delivery:
+    return Delivery(**{key: row[key] for key in row.keys()})
+
+
+def _iso(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def valid_delivery_id(value: str) -> bool:
+    return len(value) == 27 and value.startswith("dl-") and all(c in "0123456789abcdef" for c in value[3:])
+
+
+class DeliveryStore:
+    def __init__(self, store: StateStore, layout: DataLayout, *, ttl_s: float) -> None:
+        self._store = store
+        self._layout = layout
+        self.ttl_s = ttl_s
+
+    def _outbox_fd(self) -> int:
+        with closing_fd(open_root(self._layout.root)) as root_fd:
+            fd = open_dirs(root_fd, self._layout.outbox_root.relative_to(self._layout.root).parts, create=True)
+        assert fd is not None
+        return fd
+
+    def create(self, new: NewDelivery, *, now: datetime | None = None) -> Delivery:
+        created = now or datetime.now(timezone.utc)
+        delivery = Delivery(
+            delivery_id=f"dl-{secrets.token_hex(12)}",
+            run_id=new.run_id,
+            session_id=new.session_id,
+            runtime_user_id=new.runtime_user_id,
+            tool=new.tool,
+            kind=new.kind,
+            file_name=new.file_name,
+            media_type=new.media_type,
+            size=len(new.data),
+            sha256=hashlib.sha256(new.data).hexdigest(),
+            source=new.source,
+            created_at=_iso(created),
+            expires_at=_iso(created + timedelta(seconds=self.ttl_s)),
+            fetched_at=None,
+        )
+        with closing_fd(self._outbox_fd()) as dir_fd:
+            replace_file_at(dir_fd, ids.file_name(delivery.delivery_id), new.data)
+        with self._store.write() as tx:
+            columns = list(delivery.__dict__)
+            tx.execute(
+                f"INSERT INTO deliveries ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+                [getattr(delivery, c) for c in columns],
+            )
+        return delivery
+
+    def get(self, delivery_id: str, *, now: datetime | None = None) -> Delivery:
+        """The live delivery; 404 when unknown, 410 when it expired (its bytes are gone)."""
+        if not valid_delivery_id(delivery_id):
+            raise NotFound(f"delivery {delivery_id} not found")
+        with self._store.read() as tx:
+            row = tx.one("SELECT * FROM deliveries WHERE delivery_id = ?", (delivery_id,))
+        if row is None:
+            raise NotFound(f"delivery {delivery_id} not found")
+        delivery = _delivery(row)
+        if delivery.expires_at <= _iso(now or datetime.now(timezone.utc)):
+            raise Gone(f"delivery {delivery_id} expired at {delivery.expires_at}", expired_at=delivery.expires_at)
+        return delivery
+
+    def open_bytes(self, delivery: Delivery) -> int:
+        """A file descriptor on the delivery's bytes (the caller closes it); marks it fetched."""
+        with closing_fd(self._outbox_fd()) as dir_fd:
+            try:
+                fd = os.open(ids.file_name(delivery.delivery_id), _READ_FLAGS, dir_fd=dir_fd)
+            except FileNotFoundError:
+                raise Gone(f"delivery {delivery.delivery_id} has no bytes any more") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise Gone(f"delivery {delivery.delivery_id} has no bytes any more")
+        with self._store.write() as tx:
+            tx.execute(
+                "UPDATE deliveries SET fetched_at = COALESCE(fetched_at, ?) WHERE delivery_id = ?",
+                (_iso(datetime.now(timezone.utc)), delivery.delivery_id),
+            )
+        return fd
+
+    def read_bytes(self, delivery: Delivery) -> bytes:
+        with closing_fd(self.open_bytes(delivery)) as fd, open(fd, "rb", closefd=False) as fh:
+            return fh.read()
+
+    def list_for_run(self, run_id: str) -> list[Delivery]:
+        with self._store.read() as tx:
+            rows = tx.all("SELECT * FROM deliveries WHERE run_id = ? ORDER BY created_at, delivery_id", (run_id,))
+        return [_delivery(row) for row in rows]
+
+    def delete(self, delivery_id: str) -> None:
+        """The bot has posted it: drop the row, then the bytes. Unknown ids are 404."""
+        if not valid_delivery_id(delivery_id):
+            raise NotFound(f"delivery {delivery_id} not found")
+        with self._store.write() as tx:
+            gone = tx.execute("DELETE FROM deliveries WHERE delivery_id = ?", (delivery_id,)).rowcount
+        if not gone:
+            raise NotFound(f"delivery {delivery_id} not found")
+        self._remove_files([delivery_id])
+
+    def _remove_files(self, delivery_ids: list[str]) -> None:
+        if not delivery_ids:
+            return
+        with closing_fd(self._outbox_fd()) as dir_fd:
+            for delivery_id in delivery_ids:
+                remove_file_at(dir_fd, ids.file_name(delivery_id))
+
+    def _delete_where(self, where: str, params: tuple) -> list[str]:
+        with self._store.write() as tx:
+            rows = tx.all(f"SELECT delivery_id FROM deliveries WHERE {where}", params)
+            tx.execute(f"DELETE FROM deliveries WHERE {where}", params)
+        removed = [row["delivery_id"] for row in rows]
+        self._remove_files(removed)
+        return removed
+
+    def forget_session(self, deleted: DeletedSession) -> list[str]:
+        """A session cleanup step: its deliveries go with it."""
+        return self._delete_where("session_id = ?", (deleted.session_id,))
+
+    def sweep(self, *, now: datetime | None = None) -> tuple[list[str], list[str]]:
+        """Remove expired deliveries, and outbox files no row refers to (after a grace time)."""
+        moment = now or datetime.now(timezone.utc)
+        expired = self._delete_where("expires_at <= ?", (_iso(moment),))
+        orphans: list[str] = []
+        with closing_fd(self._outbox_fd()) as dir_fd:
+            names = os.listdir(dir_fd)
+            with self._store.read() as tx:
+                known = {row["delivery_id"] for row in tx.all("SELECT delivery_id FROM deliveries")}
+            cutoff = moment.timestamp() - ORPHAN_GRACE_S
+            for name in names:
+                if name in known:
+                    continue
+                try:
+                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if info.st_mtime < cutoff:  # also the temp files of a killed write
+                    remove_file_at(dir_fd, name)
+                    orphans.append(name)
+        if expired or orphans:
+            log.info("outgoing deliveries swept %s", kv(expired=len(expired), orphan_files=len(orphans)))
+        return expired, orphans

@@ -1,0 +1,111 @@
+"""Where the bytes of `send_file`, `send_image` and `publish_artifact` come from (SPEC §7).
+
+In this order:
+1. an http(s) URL of this service's own `/uploads/` is read from disk (no network round trip);
+2. any other http(s) URL is fetched by the host (size cap, timeout, no private addresses);
+3. a local path is first pre-checked lexically on the host: another member's `uploads/` or
+   `runtime/` gets its actionable error here, *before* any sandbox is asked (appendix D #1),
+   the same for every backend;
+4. only then the acting (runtime) user's sandbox reads it with `read_bytes`, so its
+   PathSandbox decides everything else exactly as for the model's own file tools.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass
+
+from mounts.layout import DataLayout
+from orchestrator.errors import ToolError
+from orchestrator.public_uploads import UploadTooLarge, is_own_origin, own_upload_ref, read_upload
+from orchestrator.sandboxes import SandboxRouter
+from orchestrator.tools.foreign_paths import classify_foreign_path, foreign_path_message
+from orchestrator.tools.registry import ToolCall
+from orchestrator.url_fetch import UrlFetcher
+
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+_WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+@dataclass(frozen=True)
+class ResolvedBytes:
+    data: bytes
+    file_name: str | None
+    media_type: str | None  # as declared by the source (extension or Content-Type), not sniffed
+    origin: str  # sandbox | uploads | url
+    location: str  # the absolute path or the URL read
+
+
+def is_url(value: str) -> bool:
+    return bool(_SCHEME.match(value)) and not _WINDOWS_DRIVE.match(value)
+
+
+class BytesResolver:
+    def __init__(
+        self, *, layout: DataLayout, public_base_url: str, sandboxes: SandboxRouter, fetcher: UrlFetcher
+    ) -> None:
+        self._layout = layout
+        self._public_base_url = public_base_url
+        self._sandboxes = sandboxes
+        self._fetcher = fetcher
+
+    def resolve(self, call: ToolCall, path_or_url: str, *, tool: str, max_bytes: int) -> ResolvedBytes:
+        value = path_or_url.strip()
+        if not value:
+            raise ToolError("invalid_arguments", "Give a file path or an http(s) URL.", field="path_or_url")
+        if is_url(value):
+            return self._from_url(value, max_bytes)
+        return self.from_path(call, value, tool=tool, max_bytes=max_bytes)
+
+    def _from_url(self, url: str, max_bytes: int) -> ResolvedBytes:
+        scheme = url.split(":", 1)[0].lower()
+        if scheme not in ("http", "https"):
+            raise ToolError(
+                "invalid_arguments",
+                f"Only local file paths and http(s) URLs can be sent, not {scheme}: URLs: {url}",
+                field="path_or_url",
+            )
+        if is_own_origin(url, self._public_base_url):
+            ref = own_upload_ref(url, self._public_base_url)
+            if ref is None:
+                raise ToolError(
+                    "invalid_arguments",
+                    "This URL is on this service but is not a public upload "
+                    f"({self._public_base_url.rstrip('/')}/uploads/{{uid}}/{{file}}): {url}",
+                    field="path_or_url",
+                )
+            try:
+                data = read_upload(self._layout, ref, max_bytes)
+            except UploadTooLarge as exc:
+                raise ToolError("too_large", f"The file is {exc.size} bytes; at most {max_bytes} can be sent: {url}") from None
+            if data is None:
+                raise ToolError("not_found", f"There is no such upload: {url}", url=url)
+            return ResolvedBytes(data, ref.file_name, None, "uploads", url)
+        fetched = self._fetcher.fetch(url, max_bytes=max_bytes)
+        return ResolvedBytes(fetched.data, fetched.file_name, fetched.media_type, "url", fetched.url)
+
+    def from_path(self, call: ToolCall, path: str, *, tool: str, max_bytes: int) -> ResolvedBytes:
+        user = call.acting_user_id
+        foreign = classify_foreign_path(
+            path,
+            workdir=call.workdir,
+            data_root=str(self._layout.root),
+            runtime_user_id=user,
+            public_base_url=self._public_base_url,
+        )
+        if foreign is not None:
+            details = {"path": foreign.path}
+            if foreign.public_url is not None:
+                details["url"] = foreign.public_url
+            raise ToolError(foreign.code, foreign_path_message(foreign, user, tool=tool), **details)
+        result = self._sandboxes.call(user, "read_bytes", {"path": path}, cwd=call.workdir)
+        try:
+            data = base64.b64decode(result["content_base64"], validate=True)
+            location = str(result["path"])
+        except (KeyError, TypeError, binascii.Error) as exc:
+            raise ToolError("sandbox_error", f"The sandbox answered read_bytes without usable bytes ({exc}).") from None
+        if len(data) > max_bytes:
+            raise ToolError("too_large", f"The file is {len(data)} bytes; {tool} sends at most {max_bytes}: {location}", path=location)
+        return ResolvedBytes(data, location.rsplit("/", 1)[-1] or None, result.get("media_type"), "sandbox", location)

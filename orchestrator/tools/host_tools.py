@@ -1,0 +1,256 @@
+"""The runtime-scoped host tools (SPEC §7, §12): `publish_artifact`, `send_file`,
+`send_image`, `dump_user_messages`. They act as the runtime user (the identity table says so)
+and touch only that user's directories, the outbox and the public uploads."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+import secrets
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mounts.layout import DataLayout
+from orchestrator.chat_records import Role
+from orchestrator.deliveries import DeliveryStore, NewDelivery
+from orchestrator.errors import ToolError
+from orchestrator.image_types import sniff_image, SNIFF_BYTES
+from orchestrator.nofollow_fs import UnsafePath
+from orchestrator.public_uploads import media_type_of
+from orchestrator.sessions import SessionService
+from orchestrator.settings import Settings
+from orchestrator.tools.byte_sources import BytesResolver, is_url
+from orchestrator.tools.foreign_paths import public_upload_url
+from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
+from orchestrator.user_dirs import UserDirectories
+from orchestrator.user_files import UserFileWriter
+
+_EXTENSION = re.compile(r"\.[A-Za-z0-9]{1,10}$")
+_UNSAFE_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f/\\]")
+FILE_NAME_MAX = 200
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PublishArtifactArgs(_Args):
+    path: str = Field(..., min_length=1, max_length=4096, description="A file you can read: absolute, or relative to the working directory.")
+
+
+class SendArgs(_Args):
+    path_or_url: str = Field(
+        ...,
+        min_length=1,
+        max_length=8192,
+        description="A file you can read (absolute, or relative to the working directory), or an http(s) URL.",
+    )
+
+
+class DumpUserMessagesArgs(_Args):
+    pass
+
+
+def extension_of(name: str | None) -> str:
+    match = _EXTENSION.search(name or "")
+    return match.group(0).lower() if match else ""
+
+
+def safe_file_name(name: str | None, default: str) -> str:
+    """A display name for the chat: no path, no control characters, bounded length."""
+    base = _UNSAFE_NAME_CHARS.sub("_", posixpath.basename((name or "").replace("\\", "/"))).strip(" .")
+    if not base:
+        return default
+    if len(base) > FILE_NAME_MAX:
+        ext = extension_of(base)
+        base = base[: FILE_NAME_MAX - len(ext)] + ext
+    return base
+
+
+class HostTools:
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        layout: DataLayout,
+        directories: UserDirectories,
+        resolver: BytesResolver,
+        deliveries: DeliveryStore,
+        sessions: SessionService,
+    ) -> None:
+        self._settings = settings
+        self._layout = layout
+        self._directories = directories
+        self._writer = UserFileWriter(layout, directories)
+        self._resolver = resolver
+        self._deliveries = deliveries
+        self._sessions = sessions
+
+    # publish_artifact ------------------------------------------------------------------
+    def publish_artifact(self, call: ToolCall) -> dict[str, Any]:
+        args: PublishArtifactArgs = call.arguments  # type: ignore[assignment]
+        if is_url(args.path.strip()):
+            raise ToolError(
+                "invalid_arguments",
+                "publish_artifact copies a local file; a URL is already public, send it as it is.",
+                field="path",
+            )
+        user = call.acting_user_id
+        source = self._resolver.from_path(
+            call, args.path.strip(), tool="publish_artifact", max_bytes=self._settings.read_bytes_max
+        )
+        image = sniff_image(source.data[:SNIFF_BYTES])
+        extension = extension_of(source.file_name) or (image.extension if image else "")
+        name = f"{uuid.uuid4().hex}{extension}"
+        uploads = self._directories.ensure_uploads(user)
+        try:
+            written = self._writer.write_new(user, uploads, name, source.data, mode=0o644)
+        except UnsafePath as exc:
+            raise ToolError("unsafe_path", f"Your uploads directory is not a plain directory ({exc}).") from None
+        return {
+            "path": str(written),
+            "url": public_upload_url(self._settings.public_base_url, user, name),
+            "file_name": name,
+            "source": source.location,
+            "size": len(source.data),
+            "media_type": image.media_type if image else media_type_of(name),
+            "note": "Anyone with the URL can download this file; it stays until removed from your uploads.",
+        }
+
+    # send_file / send_image ------------------------------------------------------------
+    def send_file(self, call: ToolCall) -> dict[str, Any]:
+        return self._send(call, kind="file", tool="send_file", max_bytes=self._settings.read_bytes_max)
+
+    def send_image(self, call: ToolCall) -> dict[str, Any]:
+        cap = min(self._settings.image_max_bytes, self._settings.read_bytes_max)
+        return self._send(call, kind="image", tool="send_image", max_bytes=cap)
+
+    def _send(self, call: ToolCall, *, kind: str, tool: str, max_bytes: int) -> dict[str, Any]:
+        args: SendArgs = call.arguments  # type: ignore[assignment]
+        source = self._resolver.resolve(call, args.path_or_url, tool=tool, max_bytes=max_bytes)
+        if not source.data:
+            raise ToolError("empty_file", f"The file is empty; there is nothing to send: {source.location}")
+        image = sniff_image(source.data[:SNIFF_BYTES])
+        if kind == "image":
+            if image is None:
+                raise ToolError(
+                    "not_an_image",
+                    "This is not a PNG, JPEG, GIF, WebP, BMP, TIFF or ICO image (judged by its content, "
+                    f"not its name); send it with send_file instead: {source.location}",
+                )
+            name = safe_file_name(source.file_name, f"image{image.extension}")
+            if not extension_of(name):
+                name += image.extension
+            media_type = image.media_type
+        else:
+            name = safe_file_name(source.file_name, "file")
+            media_type = (
+                image.media_type
+                if image
+                else (source.media_type if source.media_type not in (None, "") else media_type_of(name))
+            )
+        run = call.run
+        delivery = self._deliveries.create(
+            NewDelivery(
+                run_id=run.run_id,
+                session_id=run.session_id,
+                runtime_user_id=call.acting_user_id,
+                tool=tool,
+                kind=kind,
+                file_name=name,
+                media_type=media_type or "application/octet-stream",
+                source=source.location,
+                data=source.data,
+            )
+        )
+        return {
+            "delivery_id": delivery.delivery_id,
+            "kind": kind,
+            "file_name": delivery.file_name,
+            "media_type": delivery.media_type,
+            "size": delivery.size,
+            "sha256": delivery.sha256,
+            "source": source.location,
+            "fetch": delivery.fetch_path,
+            "expires_at": delivery.expires_at,
+            "note": f"Handed to the chat bot, which posts the {kind} to the conversation.",
+        }
+
+    # dump_user_messages -----------------------------------------------------------------
+    def dump_user_messages(self, call: ToolCall) -> dict[str, Any]:
+        user, run = call.acting_user_id, call.run
+        messages, _ = self._sessions.messages(run.session_id)
+        user_messages = [m for m in messages if m.role is Role.USER]
+        now = datetime.now(timezone.utc)
+        document = {
+            "session_id": run.session_id,
+            "dumped_at": now.isoformat(timespec="seconds"),
+            "count": len(user_messages),
+            "messages": [
+                {"seq": m.seq, "at": m.at, "speaker_user_id": m.speaker_user_id, "content": m.content}
+                for m in user_messages
+            ],
+        }
+        self._directories.ensure_session_runtime(user, run.session_id, is_owner=user == run.owner_user_id)
+        name = f"user-messages-{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}.json"
+        data = (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode()
+        try:
+            written = self._writer.write_new(
+                user, self._layout.user_messages_dir(user, run.session_id), name, data, mode=0o600
+            )
+        except UnsafePath as exc:
+            raise ToolError("unsafe_path", f"The session's user-messages directory is not a plain directory ({exc}).") from None
+        return {
+            "path": str(written),
+            "count": len(user_messages),
+            "format": "json",
+            "note": "Read it with read_file; `messages` lists every user message of this session, oldest first.",
+        }
+
+
+def register_host_tools(registry: ToolRegistry, tools: HostTools) -> None:
+    registry.register(
+        ToolSpec(
+            "publish_artifact",
+            "Publish a file you can read: it is copied into your uploads directory under a random name and "
+            "gets a public URL anyone can download without a token. Returns the new path and the URL.",
+            PublishArtifactArgs,
+            ToolPlace.HOST,
+            tools.publish_artifact,
+        )
+    )
+    registry.register(
+        ToolSpec(
+            "send_file",
+            "Send a file to the chat: a file you can read (path) or an http(s) URL. Another member's "
+            "artifacts cannot be read by path: the error then gives the public URL to pass instead.",
+            SendArgs,
+            ToolPlace.HOST,
+            tools.send_file,
+        )
+    )
+    registry.register(
+        ToolSpec(
+            "send_image",
+            "Send an image (PNG, JPEG, GIF, WebP, BMP, TIFF, ICO) to the chat: a file you can read (path) or "
+            "an http(s) URL. Another member's artifacts cannot be read by path: the error then gives the "
+            "public URL to pass instead.",
+            SendArgs,
+            ToolPlace.HOST,
+            tools.send_image,
+        )
+    )
+    registry.register(
+        ToolSpec(
+            "dump_user_messages",
+            "Write every user message of this session to a JSON file in your session's user-messages "
+            "directory and return its path, to read with read_file or process with the shell.",
+            DumpUserMessagesArgs,
+            ToolPlace.HOST,
+            tools.dump_user_messages,
+        )
+    )
