@@ -7,6 +7,8 @@ import logging
 
 from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.base import ContainerBackend
+from orchestrator.backends.choice import detect_backend
+from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.process import ProcessBackend
 from orchestrator.chat_store import ChatStore
 from orchestrator.collaboration.coordinator import CollaborationService
@@ -45,12 +47,6 @@ def build_skill_service(settings: Settings, directories: UserDirectories | None 
     return SkillService(settings.layout, directories)
 
 
-def choose_default_backend(settings: Settings, available: dict[str, ContainerBackend]) -> str:
-    if settings.backend != "auto":
-        return settings.backend
-    return "docker" if "docker" in available else "process"
-
-
 class OrchestratorService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -70,9 +66,18 @@ class OrchestratorService:
         self.agent_deployment = AgentDeployment(self.layout)
         self.process_backend = ProcessBackend(settings, self.layout, self.directories, self.agent_deployment)
         backends: dict[str, ContainerBackend] = {"process": self.process_backend}
-        self.sandboxes = SandboxRouter(
-            self.layout, self.users, backends, choose_default_backend(settings, backends)
-        )
+        self.backend_choice = detect_backend(settings)
+        self.docker_backend: DockerBackend | None = None
+        if self.backend_choice.docker:
+            self.docker_backend = DockerBackend(
+                settings,
+                self.directories,
+                self.agent_deployment,
+                known_user=lambda user_id: self.users.get(user_id) is not None,
+            )
+            backends["docker"] = self.docker_backend
+        log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
+        self.sandboxes = SandboxRouter(self.layout, self.users, backends, self.backend_choice.default)
         self.runs = RunService(
             settings=settings,
             store=self.store,
@@ -141,6 +146,8 @@ class OrchestratorService:
         the sweep of expired deliveries."""
         self.session_upkeep.start()
         self.process_backend.start_idle_reaper()
+        if self.docker_backend is not None:
+            self.docker_backend.start()  # adopts this orchestrator's containers, reaps idle ones
         settings_file = self.settings.settings_file
         if settings_file is not None:
             path = settings_file.resolve()

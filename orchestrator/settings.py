@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     sandbox_cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox.")
     sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit per sandbox (MiB).")
     sandbox_pids: int = Field(512, gt=0, description="Process limit per sandbox.")
+    sandbox_ready_timeout_s: float = Field(
+        30.0, gt=0, description="How long a starting sandbox's agent may take to answer /health."
+    )
     skill_gc_days: float = Field(7.0, ge=0, description="Unreferenced skill content older than this is removed.")
     skill_gc_interval_s: float = Field(
         3600.0, ge=0, description="How often the server collects skill-store garbage (0: never)."

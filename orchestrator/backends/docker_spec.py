@@ -21,11 +21,9 @@ LABEL_IMAGE = LABEL_PREFIX + "image"
 LABEL_BUILD = LABEL_PREFIX + "agent-build"
 MANAGED_VALUE = "sandbox"
 
-# Writable scratch on an otherwise read-only root: /tmp is the user's own bind mount.
-TMPFS = {
-    "/run": "rw,nosuid,nodev,noexec,size=16m",
-    "/var/tmp": "rw,nosuid,nodev,size=64m",
-}
+# Writable scratch on an otherwise read-only root (lock and pid files); /tmp is the user's own
+# bind mount (tmp/{uid}), and TMPDIR points there.
+TMPFS = {"/run": "rw,nosuid,nodev,noexec,size=16m"}
 
 
 def instance_id(data_root: Path) -> str:
@@ -67,6 +65,7 @@ class ContainerSpec:
     network: str
     limits: Limits
     hostname: str
+    group_add: tuple[int, ...] = ()
     tmpfs: Mapping[str, str] = field(default_factory=lambda: dict(TMPFS))
 
     def create_kwargs(self) -> dict[str, object]:
@@ -79,6 +78,7 @@ class ContainerSpec:
             "name": self.name,
             "hostname": self.hostname,
             "user": self.user,
+            "group_add": [str(gid) for gid in self.group_add],
             "environment": dict(self.environment),
             "labels": dict(self.labels),
             "mounts": [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in self.mounts],
@@ -105,6 +105,8 @@ def container_spec(
     image_id: str,
     agent_build: str,
     sandbox_uid: int,
+    sandbox_gid: int,
+    extra_gids: tuple[int, ...],
     network: str,
     limits: Limits,
     agent_dir: Path,
@@ -112,7 +114,8 @@ def container_spec(
     config_path: Path,
 ) -> ContainerSpec:
     """The container of `plan.user_id`: the plan's mounts at the same paths (tmp at /tmp),
-    running as the user's own uid, the agent started from the read-only agent mount."""
+    running as the user's own uid (plus the shared group of `share/` and group workspaces),
+    the agent started from the read-only agent mount."""
     mounts = tuple(
         BindMount(str(m.host_path), str(m.sandbox_path), m.access is Access.READ_ONLY) for m in plan.mounts
     )
@@ -133,7 +136,8 @@ def container_spec(
         name=container_name(instance, plan.user_id),
         image=image,
         command=("--config", str(config_path)),
-        user=f"{sandbox_uid}:{sandbox_uid}",
+        user=f"{sandbox_uid}:{sandbox_gid}",
+        group_add=extra_gids,
         environment=environment,
         labels=labels,
         mounts=mounts,

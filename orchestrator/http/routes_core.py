@@ -37,6 +37,7 @@ def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         "version": __version__,
         "backend": service.sandboxes.default_backend,
         "backends_available": sorted(service.sandboxes.backends),
+        "backend_reason": service.backend_choice.reason,
         "runtime_identity": state.mode.value,
         "runtime_identity_source": state.source,
         "runtime_identity_changed_at": state.changed_at,

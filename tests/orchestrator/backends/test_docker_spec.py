@@ -39,6 +39,8 @@ def spec_for(user_id: int = 7, groups=()):  # type: ignore[no-untyped-def]
         image_id="sha256:img",
         agent_build="build-1",
         sandbox_uid=100000 + user_id,
+        sandbox_gid=100000 + user_id,
+        extra_gids=(100000,),
         network="none",
         limits=Limits(cpus=1.5, memory_mb=512, pids=256),
         agent_dir=LAYOUT.agent_dir,
@@ -69,7 +71,7 @@ def test_mounts_are_exactly_the_plan_at_the_same_paths_with_tmp_at_slash_tmp() -
 def test_container_runs_as_the_users_uid_hardened_and_offline() -> None:
     _, spec = spec_for()
     kwargs = spec.create_kwargs()
-    assert kwargs["user"] == "100007:100007"
+    assert kwargs["user"] == "100007:100007" and kwargs["group_add"] == ["100000"]
     assert kwargs["network_mode"] == "none"
     assert kwargs["cap_drop"] == ["ALL"] and kwargs["security_opt"] == ["no-new-privileges"]
     assert kwargs["read_only"] is True and kwargs["init"] is True
