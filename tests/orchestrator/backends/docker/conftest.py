@@ -60,7 +60,8 @@ def docker_data_dir() -> Iterator[Path]:
 
 
 def docker_settings(data_dir: Path, image: str, **overrides: object) -> Settings:
-    return make_settings(data_dir, backend="docker", sandbox_image=image, **overrides)
+    values: dict[str, object] = {"backend": "docker", "sandbox_image": image, **overrides}
+    return make_settings(data_dir, **values)
 
 
 @pytest.fixture

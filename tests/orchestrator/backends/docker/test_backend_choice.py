@@ -1,0 +1,55 @@
+"""ORCH_BACKEND against the real host: auto picks docker when the image exists and process
+when it does not; /healthz says which and why; a per-user override routes one user to the
+other backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator.http.app import create_app
+from orchestrator.service import OrchestratorService
+from tests.conftest import API_TOKEN
+from tests.orchestrator.backends.docker.conftest import docker_settings
+from tests.orchestrator.tools.test_container_tools_api import group_session, start_run, tool
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def api(service: OrchestratorService) -> TestClient:
+    return TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"})
+
+
+def test_auto_picks_docker_when_the_image_exists(docker_data_dir: Path, sandbox_image: str) -> None:
+    service = OrchestratorService(docker_settings(docker_data_dir, sandbox_image, backend="auto"))
+    with api(service) as client:
+        health = client.get("/healthz").json()
+    assert health["backend"] == "docker" and health["backends_available"] == ["docker", "process"]
+    assert "image exists" in health["backend_reason"]
+
+
+def test_auto_falls_back_to_process_without_the_image(docker_data_dir: Path) -> None:
+    missing = "sandbox-orchestrator/sandbox:never-built"
+    service = OrchestratorService(docker_settings(docker_data_dir, missing, backend="auto"))
+    with api(service) as client:
+        health = client.get("/healthz").json()
+        assert health["backend"] == "process" and health["backends_available"] == ["process"]
+        assert missing in health["backend_reason"]
+        run = start_run(client, group_session(client), trigger="web")
+        assert tool(client, run["run_id"], "shell", command="echo hi")["result"]["stdout"] == "hi\n"
+    assert service.docker_backend is None
+
+
+def test_a_per_user_override_routes_that_user_to_the_process_backend(
+    docker_client: TestClient, docker_service: OrchestratorService
+) -> None:
+    assert docker_client.put("/v1/users/67", json={"backend": "process"}).status_code == 200
+    sid = group_session(docker_client)
+    member = start_run(docker_client, sid, trigger="group_message", speaker_user_id=67)
+    owner = start_run(docker_client, sid, trigger="web")
+    for run in (member, owner):
+        assert tool(docker_client, run["run_id"], "write_file", path="x.txt", content="x")["ok"]
+    placed = {(s.user_id, s.backend) for s in docker_service.sandboxes.status()}
+    assert placed == {(67, "process"), (17, "docker")}
