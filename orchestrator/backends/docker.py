@@ -55,7 +55,6 @@ from sandbox_agent.errors import AgentToolError, AgentUnavailable
 log = logging.getLogger(__name__)
 
 IMAGE_RECHECK_S = 5.0  # how stale the cached id of ORCH_SANDBOX_IMAGE may be on the warm path
-BUILD_RECHECK_S = 1.0  # how stale the host's agent BUILD may be on the warm path
 PARALLEL_STARTS = 4  # cold starts at once: more only thrash two cores and time out together
 STOP_TIMEOUT_S = 5
 
@@ -140,7 +139,6 @@ class DockerBackend:
         self._slots_lock = threading.Lock()
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
         self._image: tuple[str, float] | None = None  # (id, when resolved)
-        self._build: tuple[str, float] | None = None
         self._adopted = False
         self._adopt_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -263,7 +261,7 @@ class DockerBackend:
 
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
-        desired = Desired(user.plan.plan_hash, self._image_id(user.user_id), self._host_build())
+        desired = Desired(user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build)
         if (
             slot.agent is not None
             and slot.plan_hash == desired.plan_hash
@@ -498,10 +496,3 @@ class DockerBackend:
             ) from None
         self._image = (image_id, now)
         return image_id
-
-    def _host_build(self) -> str:
-        """The BUILD of the agent code on the host, re-hashed at most every BUILD_RECHECK_S."""
-        now = time.monotonic()
-        if self._build is None or now - self._build[1] >= BUILD_RECHECK_S:
-            self._build = (self.deployment.build, now)
-        return self._build[0]

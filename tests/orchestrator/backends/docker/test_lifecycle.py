@@ -200,15 +200,22 @@ def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
     # The host's agent code changes (an upgrade): a copy of the package we can edit.
     package = tmp_path / "sandbox_agent"
     shutil.copytree(PACKAGE_DIR, package, ignore=shutil.ignore_patterns("__pycache__"))
-    backend = DockerBackend(
-        docker_service.settings,
-        docker_service.directories,
-        AgentDeployment(docker_service.layout, package_dir=package),
-        known_user=lambda _: True,
-    )
+
+    def new_release() -> str:
+        with open(package / "__init__.py", "a") as fh:
+            fh.write("\n# a new release\n")
+        return compute_build_id(package)
+
+    def backend_with(deployment: AgentDeployment) -> DockerBackend:
+        return DockerBackend(
+            docker_service.settings, docker_service.directories, deployment, known_user=lambda _: True
+        )
+
+    user = sandbox_user(docker_service)
+    cwd = workdir(docker_service)
+    deployment = AgentDeployment(docker_service.layout, package_dir=package)
+    backend = backend_with(deployment)
     try:
-        user = sandbox_user(docker_service)
-        cwd = workdir(docker_service)
         old_build = compute_build_id(package)
         assert backend.ensure(user).agent_build == old_build
         first = the_container(engine, docker_service)
@@ -216,11 +223,8 @@ def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
 
         slow, slow_result = in_background(backend, user, "sleep 3; echo slept", cwd)
         time.sleep(0.3)
-        with open(package / "__init__.py", "a") as fh:
-            fh.write("\n# a new release\n")
-        new_build = compute_build_id(package)
-        assert new_build != old_build
-        time.sleep(1.1)  # the backend re-hashes the host's agent code at most once a second
+        new_build = new_release()
+        assert deployment.refresh() == new_build != old_build
         # busy: the old agent keeps serving, the running call is not cut off
         assert backend.call(user, "shell", {"command": "echo busy"}, cwd=cwd)["stdout"] == "busy\n"
         assert backend.ensure(user).agent_build == old_build
@@ -230,6 +234,16 @@ def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
         after = the_container(engine, docker_service)
         assert after.id == first.id and after.attrs["State"]["StartedAt"] != started_at
         assert backend.call(user, "shell", {"command": "echo ok"}, cwd=cwd)["stdout"] == "ok\n"
+    finally:
+        backend.close()
+
+    # An orchestrator restarted with newer agent code adopts the container and restarts its agent.
+    newest = new_release()
+    backend = backend_with(AgentDeployment(docker_service.layout, package_dir=package))
+    try:
+        backend.start()
+        assert backend.ensure(user).agent_build == newest
+        assert the_container(engine, docker_service).id == first.id
     finally:
         backend.close()
 
