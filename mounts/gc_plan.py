@@ -1,6 +1,6 @@
 """Deciding what the content-store GC removes (pure).
 
-An entry `.content/{fp}/{name}` goes when no user's view version refers to it and it has not
+An entry `.content/{fp}/{name}` goes when no user's view version has its content and it has not
 been used (created or linked from) for `max_age_s`; `grace_s` protects fresh entries even
 when `max_age_s` is 0, so an entry a materializer just wrote is never taken from under it.
 """
@@ -30,7 +30,7 @@ class GcPlan:
 
 def plan_gc(
     entries: Iterable[StoreEntry],
-    referenced: Set[tuple[str, str]],
+    referenced: Set[str],
     *,
     now: float,
     max_age_s: float,
@@ -39,7 +39,7 @@ def plan_gc(
     remove, kept_referenced, kept_recent = [], 0, 0
     min_age = max(max_age_s, grace_s)
     for entry in sorted(entries):
-        if (entry.fingerprint, entry.name) in referenced:
+        if entry.fingerprint in referenced:
             kept_referenced += 1
         elif now - entry.last_used <= min_age:
             kept_recent += 1

@@ -7,6 +7,7 @@ absolute paths as the host.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from dataclasses import dataclass
@@ -30,14 +31,33 @@ class GroupRef:
         ids.chat_id(self.chat_id, "group.chat_id")
 
 
-def view_version_name(skill: str, fingerprint: str) -> str:
-    """`{name}@{fp}`: '@' is never part of a skill name, so the name parses back unambiguously."""
-    return f"{ids.name(skill, 'skill')}@{ids.fingerprint(fingerprint)}"
+VIEW_VERSIONS_DIR = ".v"
 
 
-def view_link_target(skill: str, fingerprint: str) -> str:
+def view_version_name(fingerprint: str) -> str:
+    """A view version's directory name: the fingerprint in lowercase base32 (52 characters).
+
+    Short on purpose: the view's symlink target `.v/{this}` is then 55 bytes, under the 60
+    that ext4 stores inside the inode, so a view's symlink costs no data block.
+    """
+    raw = bytes.fromhex(ids.fingerprint(fingerprint))
+    return base64.b32encode(raw).decode().lower().rstrip("=")
+
+
+def view_version_fingerprint(name: str) -> str | None:
+    """The fingerprint a version directory name stands for; None for anything else."""
+    if len(name) != 52 or not name.isascii() or not name.isalnum() or name != name.lower():
+        return None
+    try:
+        raw = base64.b32decode(name.upper() + "====")
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 32 else None
+
+
+def view_link_target(fingerprint: str) -> str:
     """The relative target of `skill-views/{uid}/{name}`: it resolves inside the same mount."""
-    return f".versions/{view_version_name(skill, fingerprint)}"
+    return f"{VIEW_VERSIONS_DIR}/{view_version_name(fingerprint)}"
 
 
 def session_dir_name(session_id: str) -> str:
@@ -192,10 +212,11 @@ class DataLayout:
         return self.user_views_dir(user_id) / ids.name(skill, "skill")
 
     def user_view_versions_dir(self, user_id: int) -> Path:
-        return self.user_views_dir(user_id) / ".versions"
+        return self.user_views_dir(user_id) / VIEW_VERSIONS_DIR
 
-    def user_view_version(self, user_id: int, skill: str, fingerprint: str) -> Path:
-        return self.user_view_versions_dir(user_id) / view_version_name(skill, fingerprint)
+    def user_view_version(self, user_id: int, fingerprint: str) -> Path:
+        """One immutable version of a view, keyed by content: names with equal content share it."""
+        return self.user_view_versions_dir(user_id) / view_version_name(fingerprint)
 
     def user_view_staging(self, user_id: int, token: str) -> Path:
         return self.user_view_versions_dir(user_id) / f".staging-{ids.token(token)}"

@@ -31,7 +31,8 @@ from mounts.layout import DataLayout
 from mounts.log_fields import kv
 from mounts.skill_views import SkillViews
 from mounts.tree_removal import remove_tree
-from mounts.view_plan import VersionDir, parse_version_name, retired_versions
+from mounts.layout import view_version_fingerprint
+from mounts.view_plan import VersionDir, retired_versions
 
 log = logging.getLogger(__name__)
 
@@ -180,34 +181,25 @@ class SkillStoreGc:
                 for uid in users:
                     leftovers += remove_abandoned(self.layout.user_views_dir(uid))
                     leftovers += remove_abandoned(self.layout.user_view_versions_dir(uid))
-            referenced: set[tuple[str, str]] = set()
+            referenced: set[str] = set()
+            corrupt_fps = {fp for fp, _ in corrupt}
             for uid in users:
-                current = set()
-                for view in self.views.view_names(uid):
-                    fp = self.views.current(uid, view)
-                    if fp is not None:
-                        current.add(f"{view}@{fp}")
+                current = self.views.current_version_names(uid)
                 versions = _versions(self.layout, uid)
                 going = set(retired_versions(versions, current, now=now, grace_s=self.views.retired_grace_s))
                 for version in versions:
-                    parsed = parse_version_name(version.dir_name)
-                    if parsed is None:
+                    fp = view_version_fingerprint(version.dir_name)
+                    if fp is None:
                         continue
-                    name, fp = parsed
-                    if version.dir_name in going or ((fp, name) in corrupt and version.dir_name not in current):
-                        retired += 1
+                    if version.dir_name in going or fp in corrupt_fps:
+                        # Retired past its grace, or made of a corrupt entry's hard links (a
+                        # current one is set aside too: the next sync rebuilds it from source).
+                        retired += version.dir_name in going
                         if not dry_run:
-                            path = self.layout.user_view_version(uid, name, fp)
+                            path = self.layout.user_view_version(uid, fp)
                             trash.take(path, self.layout.user_view_trash(uid, secrets.token_hex(8)))
                         continue
-                    if (fp, name) in corrupt:
-                        # A current view made of corrupt hard links: set it aside so the next
-                        # sync rebuilds it from a fresh copy of the source.
-                        if not dry_run:
-                            path = self.layout.user_view_version(uid, name, fp)
-                            trash.take(path, self.layout.user_view_trash(uid, secrets.token_hex(8)))
-                        continue
-                    referenced.add((fp, name))
+                    referenced.add(fp)
             plan = plan_gc(_entries(self.layout), referenced, now=now, max_age_s=max_age_s, grace_s=grace_s)
             going_entries = {(e.fingerprint, e.name) for e in plan.remove} | set(corrupt)
             for fp, name in sorted(going_entries):

@@ -3,8 +3,8 @@
 Layout of one user's views (root-owned; sandboxes get the directory mounted read-only):
 
     skill-views/{uid}/                  0755 (the orchestrator: root:{user gid} 0750)
-    skill-views/{uid}/{name}            symlink -> .versions/{name}@{fp}
-    skill-views/{uid}/.versions/{name}@{fp}/   dirs 0555, files hard links of the store (0444/0555)
+    skill-views/{uid}/{name}            symlink -> .v/{fp in base32}   (55 bytes: inline in the inode)
+    skill-views/{uid}/.v/{fp in base32}/  dirs 0555, files hard links of the store (0444/0555)
 
 A version is built from the stored manifest in a locked staging directory, made read-only and
 renamed into place; then the view's symlink is replaced with rename(2). Readers see the old
@@ -27,17 +27,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mounts.abandoned import hold, owned_staging, remove_abandoned
+from mounts.abandoned import hold, remove_abandoned
 from mounts.content_store import ContentStore
 from mounts.fingerprint import SkillManifest
-from mounts.layout import DataLayout, view_link_target
+from mounts.layout import VIEW_VERSIONS_DIR, DataLayout, view_link_target, view_version_fingerprint
 from mounts.log_fields import kv
 from mounts.skill_scan import STORE_DIR_MODE, STORE_EXEC_MODE, STORE_FILE_MODE
 from mounts.tree_removal import remove_tree
 from mounts.view_plan import (
     RETIRED_VERSION_GRACE_S,
     VersionDir,
-    parse_version_name,
     plan_view_build,
     retired_versions,
 )
@@ -86,13 +85,10 @@ class SkillViews:
             target = os.readlink(self.layout.user_view(user_id, name))
         except OSError:
             return None
-        prefix = ".versions/"
+        prefix = VIEW_VERSIONS_DIR + "/"
         if not target.startswith(prefix):
             return None
-        parsed = parse_version_name(target[len(prefix) :])
-        if parsed is None or parsed[0] != name:
-            return None
-        return parsed[1]
+        return view_version_fingerprint(target[len(prefix) :])
 
     def view_names(self, user_id: int) -> list[str]:
         """The skills the user has a view of (their symlinks)."""
@@ -119,12 +115,12 @@ class SkillViews:
             pass
 
     def ensure_view(self, user_id: int, name: str, fingerprint: str, source: Path) -> ViewOutcome:
-        """Make the user's view of `name` show `fingerprint`, storing the content if needed."""
+        """Make the user's view of `name` show `fingerprint`, storing the content if needed.
+        (`ensure_user_dirs` first: once per user and sync, not per skill.)"""
         link = self.layout.user_view(user_id, name)
-        version = self.layout.user_view_version(user_id, name, fingerprint)
+        version = self.layout.user_view_version(user_id, fingerprint)
         if self.current(user_id, name) == fingerprint and os.path.isdir(version):
             return ViewOutcome(link, fingerprint, built=False)
-        self.ensure_user_dirs(user_id)
         copied, reason = 0, None
         if not os.path.isdir(version):
             entry = self.store.ensure_entry(fingerprint, name, source)
@@ -139,7 +135,7 @@ class SkillViews:
         """Drop the view of a skill that left the system set; its version retires."""
         old = self.current(user_id, name)
         if old is not None:
-            self._touch_version(user_id, name, old)
+            self._touch_version(user_id, old)
         try:
             os.unlink(self.layout.user_view(user_id, name))
         except FileNotFoundError:
@@ -154,18 +150,23 @@ class SkillViews:
             entries = list(os.scandir(versions_dir))
         except FileNotFoundError:
             return removed
-        current = set()
+        versions = [VersionDir(e.name, e.stat(follow_symlinks=False).st_mtime) for e in entries]
+        current = self.current_version_names(user_id)
+        for dir_name in retired_versions(versions, current, now=self._clock(), grace_s=self.retired_grace_s):
+            fp = view_version_fingerprint(dir_name)
+            assert fp is not None
+            self._discard(self.layout.user_view_version(user_id, fp), user_id)
+            removed += 1
+        return removed
+
+    def current_version_names(self, user_id: int) -> set[str]:
+        """The version directories some view of the user points at now."""
+        names = set()
         for view in self.view_names(user_id):
             fp = self.current(user_id, view)
             if fp is not None:
-                current.add(f"{view}@{fp}")
-        versions = [VersionDir(e.name, e.stat(follow_symlinks=False).st_mtime) for e in entries]
-        for dir_name in retired_versions(versions, current, now=self._clock(), grace_s=self.retired_grace_s):
-            parsed = parse_version_name(dir_name)
-            assert parsed is not None
-            self._discard(self.layout.user_view_version(user_id, *parsed), user_id)
-            removed += 1
-        return removed
+                names.add(self.layout.user_view_version(user_id, fp).name)
+        return names
 
     # internals -----------------------------------------------------------------------
     def _build_version(
@@ -174,9 +175,13 @@ class SkillViews:
         plan = plan_view_build(manifest)
         executable = {e.path for e in manifest.files if e.executable}
         copied, reason, link_ok = 0, None, True
-        with owned_staging(lambda token: self.layout.user_view_staging(user_id, token)) as staging:
+        # No per-directory lock as in the store: the user's lock keeps other builders out, and
+        # the GC (store lock, exclusive) never runs while this holds the store lock shared.
+        staging = self.layout.user_view_staging(user_id, secrets.token_hex(8))
+        os.mkdir(staging, 0o700)
+        try:
+            root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 entry_fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                 try:
                     for path in plan.dirs:
@@ -194,19 +199,20 @@ class SkillViews:
                                 link_ok = exc.errno == errno.EMLINK
                         _copy_file(entry_fd, root_fd, path, path in executable)
                         copied += 1
-                    for path, target in plan.symlinks:
-                        os.symlink(target, path, dir_fd=root_fd)
-                    for path in plan.dirs_bottom_up:
-                        os.chmod(path, STORE_DIR_MODE, dir_fd=root_fd)
-                    os.fchmod(root_fd, STORE_DIR_MODE)
                 finally:
-                    os.close(root_fd)
                     os.close(entry_fd)
-                # Same directory: the rename needs no write permission on the moved directory.
-                os.rename(staging, version)
-            except BaseException:
-                remove_tree(staging)
-                raise
+                for path, target in plan.symlinks:
+                    os.symlink(target, path, dir_fd=root_fd)
+                for path in plan.dirs_bottom_up:
+                    os.chmod(path, STORE_DIR_MODE, dir_fd=root_fd)
+                os.fchmod(root_fd, STORE_DIR_MODE)
+            finally:
+                os.close(root_fd)
+            # Same directory: the rename needs no write permission on the moved directory.
+            os.rename(staging, version)
+        except BaseException:
+            remove_tree(staging)
+            raise
         if copied:
             log.warning(
                 "hard-linking a skill view failed; copied instead %s",
@@ -219,23 +225,23 @@ class SkillViews:
         old = self.current(user_id, name)
         if old is not None and old != fingerprint:
             # The replaced version's grace period starts now (see clean_user).
-            self._touch_version(user_id, name, old)
+            self._touch_version(user_id, old)
         elif old is None and os.path.lexists(link) and not os.path.islink(link):
             # Something else sits where the view goes (an older layout): set it aside.
             if os.path.isdir(link):
                 self._discard(link, user_id)
             else:
                 os.unlink(link)
-        with owned_staging(lambda token: self.layout.user_view_temp_link(user_id, token)) as tmp_dir:
-            tmp_link = tmp_dir / "link"
-            os.symlink(view_link_target(name, fingerprint), tmp_link)
-            os.rename(tmp_link, link)  # atomic: readers resolve the old or the new version
-            os.rmdir(tmp_dir)
+        # Under the user's lock nobody else works here; a killed run's temporary link is
+        # removed by the next clean_user.
+        tmp_link = self.layout.user_view_temp_link(user_id, secrets.token_hex(8))
+        os.symlink(view_link_target(fingerprint), tmp_link)
+        os.rename(tmp_link, link)  # atomic: readers resolve the old or the new version
 
-    def _touch_version(self, user_id: int, name: str, fingerprint: str) -> None:
+    def _touch_version(self, user_id: int, fingerprint: str) -> None:
         now = self._clock()
         try:
-            os.utime(self.layout.user_view_version(user_id, name, fingerprint), (now, now))
+            os.utime(self.layout.user_view_version(user_id, fingerprint), (now, now))
         except FileNotFoundError:
             pass
 

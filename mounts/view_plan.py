@@ -1,8 +1,8 @@
 """Planning a user's view of a skill (pure): what to create, in which order, and which old
 versions may go.
 
-A view `skill-views/{uid}/{name}` is a symlink to `.versions/{name}@{fp}/`, a directory of
-hard links into the content store. A new version is built in a staging directory, renamed
+A view `skill-views/{uid}/{name}` is a symlink to `.v/{fp in base32}/`, a directory of hard
+links into the content store (one per content: names with equal content share it). A new version is built in a staging directory, renamed
 into place complete, and then the symlink is replaced with `rename(2)`: a reader resolves
 either the old version or the new one, never a partial tree. A replaced version is kept for
 a grace period, so a reader already inside it can finish.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from mounts import ids
 from mounts.fingerprint import EntryKind, SkillManifest
+from mounts.layout import view_version_fingerprint
 
 # A replaced version stays this long, so a reader that resolved it before the swap finishes.
 RETIRED_VERSION_GRACE_S = 600.0
@@ -45,17 +45,6 @@ def plan_view_build(manifest: SkillManifest) -> ViewBuildPlan:
     return ViewBuildPlan(tuple(dirs), tuple(files), tuple(symlinks))
 
 
-def parse_version_name(text: str) -> tuple[str, str] | None:
-    """`{name}@{fp}` -> (name, fp); None for anything else (staging and trash dirs)."""
-    name, sep, fp = text.rpartition("@")
-    if not sep:
-        return None
-    try:
-        return ids.name(name, "skill"), ids.fingerprint(fp)
-    except ids.InvalidIdentifier:
-        return None
-
-
 @dataclass(frozen=True)
 class VersionDir:
     dir_name: str
@@ -71,6 +60,6 @@ def retired_versions(
         sorted(
             v.dir_name
             for v in versions
-            if v.dir_name not in in_use and parse_version_name(v.dir_name) is not None and now - v.mtime > grace_s
+            if v.dir_name not in in_use and view_version_fingerprint(v.dir_name) is not None and now - v.mtime > grace_s
         )
     )

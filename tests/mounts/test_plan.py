@@ -100,5 +100,5 @@ def test_views_and_sessions_links_resolve_inside_the_plan() -> None:
     plan = plan_mounts(LAYOUT, 7)
     roots = [r.path for r in plan.allowed_roots(in_sandbox=False)]
     for path in (LAYOUT.session_skill_link(7, "s", "x"), LAYOUT.user_view(7, "x"),
-                 LAYOUT.user_view_version(7, "x", "f" * 64), LAYOUT.userskill_source(7, "x")):
+                 LAYOUT.user_view_version(7, "f" * 64), LAYOUT.userskill_source(7, "x")):
         assert any(is_within(path, root) for root in roots)

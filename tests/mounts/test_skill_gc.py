@@ -51,7 +51,7 @@ def test_unreferenced_old_entries_go_and_referenced_or_recent_ones_stay(world: S
 
     # once the replaced version is past its grace, it and its content go; the live view stays
     world.views.retired_grace_s = 0.0
-    os.utime(world.layout.user_view_version(5, "pdf", fp1), (0, 0))
+    os.utime(world.layout.user_view_version(5, fp1), (0, 0))
     dry = world.gc.collect(max_age_s=7 * DAY, dry_run=True)
     assert dry.removed == ((fp1, "pdf"),) and store_names(world) == {(fp1, "pdf"), (fp2, "pdf")}
     report = world.gc.collect(max_age_s=7 * DAY)

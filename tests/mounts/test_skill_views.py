@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mounts.layout import DataLayout
+from mounts.layout import DataLayout, view_version_name
 from mounts.skill_scan import scan_skill
 from orchestrator.user_dirs import UserDirectories
 from tests.mounts.conftest import SkillWorld, make_world
@@ -35,9 +35,9 @@ def test_a_view_is_a_symlink_to_a_complete_read_only_version(world: SkillWorld) 
     world.system_skill("pdf", {"a/b.txt": "b"})
     fp = build(world, 5, "pdf")
     view = world.layout.user_view(5, "pdf")
-    assert os.readlink(view) == f".versions/pdf@{fp}"
+    assert os.readlink(view) == f".v/{view_version_name(fp)}"
     assert scan_skill(world.real(view)).fingerprint == fp
-    version = world.layout.user_view_version(5, "pdf", fp)
+    version = world.layout.user_view_version(5, fp)
     assert stat.S_IMODE(os.stat(version).st_mode) == 0o555
     assert stat.S_IMODE(os.stat(version / "a").st_mode) == 0o555
     assert stat.S_IMODE(os.stat(world.layout.user_views_dir(5)).st_mode) == 0o755
@@ -49,7 +49,7 @@ def test_a_replaced_version_stays_for_its_grace_period(world: SkillWorld) -> Non
     fp1 = build(world, 5, "pdf")
     (src / "SKILL.md").write_text("v2")
     fp2 = build(world, 5, "pdf")
-    old = world.layout.user_view_version(5, "pdf", fp1)
+    old = world.layout.user_view_version(5, fp1)
     assert old.is_dir()  # a reader inside the old version can finish
     world.views.clean_user(5)
     assert old.is_dir()
@@ -58,7 +58,7 @@ def test_a_replaced_version_stays_for_its_grace_period(world: SkillWorld) -> Non
     world.views.clean_user(5)
     assert not old.exists()
     assert world.views.current(5, "pdf") == fp2
-    assert sorted(os.listdir(world.layout.user_view_versions_dir(5))) == [f"pdf@{fp2}"]
+    assert sorted(os.listdir(world.layout.user_view_versions_dir(5))) == [view_version_name(fp2)]
 
 
 @pytest.fixture
@@ -211,3 +211,20 @@ def test_a_sandbox_user_cannot_change_a_stored_file() -> None:
         assert world.store.verify_entry(world.views.current(user_id, "pdf") or "", "pdf") is None
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_names_with_equal_content_share_one_version(world: SkillWorld) -> None:
+    world.system_skill("one", {"SKILL.md": "same\n"})
+    world.system_skill("two", {"SKILL.md": "same\n"})
+    assert world.sync.sync_to_session("default", 5, "s").available == ("one", "two")
+    fp = world.views.current(5, "one")
+    assert fp is not None and world.views.current(5, "two") == fp
+    assert os.listdir(world.layout.user_view_versions_dir(5)) == [view_version_name(fp)]
+    # one of them changing does not retire the version the other still shows
+    (world.layout.skill_source("two") / "SKILL.md").write_text("different\n")
+    world.changed(world.layout.skill_source("two") / "SKILL.md")
+    world.views.retired_grace_s = 0.0
+    world.sync.sync_to_session("default", 5, "s")
+    world.views.clean_user(5)
+    assert (world.layout.user_view(5, "one") / "SKILL.md").read_text() == "same\n"
+    assert (world.layout.user_view(5, "two") / "SKILL.md").read_text() == "different\n"
