@@ -18,7 +18,8 @@ import threading
 import time
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+import anyio
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
@@ -102,7 +103,7 @@ def create_app(state: AgentState) -> FastAPI:
     app.state.agent = state
 
     @app.get("/health")
-    def health() -> Health:
+    async def health() -> Health:  # nothing here blocks: no thread pool hop
         return Health(
             build=own_build_id(),
             uptime_s=round(time.monotonic() - state.started, 3),
@@ -113,21 +114,22 @@ def create_app(state: AgentState) -> FastAPI:
             resolver=state.sandbox.resolver,
         )
 
-    def require_token(request: Request) -> None:
-        # A dependency runs before the body is parsed: no token, no further work.
+    async def call_tool(request: Request) -> Response:
+        # A plain Starlette route on the hot path: it skips FastAPI's dependency machinery
+        # (about 0.2 ms a call); the token is checked before the body is even read.
         if not state.token_ok(request.headers.get("authorization")):
-            raise HTTPException(401, "missing or wrong agent token")
-
-    @app.post("/v1/tools/{name}", dependencies=[Depends(require_token)])
-    def call_tool(name: str, body: ToolRequest) -> Response:
+            return _json({"error": {"code": "unauthorized", "message": "missing or wrong agent token"}}, 401)
+        name = request.path_params["name"]
         if name not in TOOLS:
             return _json({"error": {"code": "unknown_tool", "message": f"unknown tool {name}"}}, 404)
-        return _json(run_tool(state, name, body))
+        try:
+            body = ToolRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return _json({"error": {"code": "invalid_request", "message": str(exc)}}, 422)
+        # Tools block (files, subprocesses): they run in the thread pool, never on the loop.
+        return _json(await anyio.to_thread.run_sync(run_tool, state, name, body))
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        code = "unauthorized" if exc.status_code == 401 else "bad_request"
-        return JSONResponse({"error": {"code": code, "message": str(exc.detail)}}, status_code=exc.status_code)
+    app.router.add_route("/v1/tools/{name}", call_tool, methods=["POST"])
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -103,6 +103,7 @@ def serve(config: AgentConfig) -> None:
             log_level="warning",
             access_log=False,
             lifespan="off",
+            timeout_keep_alive=5,  # idle connections from the orchestrator's pool
             timeout_graceful_shutdown=3,
         )
     )

@@ -263,6 +263,13 @@ class ProcessBackend:
                 log.warning("agent failed during a call %s", kv(user=user.user_id, tool=tool, error=exc.message))
                 raise unavailable(user.user_id, "the agent failed during the call; it may have run partly") from exc
             log.warning("agent unreachable; restarting it %s", kv(user=user.user_id, error=exc.message))
+            # Alive but unreachable (e.g. the user's shell removed the socket): replace it,
+            # unless other calls still run on it through open connections.
+            with self._user_lock(user.user_id):
+                if self._agents.get(user.user_id) is agent:
+                    if agent.inflight > 0:
+                        raise unavailable(user.user_id, "its agent stopped accepting connections") from exc
+                    self._terminate(agent)
         agent = self._ready(user)  # it never received the call: safe to run it on a new agent
         try:
             return self._call_on(agent, tool, arguments, cwd)

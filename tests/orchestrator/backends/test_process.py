@@ -195,3 +195,18 @@ def test_a_planted_symlink_in_the_socket_dir_is_replaced_not_followed(agent_serv
     agent_service.process_backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
     assert victim.read_text() == "keep me"
     assert not layout.token_path(USER).is_symlink()
+
+
+def test_an_agent_whose_socket_was_removed_is_replaced(agent_service: OrchestratorService) -> None:
+    """The socket dir is the user's: their shell can delete the socket. The next call recovers."""
+    backend = agent_service.process_backend
+    cwd = workdir(agent_service)
+    user = sandbox_user(agent_service)
+    answer = backend.call(user, "shell", {"command": f"rm {agent_service.layout.socket_path(USER)}"}, cwd=cwd)
+    assert answer["exit_code"] == 0
+    first = agent_pids(agent_service)[USER]
+    assert backend.call(user, "list_dir", {"path": "."}, cwd=cwd)["path"] == cwd  # a pooled connection
+    time.sleep(5.5)  # the agent closes idle connections after 5 s; the next call must connect anew
+    assert backend.call(user, "list_dir", {"path": "."}, cwd=cwd)["path"] == cwd
+    assert agent_pids(agent_service)[USER] != first
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
