@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.collaboration import policy
 from orchestrator.collaboration.facts import Facts
@@ -688,7 +689,7 @@ class CollaborationService:
         self.signals.notify(run.session_id)
 
     # stop ---------------------------------------------------------------------------------------
-    def stop(self, session_id: str, request_id: str) -> StopResult:
+    def stop(self, session_id: str, request_id: str, *, actor: str = "collaboration") -> StopResult:
         """Revoke one request's continuation and cancel what has not started (seed §5.3). A target
         run already under way may still reply; that reply is stored and starts nothing."""
         to_cancel: list[str] = []
@@ -708,6 +709,11 @@ class CollaborationService:
                     to_cancel.append(delivery.run_id)  # the continuation won the race: cancel it
             view = self._view(tx, request)
         cancelled = self._cancel_runs(to_cancel)
+        with self._state.write() as tx:  # after the mailbox transaction: lock order
+            audit.record(
+                tx, actor=actor, action="collaboration.stop", session_id=session_id, request_id=request_id,
+                target_session_id=view.request.target_session_id, cancelled_run_ids=cancelled,
+            )
         log.info("collaboration stopped %s", kv(request=request_id, session=session_id, cancelled_runs=",".join(cancelled)))
         return StopResult(view=view, cancelled_run_ids=cancelled)
 

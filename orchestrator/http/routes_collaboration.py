@@ -77,12 +77,12 @@ def stop_collaboration(
     request_id: str = Depends(request_id_param),
     acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
-    _: Caller = Depends(require_bot),
+    caller: Caller = Depends(require_bot),
 ) -> StopOut:
     """Stop one request this session made: its answers start nothing any more (revoked), what has
     not started is cancelled, a continuation run already started is cancelled."""
     service.sessions.get(session_id, acting_user=acting, owner_only=True)
-    result = service.collaboration.stop(session_id, request_id)
+    result = service.collaboration.stop(session_id, request_id, actor=caller.actor)
     return StopOut(
         collaboration=CollaborationOut.of(result.view, session_id), cancelled_run_ids=result.cancelled_run_ids
     )

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.conftest import API_TOKEN
+from tests.conftest import API_TOKEN, admin_headers
 
 AUTH = {"Authorization": f"Bearer {API_TOKEN}"}
 
@@ -241,4 +241,6 @@ def test_list_pages_detail_and_stop(client: TestClient, two_sessions: str) -> No
     stopped = client.post(f"/v1/sessions/A/collaborations/{ids[0]}/stop", headers={"X-Acting-User": "7"}).json()
     assert stopped["collaboration"]["state"] == "revoked" and stopped["collaboration"]["continuation"] == "revoked"
     assert stopped["cancelled_run_ids"] == []
+    (entry,) = client.get("/v1/admin/audit", params={"action": "collaboration.stop"}, headers=admin_headers()).json()["entries"]
+    assert (entry["session_id"], entry["detail"]["request_id"], entry["actor"]) == ("A", ids[0], "bot")
     assert client.get("/v1/sessions/B/inbox").json()["delivery"]["request_ids"] == [ids[1]]  # the stopped one is skipped
