@@ -43,6 +43,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "no API or admin token is set: authentication is off and the server listens on loopback only %s",
             kv(host=host, port=args.port),
         )
+    if "public_base_url" not in settings.model_fields_set:
+        # Unset: the public upload URLs point at this very server, whatever port it got.
+        url_host = host if host not in ("0.0.0.0", "::") else DEFAULT_HOST
+        url_host = f"[{url_host}]" if ":" in url_host else url_host
+        settings = load_settings(public_base_url=f"http://{url_host}:{args.port}")
+        log.info("ORCH_PUBLIC_BASE_URL is not set: upload URLs use %s", kv(public_base_url=settings.public_base_url))
     try:
         service = OrchestratorService(settings)
     except SchemaTooNewError as exc:
@@ -100,6 +106,27 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_smoke(args: argparse.Namespace) -> int:
+    import os
+    from pathlib import Path
+
+    from orchestrator.client import OrchestratorClient
+    from orchestrator.smoke import SmokeOptions, run_smoke
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per check, not per request
+    token = args.token or os.environ.get("ORCH_API_TOKEN")
+    admin_token = args.admin_token or os.environ.get("ORCH_ADMIN_TOKEN")
+    options = SmokeOptions(
+        owner_user_id=args.owner_user,
+        member_user_id=args.member_user,
+        data_dir=Path(args.data_dir).resolve() if args.data_dir else None,
+        backend=args.backend,
+        keep=args.keep,
+    )
+    with OrchestratorClient(args.url, token=token, admin_token=admin_token, timeout=args.timeout) as client:
+        return run_smoke(client, options, sys.stdout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description="Sandbox Orchestrator")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -123,6 +150,23 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="report what would be removed, remove nothing")
     gc.add_argument("--verify", action="store_true", help="also re-hash every entry; corrupt ones are removed")
     gc.set_defaults(func=cmd_gc)
+    smoke = sub.add_parser(
+        "smoke", help="run seed 002 §8.2 end to end against a live server: one PASS/FAIL line per check"
+    )
+    smoke.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", help="the server's base URL")
+    smoke.add_argument("--token", help="the bot token (default: ORCH_API_TOKEN; none when auth is off)")
+    smoke.add_argument("--admin-token", help="the admin token (default: ORCH_ADMIN_TOKEN); not needed")
+    smoke.add_argument(
+        "--data-dir",
+        help="the server's ORCH_DATA_DIR on this machine: the smoke creates its own skill there "
+        "(without it, a skill the server already has is used)",
+    )
+    smoke.add_argument("--owner-user", type=int, help="user id of owner A (default: a fresh random id)")
+    smoke.add_argument("--member-user", type=int, help="user id of member B (default: A + 1)")
+    smoke.add_argument("--backend", choices=["auto", "docker", "process"], help="set as A's and B's backend")
+    smoke.add_argument("--keep", action="store_true", help="keep the smoke's sessions afterwards")
+    smoke.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
+    smoke.set_defaults(func=cmd_smoke)
     return parser
 
 

@@ -49,3 +49,42 @@ def raw_get(base_url: str, target: str, method: str = "GET") -> tuple[int, bytes
     head, _, body = response.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1])
     return status, body
+
+
+@contextmanager
+def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = None, timeout: float = 60) -> Iterator[str]:
+    """`orchestrator serve` as a real subprocess (as `make run` starts it); yields its URL."""
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k == "ORCH_REQUIRE_DOCKER"}
+    env.update({"ORCH_DATA_DIR": data_dir, **(extra_env or {})})
+    log_path = f"{data_dir}.serve.log"
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"orchestrator serve exited early:\n{open(log_path).read()[-3000:]}")
+            try:
+                httpx.get(f"{url}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"orchestrator serve did not answer:\n{open(log_path).read()[-3000:]}") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -1,0 +1,418 @@
+"""`orchestrator smoke`: seed 002 §8.2 end to end against a live server (SPEC §13).
+
+Owner A creates a group session and member B speaks in it; every check of §8.2 that applies to
+this product is run through the public API with the client SDK, exactly as a chat bot would,
+and prints one `PASS`/`FAIL` line. The smoke creates what it needs itself: two fresh users
+(random ids unless given), a group session, files and artifacts through the tools, and, when
+told the server's data dir, a system skill `orch-smoke` (otherwise it uses a skill the server
+already has). It deletes its sessions at the end. §8.2 items that belong to the seed's product
+and not to this one (the Feishu/DingTalk cards, `docker logs`) are covered by their equivalents:
+the structured tool errors replace log greps.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from orchestrator.client import ApiError, OrchestratorClient, RunContext, ToolResult
+
+SMOKE_SKILL = "orch-smoke"
+SKILL_WAIT_S = 10.0  # new skill sources are seen once the skills watcher reports them
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89"
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(condition: object, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def need(value: Any, what: str) -> Any:
+    if value is None:
+        raise CheckFailed(f"not run: needs {what}, which failed earlier")
+    return value
+
+
+@dataclass
+class CheckResult:
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class SmokeOptions:
+    owner_user_id: int | None = None
+    member_user_id: int | None = None
+    data_dir: Path | None = None
+    backend: str | None = None  # set as both users' backend override
+    keep: bool = False  # keep the sessions (for a look afterwards)
+
+
+def _printable(data: bytes) -> str:
+    return "".join(f"\\x{b:02x}" for b in data)
+
+
+@dataclass
+class SmokeRun:
+    client: OrchestratorClient
+    options: SmokeOptions
+    out: TextIO
+    results: list[CheckResult] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.nonce = secrets.token_hex(4)
+        base = 700_000_000 + secrets.randbelow(99_000_000)
+        self.a = self.options.owner_user_id or base
+        self.b = self.options.member_user_id or self.a + 1
+        self.sessions: list[str] = []
+        self.skill: str | None = None
+        self.skill_created: Path | None = None
+        self.sid: str | None = None
+        self.a_run: RunContext | None = None
+        self.b_run: RunContext | None = None
+        self.a_upload: dict[str, Any] | None = None
+        self.a_runtime_file: str | None = None
+        self.refused_url: str | None = None
+        self.dump_path: str | None = None
+        self.last_runtime: list[int | None] = []
+
+    # reporting -------------------------------------------------------------------------
+    def check(self, name: str, step: Callable[[], str | None]) -> bool:
+        try:
+            detail = step() or ""
+            result = CheckResult(name, True, detail)
+        except CheckFailed as exc:
+            result = CheckResult(name, False, str(exc))
+        except ApiError as exc:
+            result = CheckResult(name, False, f"API error {exc.status} {exc.code}: {exc.message}")
+        except Exception as exc:  # noqa: BLE001 - a smoke reports, it does not crash
+            result = CheckResult(name, False, f"{type(exc).__name__}: {exc}")
+        self.results.append(result)
+        line = f"{'PASS' if result.ok else 'FAIL'} {name}"
+        if result.detail:
+            line += f" — {result.detail}"
+        print(line, file=self.out, flush=True)
+        return result.ok
+
+    # helpers ---------------------------------------------------------------------------
+    def tool(self, run: RunContext, name: str, **arguments: Any) -> ToolResult:
+        return self.client.call_tool(run.run_id, name, arguments)
+
+    def ok(self, run: RunContext, name: str, **arguments: Any) -> dict[str, Any]:
+        result = self.tool(run, name, **arguments)
+        expect(result.ok, f"{name} failed: {result.error.code if result.error else '?'}: "
+               f"{result.error.message if result.error else ''}")
+        return result.result
+
+    def refused(self, run: RunContext, name: str, code: str, **arguments: Any) -> dict[str, Any]:
+        result = self.tool(run, name, **arguments)
+        expect(not result.ok, f"{name} {arguments} succeeded; expected {code}")
+        assert result.error is not None
+        expect(result.error.code == code, f"{name} answered {result.error.code} ({result.error.message}); expected {code}")
+        return {"code": result.error.code, "message": result.error.message, **result.error.details}
+
+    def data_root(self, run: RunContext) -> Path:
+        # workdir = {data}/runtime/{uid}/{sid}; containers see the same absolute paths
+        return Path(run.workdir).parents[2]
+
+    def last_runtime_user(self) -> int | None:
+        return self.client.get_session(need(self.sid, "the group session")).last_runtime_user_id
+
+    # the checks ------------------------------------------------------------------------
+    def run(self) -> int:
+        steps: list[tuple[str, Callable[[], str | None]]] = [
+            ("server answers /healthz", self.health),
+            ("A creates a group session", self.create_session),
+            ("A speaks: runtime identity A, no identity section, archive hint on", self.a_speaks),
+            ("A publishes an artifact; its public URL serves the same bytes without a token", self.a_publishes),
+            ("B speaks in A's group session: runtime identity B, owner A, identity section", self.b_speaks),
+            ("B's skill catalog paths are under runtime/B/{sid}/skills/", self.b_catalog),
+            ("B reads a skill's SKILL.md (no path escape)", self.b_reads_skill),
+            ("B's skill link points into skill-views/B", self.b_skill_view),
+            ("B installs a CLI into deps/B/npm/bin and runs it", self.b_installs_cli),
+            ("B's read_file of A's upload: container diagnostic, no URL", self.b_reads_a_upload),
+            ("B's send_file of A's upload path: host pre-check gives the public URL", self.b_sends_a_upload_path),
+            ("B's send_file by that URL succeeds with A's bytes", self.b_sends_by_url),
+            ("B's send_file of A's runtime file: no URL, ask the member or regenerate", self.b_sends_a_runtime_file),
+            ("B dumps the user messages and reads them back", self.b_dumps_messages),
+            ("B sends a file from its sandbox; the delivery has its bytes", self.b_sends_own_file),
+            ("a retry of B's failed turn keeps B", self.retry_keeps_b),
+            ("A speaks again: A's paths, B's CLI not reachable", self.a_speaks_again),
+            ("last_runtime_user_id follows the speakers (A, B, B, A)", self.last_runtime_follows),
+            ("compaction archive: hint and directory for A only", self.archive_for_owner_only),
+            ("private chat (wechat): B sends its own upload", self.private_chat_send),
+        ]
+        try:
+            for name, step in steps:
+                self.check(name, step)
+        finally:
+            if not self.options.keep:
+                self.check("cleanup: the smoke's sessions are deleted", self.cleanup)
+        failed = [r for r in self.results if not r.ok]
+        print(f"{len(self.results) - len(failed)} passed, {len(failed)} failed", file=self.out, flush=True)
+        return 1 if failed else 0
+
+    def health(self) -> str:
+        health = self.client.health()
+        expect(health.status == "ok", f"status {health.status}")
+        return f"backend {health.backend}, version {health.version}, users A={self.a} B={self.b}"
+
+    def create_session(self) -> str:
+        for user, name in ((self.a, "smoke owner A"), (self.b, "smoke member B")):
+            self.client.put_user(user, display_name=name, backend=self.options.backend)
+        if self.options.data_dir is not None:
+            self._create_skill(self.options.data_dir)
+        session = self.client.create_session(
+            owner_user_id=self.a,
+            channel="feishu_group",
+            group=("feishu", f"smoke-{self.nonce}"),
+            title="orchestrator smoke",
+        )
+        self.sessions.append(session.session_id)
+        self.sid = session.session_id
+        self.client.append_messages(
+            session.session_id,
+            [
+                {"role": "user", "content": f"A asks for a chart {self.nonce}", "speaker_user_id": self.a},
+                {"role": "assistant", "content": "here it is"},
+                {"role": "user", "content": f"B asks to make it blue {self.nonce}", "speaker_user_id": self.b},
+            ],
+        )
+        return session.session_id
+
+    def _create_skill(self, data_dir: Path) -> None:
+        skill = data_dir / "skills" / SMOKE_SKILL
+        skill.mkdir(parents=True, exist_ok=True)
+        (skill / "SKILL.md").write_text(
+            f"---\nname: {SMOKE_SKILL}\ndescription: created by orchestrator smoke\n---\n"
+            f"# Smoke skill\nnonce {self.nonce}\n"
+        )
+        skill.chmod(0o755)
+        (skill / "SKILL.md").chmod(0o644)
+        self.skill_created = skill
+
+    def a_speaks(self) -> str:
+        sid = need(self.sid, "the group session")
+        deadline = time.monotonic() + SKILL_WAIT_S
+        while True:
+            run = self.client.start_run(sid, trigger="group_message", speaker_user_id=self.a)
+            wanted = SMOKE_SKILL if self.skill_created else None
+            if wanted is None or wanted in run.skills.available or time.monotonic() > deadline:
+                break
+            self.client.end_run(run.run_id)
+            time.sleep(0.25)  # the skills watcher has not reported the new skill yet
+        self.a_run = run
+        self.last_runtime.append(self.last_runtime_user())
+        expect(run.runtime_user_id == self.a and run.owner_user_id == self.a, f"runtime {run.runtime_user_id}")
+        expect(run.prompt_identity_section is None, "an identity section although runtime == owner")
+        expect(run.archive_hint_enabled, "archive hint off for the owner")
+        if self.skill_created:
+            expect(SMOKE_SKILL in run.skills.available, f"the new skill {SMOKE_SKILL} is not available: {run.skills}")
+        return f"run {run.run_id}"
+
+    def a_publishes(self) -> str:
+        run = need(self.a_run, "A's run")
+        self.ok(run, "shell", command=f"printf '{_printable(PNG)}' > smoke-chart.png")
+        published = self.ok(run, "publish_artifact", path="smoke-chart.png")
+        expect(published["path"].startswith(run.upload_dir + "/"), f"published outside A's uploads: {published['path']}")
+        self.a_upload = published
+        self.ok(run, "write_file", path="smoke-notes.md", content=f"A's notes {self.nonce}\n")
+        self.a_runtime_file = f"{run.workdir}/smoke-notes.md"
+        try:
+            data = self.client.fetch_upload(published["url"])
+        except ApiError as exc:
+            raise CheckFailed(
+                f"GET {published['url']} failed ({exc}); is ORCH_PUBLIC_BASE_URL this server's public origin?"
+            ) from None
+        expect(data == PNG, "the public URL serves other bytes")
+        return published["url"]
+
+    def b_speaks(self) -> str:
+        sid = need(self.sid, "the group session")
+        run = self.client.start_run(sid, trigger="group_message", speaker_user_id=self.b)
+        self.b_run = run
+        self.last_runtime.append(self.last_runtime_user())
+        expect(run.runtime_user_id == self.b, f"runtime identity {run.runtime_user_id}, expected B={self.b}")
+        expect(run.execution_user_id == self.b and run.owner_user_id == self.a, "execution/owner ids wrong")
+        expect(run.memory_user_id == self.b, "memory does not follow the runtime user")
+        expect(not run.archive_hint_enabled, "the archive hint is offered to B (D6)")
+        expect(f"/runtime/{self.b}/{sid}" in run.workdir, f"workdir {run.workdir}")
+        expect(f"/uploads/{self.b}" in run.upload_dir, f"upload dir {run.upload_dir}")
+        section = run.prompt_identity_section or ""
+        expect(f"#{self.b}" in section and f"#{self.a}" in section, "the identity section does not name B and A")
+        return f"run {run.run_id}"
+
+    def b_catalog(self) -> str:
+        run = need(self.b_run, "B's run")
+        expect(run.skills.catalog, "B has no skills: pass --data-dir so the smoke can create one")
+        prefix = f"{run.workdir}/skills/"
+        wrong = [e.path for e in run.skills.catalog if not e.path.startswith(prefix)]
+        expect(not wrong, f"catalog paths outside {prefix}: {wrong}")
+        self.skill = SMOKE_SKILL if SMOKE_SKILL in run.skills.available else run.skills.available[0]
+        return f"{len(run.skills.catalog)} skill(s), using {self.skill}"
+
+    def b_reads_skill(self) -> str:
+        run, skill = need(self.b_run, "B's run"), need(self.skill, "a skill in B's catalog")
+        path = next(e.path for e in run.skills.catalog if e.name == skill)
+        content = self.ok(run, "read_file", path=f"{path}/SKILL.md")["content"]
+        if self.skill_created:
+            expect(f"nonce {self.nonce}" in content, "SKILL.md has other content than the smoke wrote")
+        return f"{path}/SKILL.md"
+
+    def b_skill_view(self) -> str:
+        run, skill = need(self.b_run, "B's run"), need(self.skill, "a skill in B's catalog")
+        entries = self.ok(run, "list_dir", path="skills")["entries"]
+        link = next((e for e in entries if e["name"] == skill), None)
+        expect(link is not None and link["type"] == "symlink", f"no link for {skill} in B's skills dir: {entries}")
+        data = self.data_root(run)
+        allowed = (f"{data}/skill-views/{self.b}/", f"{data}/userskills/{self.b}/")
+        expect(link["target"].startswith(allowed), f"the link points to {link['target']}, not B's views")
+        return link["target"]
+
+    def b_installs_cli(self) -> str:
+        run = need(self.b_run, "B's run")
+        deps = f"{self.data_root(run)}/deps/{self.b}/npm/bin"
+        script = f"#!/bin/sh\\necho smoke-cli-{self.nonce}\\n"
+        result = self.ok(
+            run,
+            "shell",
+            command=f"mkdir -p {deps} && printf '{script}' > {deps}/orch-smoke-cli && chmod +x {deps}/orch-smoke-cli"
+            " && command -v orch-smoke-cli && orch-smoke-cli",
+        )
+        expect(result["exit_code"] == 0, f"exit {result['exit_code']}: {result['stderr'][-300:]}")
+        expect(f"{deps}/orch-smoke-cli" in result["stdout"], f"not found on PATH: {result['stdout'][-300:]}")
+        expect(f"smoke-cli-{self.nonce}" in result["stdout"], "the CLI did not run")
+        return f"{deps}/orch-smoke-cli"
+
+    def b_reads_a_upload(self) -> str:
+        run, upload = need(self.b_run, "B's run"), need(self.a_upload, "A's artifact")
+        error = self.refused(run, "read_file", "foreign_upload_path", path=upload["path"])
+        expect("http" not in error["message"], "the container diagnostic carries a URL")
+        expect(f"current runtime identity {self.b}" in error["message"], "the message does not name B")
+        return error["code"]
+
+    def b_sends_a_upload_path(self) -> str:
+        run, upload = need(self.b_run, "B's run"), need(self.a_upload, "A's artifact")
+        error = self.refused(run, "send_file", "foreign_upload_path", path_or_url=upload["path"])
+        expect(error.get("url") == upload["url"], f"url {error.get('url')!r}, expected {upload['url']}")
+        expect(upload["url"] in error["message"], "the message does not carry the URL")
+        self.refused_url = error["url"]
+        return error["url"]
+
+    def b_sends_by_url(self) -> str:
+        run, url = need(self.b_run, "B's run"), need(self.refused_url, "the URL from the pre-check")
+        sent = self.ok(run, "send_file", path_or_url=url)
+        delivery = self.client.fetch_delivery(sent["delivery_id"])
+        expect(delivery.data == PNG, "the delivery's bytes differ from A's file")
+        image = self.ok(run, "send_image", path_or_url=url)
+        expect(image["media_type"] == "image/png", f"send_image media type {image['media_type']}")
+        return sent["delivery_id"]
+
+    def b_sends_a_runtime_file(self) -> str:
+        run, path = need(self.b_run, "B's run"), need(self.a_runtime_file, "A's runtime file")
+        error = self.refused(run, "send_file", "foreign_runtime_path", path_or_url=path)
+        expect("url" not in error and "http" not in error["message"], "a URL was offered for a runtime file")
+        return error["code"]
+
+    def b_dumps_messages(self) -> str:
+        run = need(self.b_run, "B's run")
+        dumped = self.ok(run, "dump_user_messages")
+        expect(dumped["path"].startswith(f"{run.workdir}/user-messages/"), f"dumped to {dumped['path']}")
+        content = self.ok(run, "read_file", path=dumped["path"])["content"]
+        expect(f"B asks to make it blue {self.nonce}" in content, "B's message is not in the dump")
+        expect("here it is" not in content, "the dump holds assistant messages")
+        self.dump_path = dumped["path"]
+        return dumped["path"]
+
+    def b_sends_own_file(self) -> str:
+        run = need(self.b_run, "B's run")
+        body = f"B's report {self.nonce}\n".encode()
+        self.ok(run, "write_file", path="smoke-report.txt", content=body.decode())
+        sent = self.ok(run, "send_file", path_or_url="smoke-report.txt")
+        delivery = self.client.fetch_delivery(sent["delivery_id"])
+        expect(delivery.data == body and delivery.file_name == "smoke-report.txt", "the delivery differs")
+        return sent["delivery_id"]
+
+    def retry_keeps_b(self) -> str:
+        run, sid = need(self.b_run, "B's run"), need(self.sid, "the group session")
+        self.client.end_run(run.run_id, "failed")
+        retry = self.client.start_run(sid, trigger="retry")
+        self.last_runtime.append(self.last_runtime_user())
+        self.client.end_run(retry.run_id)
+        expect(retry.runtime_user_id == self.b, f"the retry ran as {retry.runtime_user_id}, not B")
+        wrong = [e.path for e in retry.skills.catalog if not e.path.startswith(f"{retry.workdir}/skills/")]
+        expect(f"/runtime/{self.b}/" in retry.workdir and not wrong, "the retry's paths are not B's")
+        expect(self.last_runtime[-1] == self.b, f"last_runtime_user_id {self.last_runtime[-1]} after the retry")
+        return f"run {retry.run_id}"
+
+    def a_speaks_again(self) -> str:
+        sid, b_run = need(self.sid, "the group session"), need(self.b_run, "B's run")
+        run = self.client.start_run(sid, trigger="group_message", speaker_user_id=self.a)
+        self.a_run = run
+        self.last_runtime.append(self.last_runtime_user())
+        expect(run.runtime_user_id == self.a and f"/runtime/{self.a}/" in run.workdir, "A's run is not A's")
+        wrong = [e.path for e in run.skills.catalog if not e.path.startswith(f"{run.workdir}/skills/")]
+        expect(not wrong, f"A's catalog paths outside A's runtime dir: {wrong}")
+        cli = f"{self.data_root(b_run)}/deps/{self.b}/npm/bin/orch-smoke-cli"
+        result = self.tool(run, "read_file", path=cli)
+        expect(not result.ok, "A can read B's CLI")
+        return result.error.code if result.error else ""
+
+    def last_runtime_follows(self) -> str:
+        expect(len(self.last_runtime) == 4, f"not every turn ran: {self.last_runtime}")
+        expected = [self.a, self.b, self.b, self.a]
+        expect(self.last_runtime == expected, f"{self.last_runtime}, expected {expected}")
+        return " → ".join(str(u) for u in self.last_runtime)
+
+    def archive_for_owner_only(self) -> str:
+        a_run, b_run = need(self.a_run, "A's run"), need(self.b_run, "B's run")
+        expect(a_run.archive_hint_enabled and not b_run.archive_hint_enabled, "archive hints are not owner-only")
+        a_entries = {e["name"] for e in self.ok(a_run, "list_dir", path=".")["entries"]}
+        expect("compaction" in a_entries, "A's runtime dir has no compaction/ directory")
+        b_entries = self.tool(a_run, "list_dir", path=b_run.workdir)
+        expect(not b_entries.ok, "A can list B's runtime dir")
+        self.client.end_run(a_run.run_id)
+        return "A: hint + compaction/; B: neither"
+
+    def private_chat_send(self) -> str:
+        session = self.client.create_session(owner_user_id=self.b, channel="wechat", title="orchestrator smoke (wechat)")
+        self.sessions.append(session.session_id)
+        run = self.client.start_run(session.session_id, trigger="wechat")
+        expect(run.runtime_user_id == self.b and run.prompt_identity_section is None, "wechat run is not B's own")
+        self.ok(run, "shell", command=f"printf '{_printable(PNG)}' > wechat.png")
+        published = self.ok(run, "publish_artifact", path="wechat.png")
+        sent = self.ok(run, "send_image", path_or_url=published["path"])
+        expect(self.client.fetch_delivery(sent["delivery_id"]).data == PNG, "the delivery differs")
+        self.client.end_run(run.run_id)
+        return sent["delivery_id"]
+
+    def cleanup(self) -> str:
+        deleted = 0
+        for sid in self.sessions:
+            for _ in range(20):
+                try:
+                    self.client.delete_session(sid)
+                    deleted += 1
+                    break
+                except ApiError as exc:
+                    if exc.code != "session_cleanup_pending":
+                        raise
+                    time.sleep(0.25)
+        if self.skill_created is not None:
+            shutil.rmtree(self.skill_created, ignore_errors=True)
+        expect(deleted == len(self.sessions), f"{len(self.sessions) - deleted} session(s) not deleted")
+        return f"{deleted} session(s)"
+
+
+def run_smoke(client: OrchestratorClient, options: SmokeOptions, out: TextIO) -> int:
+    return SmokeRun(client, options, out).run()

@@ -1,0 +1,118 @@
+"""The client SDK against a live server (real sockets, real process-backend agents)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+
+import pytest
+
+from orchestrator import client as sdk
+from orchestrator.client import OrchestratorClient
+from orchestrator.http.app import create_app
+from orchestrator.service import OrchestratorService
+from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
+from tests.conftest import ADMIN_TOKEN, API_TOKEN, make_settings
+from tests.live_server import free_port, live_server
+
+OWNER, MEMBER = 17, 67
+
+
+@pytest.fixture
+def server(agent_data_dir) -> Iterator[tuple[str, OrchestratorService]]:
+    port = free_port()
+    service = OrchestratorService(make_settings(agent_data_dir, public_base_url=f"http://127.0.0.1:{port}"))
+    with live_server(create_app(service), port) as base:
+        yield base, service
+
+
+@pytest.fixture
+def bot(server) -> Iterator[OrchestratorClient]:
+    with OrchestratorClient(server[0], token=API_TOKEN, admin_token=ADMIN_TOKEN) as client:
+        yield client
+
+
+def test_a_bot_loop_with_tools_deliveries_and_public_uploads(bot: OrchestratorClient) -> None:
+    assert bot.health().status == "ok"
+    bot.put_user(MEMBER, display_name="Qin")
+    session = bot.create_session(owner_user_id=OWNER, channel="feishu_group", group=("feishu", "oc_sdk"))
+    bot.append_messages(session.session_id, [{"role": "user", "content": "hi", "speaker_user_id": MEMBER}])
+    run = bot.start_run(session.session_id, trigger="group_message", speaker_user_id=MEMBER)
+    assert run.runtime_user_id == MEMBER and "Qin" in (run.prompt_identity_section or "")
+    assert bot.call_tool(run.run_id, "write_file", {"path": "r.txt", "content": "result\n"}).ok
+    sent = bot.call_tool(run.run_id, "send_file", {"path_or_url": "r.txt"}, tool_call_id="call-1").raise_for_error()
+    delivery = bot.fetch_delivery(sent.result["delivery_id"])
+    assert delivery.data == b"result\n" and delivery.file_name == "r.txt" and delivery.kind == "file"
+    assert delivery.sha256 == hashlib.sha256(b"result\n").hexdigest()
+    assert [d.delivery_id for d in bot.list_deliveries(run.run_id)] == [delivery.delivery_id]
+    published = bot.call_tool(run.run_id, "publish_artifact", {"path": "r.txt"}).raise_for_error().result
+    assert bot.fetch_upload(published["url"]) == b"result\n"
+    bot.delete_delivery(delivery.delivery_id)
+    with pytest.raises(sdk.NotFound):
+        bot.fetch_delivery(delivery.delivery_id)
+    assert bot.end_run(run.run_id).status == "succeeded"
+    assert bot.get_session(session.session_id).last_runtime_user_id == MEMBER
+    assert {t.name for t in bot.list_tools()} >= {"send_file", "send_image", "publish_artifact", "dump_user_messages"}
+
+
+def test_tool_failures_are_results_until_raised(bot: OrchestratorClient, server) -> None:
+    session = bot.create_session(owner_user_id=OWNER, channel="web")
+    run = bot.start_run(session.session_id, trigger="web")
+    result = bot.call_tool(run.run_id, "send_file", {"path_or_url": f"{server[1].layout.root}/uploads/5/a.png"})
+    assert result.ok is False and result.error.code == "foreign_upload_path"
+    assert result.error.details["url"].endswith("/uploads/5/a.png")
+    assert result.body["error"]["url"] == result.error.details["url"]
+    with pytest.raises(sdk.ToolCallFailed) as failed:
+        result.raise_for_error()
+    assert failed.value.code == "foreign_upload_path" and failed.value.details["url"] == result.error.details["url"]
+
+
+def test_http_errors_are_typed_exceptions_with_the_structured_error(bot: OrchestratorClient, server) -> None:
+    base, service = server
+    with pytest.raises(sdk.NotFound) as missing:
+        bot.get_session("no-such-session")
+    assert missing.value.status == 404 and missing.value.code == "not_found"
+    with pytest.raises(sdk.InvalidRequest) as invalid:
+        bot.create_session(owner_user_id=OWNER, channel="web", session_id="../x")
+    assert invalid.value.field == "session_id"
+    session = bot.create_session(owner_user_id=OWNER, channel="web")
+    with pytest.raises(sdk.Conflict):
+        bot.create_session(owner_user_id=OWNER, channel="web", session_id=session.session_id)
+    with OrchestratorClient(base, token="wrong") as stranger, pytest.raises(sdk.Unauthorized):
+        stranger.get_session(session.session_id)
+    with OrchestratorClient(base, token=API_TOKEN) as plain_bot, pytest.raises(sdk.Forbidden):
+        plain_bot.get_runtime_identity()
+    assert bot.set_runtime_identity("owner").mode == "owner"
+    assert bot.get_runtime_identity().source == "admin"
+    changes = bot.audit(action="runtime_identity.change")
+    assert len(changes) == 1 and changes[0]["actor"] == "admin"
+    run = bot.start_run(session.session_id, trigger="web")
+    assert bot.call_tool(run.run_id, "write_file", {"path": "x.txt", "content": "x"}).ok
+    delivery_id = bot.call_tool(run.run_id, "send_file", {"path_or_url": "x.txt"}).result["delivery_id"]
+    with service.store.write() as tx:  # let it expire
+        tx.execute("UPDATE deliveries SET expires_at = '2000-01-01T00:00:00+00:00'")
+    with pytest.raises(sdk.Gone) as gone:
+        bot.fetch_delivery(delivery_id)
+    assert gone.value.details["expired_at"].startswith("2000")
+    with OrchestratorClient(f"http://127.0.0.1:{free_port()}", token=API_TOKEN) as nowhere, pytest.raises(sdk.TransportError):
+        nowhere.health()
+
+
+def test_client_models_match_the_servers_openapi(server) -> None:
+    schemas = create_app(server[1]).openapi()["components"]["schemas"]
+    pairs = {
+        sdk.Session: "SessionOut",
+        sdk.RunContext: "RunContextOut",
+        sdk.Run: "RunOut",
+        sdk.User: "UserOut",
+        sdk.ProjectSettings: "ProjectSettingsOut",
+        sdk.Messages: "MessagesOut",
+        sdk.Appended: "AppendOut",
+        sdk.SessionDeleted: "DeletedOut",
+        sdk.Delivery: "DeliveryOut",
+        sdk.IdentityMode: "IdentityModeOut",
+    }
+    for model, schema in pairs.items():
+        server_fields = set(schemas[schema]["properties"])
+        assert set(model.model_fields) <= server_fields, (model.__name__, set(model.model_fields) - server_fields)
+        assert set(schemas[schema].get("required", [])) <= set(model.model_fields) | {"transcript_turns", "fetch"}, schema
