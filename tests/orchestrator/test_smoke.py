@@ -17,6 +17,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.smoke import SmokeOptions, run_smoke
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
+from tests.orchestrator.backends.docker.conftest import docker_data_dir, sandbox_image  # noqa: F401 - fixtures
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, make_settings
 from tests.live_server import free_port, live_server, serve_process
 
@@ -47,6 +48,22 @@ def test_smoke_passes_against_orchestrator_serve_on_the_process_backend(agent_da
     assert_all_passed(result)
     assert "backend process" in result.stdout
     assert not (agent_data_dir / "skills" / "orch-smoke").exists()  # the smoke removed its skill
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_smoke_passes_against_orchestrator_serve_on_the_docker_backend(docker_data_dir: Path, sandbox_image: str) -> None:
+    port = free_port()
+    env = {
+        "ORCH_BACKEND": "docker",
+        "ORCH_SANDBOX_IMAGE": sandbox_image,
+        "ORCH_API_TOKEN": API_TOKEN,
+        "ORCH_ADMIN_TOKEN": ADMIN_TOKEN,
+    }
+    with serve_process(str(docker_data_dir), port, env) as url:
+        result = run_smoke_command(url, docker_data_dir)
+    assert_all_passed(result)
+    assert "backend docker" in result.stdout
 
 
 def test_the_smoke_reports_a_server_that_runs_group_members_as_the_owner(agent_data_dir: Path) -> None:
