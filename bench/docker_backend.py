@@ -1,0 +1,225 @@
+"""The docker backend against a real engine (SPEC §14). Prints `name: value unit` lines.
+
+1. Cold start: create-to-ready (`DockerBackend.ensure` of a user without a container: create,
+   start, the agent answering /health on its socket) for several new users; median.
+2. Warm call: a small `read_file` through a real `orchestrator serve` (uvicorn on loopback,
+   ORCH_BACKEND=docker) to the user's container, and `docker exec <container> cat <file>` of
+   the same file in the same run; medians and their ratio.
+3. Load: 50 sessions of 50 different users (50 containers) x 20 tool calls in parallel
+   through the API: errors, p50, p99.
+
+Run: .venv/bin/python bench/docker_backend.py   (builds or reuses the image first)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import docker
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mounts.plan import plan_mounts  # noqa: E402
+from orchestrator.backends.base import SandboxUser  # noqa: E402
+from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id  # noqa: E402
+from orchestrator.image.build import BuildSources, ImageBuilder  # noqa: E402
+from orchestrator.service import OrchestratorService  # noqa: E402
+from orchestrator.settings import Settings  # noqa: E402
+
+TOKEN = "bench-bot-token"
+COLD_USERS = 9
+WARM_CALLS = 1000
+EXEC_CALLS = 30
+SESSIONS, CALLS_PER_SESSION = 50, 20
+# Not under /tmp: a user's tmp/{uid} is the container's /tmp (see docs/docker.md).
+BASE = Path("/var/tmp/sandbox-orchestrator-bench")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def remove_containers(engine: docker.DockerClient, data_dir: Path) -> None:
+    for container in engine.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance_id(data_dir)}"}):
+        container.remove(force=True)
+
+
+def image_ref(engine: docker.DockerClient) -> str:
+    result = ImageBuilder(engine, BuildSources.from_checkout(REPO), image=Settings().sandbox_image).build()
+    print(f"image_ready: {result.seconds:.2f} s ({'built' if result.built else 'reused'})")
+    return f"{result.image.rpartition(':')[0]}:{result.recipe[:12]}"
+
+
+def cold_starts(data_dir: Path, image: str) -> None:
+    service = OrchestratorService(Settings(data_dir=data_dir, backend="docker", sandbox_image=image))
+    backend = service.docker_backend
+    assert backend is not None
+    try:
+        service.agent_deployment.ensure()  # deploying the agent code is not part of a start
+        samples = []
+        for user_id in range(1, COLD_USERS + 1):
+            service.users.upsert(user_id, display_name=None, backend=None)
+            user = SandboxUser(user_id, plan_mounts(service.layout, user_id))
+            t0 = time.perf_counter()
+            backend.ensure(user)
+            samples.append(time.perf_counter() - t0)
+        print(f"cold_start_median: {statistics.median(samples):.3f} s")
+        print(f"cold_start_max: {max(samples):.3f} s")
+    finally:
+        service.close()
+
+
+def serve(data_dir: Path, image: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
+    port = free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("ORCH_")},
+        "ORCH_DATA_DIR": str(data_dir),
+        "ORCH_API_TOKEN": TOKEN,
+        "ORCH_ADMIN_TOKEN": TOKEN + "-admin",
+        "ORCH_BACKEND": "docker",
+        "ORCH_SANDBOX_IMAGE": image,
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
+        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    api = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=120,
+        limits=httpx.Limits(max_connections=SESSIONS + 10, max_keepalive_connections=SESSIONS + 10),
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            health = api.get("/healthz")
+            if health.status_code == 200:
+                if health.json()["backend"] != "docker":
+                    raise SystemExit(f"the server did not pick docker: {health.json()}")
+                return server, api
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            raise SystemExit("the server did not start")
+        time.sleep(0.1)
+
+
+def through_the_api(data_dir: Path, image: str, engine: docker.DockerClient) -> None:
+    server, api = serve(data_dir, image)
+    try:
+
+        def new_run(owner: int) -> dict:
+            sid = api.post("/v1/sessions", json={"owner_user_id": owner, "channel": "web"}).json()["session_id"]
+            return api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}).json()
+
+        def call(run_id: str, name: str, **arguments: object) -> dict:
+            body = api.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}).json()
+            if not body.get("ok"):
+                raise RuntimeError(body)
+            return body["result"]
+
+        run = new_run(17)
+        t0 = time.perf_counter()
+        path = call(run["run_id"], "write_file", path="small.txt", content="hello\n" * 10)["path"]
+        print(f"first_call_with_container_start: {1000 * (time.perf_counter() - t0):.0f} ms")
+        for _ in range(100):
+            call(run["run_id"], "read_file", path="small.txt")
+        api_samples = []
+        for _ in range(WARM_CALLS):
+            t0 = time.perf_counter()
+            call(run["run_id"], "read_file", path="small.txt")
+            api_samples.append((time.perf_counter() - t0) * 1000)
+        container = next(
+            c.name for c in engine.containers.list(filters={"label": f"{LABEL_INSTANCE}={instance_id(data_dir)}"})
+        )
+        exec_samples = []
+        for _ in range(EXEC_CALLS):
+            t0 = time.perf_counter()
+            subprocess.run(["docker", "exec", container, "cat", path], check=True, capture_output=True)
+            exec_samples.append((time.perf_counter() - t0) * 1000)
+        api_median, exec_median = statistics.median(api_samples), statistics.median(exec_samples)
+        print(f"read_file_api_median: {api_median:.3f} ms")
+        print(f"read_file_api_p99: {pct(api_samples, 0.99):.3f} ms")
+        print(f"docker_exec_cat_median: {exec_median:.1f} ms")
+        print(f"api_vs_docker_exec_ratio: {exec_median / api_median:.0f} x")
+
+        runs = [new_run(1000 + i) for i in range(SESSIONS)]  # 50 different users
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(SESSIONS) as pool:
+            list(pool.map(lambda r: call(r["run_id"], "write_file", path="small.txt", content="x\n"), runs))
+        print(f"start_{SESSIONS}_containers_in_parallel: {time.perf_counter() - t0:.1f} s")
+        latencies: list[float] = []
+        errors: list[str] = []
+
+        def session_work(r: dict) -> None:
+            for i in range(CALLS_PER_SESSION):
+                t0 = time.perf_counter()
+                try:
+                    if i % 4 == 3:
+                        call(r["run_id"], "list_dir", path=".")
+                    elif i % 10 == 9:
+                        call(r["run_id"], "shell", command="echo hi")
+                    else:
+                        call(r["run_id"], "read_file", path="small.txt")
+                except Exception as exc:
+                    errors.append(repr(exc)[:200])
+                latencies.append((time.perf_counter() - t0) * 1000)
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(SESSIONS) as pool:
+            list(pool.map(session_work, runs))
+        wall = time.perf_counter() - t0
+        label = f"parallel_{SESSIONS}_users_x{CALLS_PER_SESSION}"
+        print(f"{label}_errors: {len(errors)} calls")
+        print(f"{label}_p50: {statistics.median(latencies):.2f} ms")
+        print(f"{label}_p99: {pct(latencies, 0.99):.2f} ms")
+        print(f"{label}_throughput: {len(latencies) / wall:.0f} calls/s")
+        for error in errors[:3]:
+            print(f"# error: {error}")
+    finally:
+        api.close()
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def main() -> None:
+    BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(dir=BASE, prefix="run-"))
+    os.chmod(base, 0o711)
+    engine = docker.from_env(timeout=300)
+    cold_dir, api_dir = base / "cold" / "data", base / "api" / "data"
+    try:
+        image = image_ref(engine)
+        cold_starts(cold_dir, image)
+        through_the_api(api_dir, image, engine)
+    finally:
+        for data_dir in (cold_dir, api_dir):
+            remove_containers(engine, data_dir)
+        engine.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
