@@ -66,6 +66,9 @@ class Settings(BaseSettings):
         600.0, ge=0, description="How often expired deliveries are removed (0: never)."
     )
     sandbox_uid_base: int = Field(100000, ge=1000, description="A user's sandbox runs as uid base + user id.")
+    process_sandbox: Literal["none", "bwrap"] = Field(
+        "none", description="`bwrap`: the process backend runs each agent in a mount namespace built from the plan."
+    )
     agent_resolver: Literal["auto", "openat2", "walk"] = Field(
         "auto", description="PathSandbox resolver: openat2 where the kernel has it, else the O_NOFOLLOW walk."
     )

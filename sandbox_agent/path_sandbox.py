@@ -161,6 +161,13 @@ class PathSandbox:
             except OSError:
                 self._root_fds.append(None)  # a missing root answers not_found, it is not fatal
         self._lengths = sorted({len(k) for k in self._by_parts}, reverse=True)
+        # A root that contains the data root (a sandbox's /tmp when the data dir lives below
+        # /tmp) must not claim paths inside the data root: there only the plan's own roots
+        # count, so a foreign path is diagnosed, not looked up in the wrong place.
+        self._data_parts = _split(self.data_root)
+        self._ancestors_of_data = {
+            i for key, i in self._by_parts.items() if len(key) < len(self._data_parts) and list(key) == self._data_parts[: len(key)]
+        }
 
     @property
     def resolver(self) -> str:
@@ -212,6 +219,8 @@ class PathSandbox:
             if n <= len(parts):
                 index = self._by_parts.get(tuple(parts[:n]))
                 if index is not None:
+                    if index in self._ancestors_of_data and parts[: len(self._data_parts)] == self._data_parts:
+                        return None
                     return index, n
         return None
 

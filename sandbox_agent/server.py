@@ -64,10 +64,22 @@ def bind_unix_socket(path: str) -> socket.socket:
 
 
 def _watch_parent(server: uvicorn.Server, parent_pid: int) -> None:
-    # An agent of the process backend must not outlive the orchestrator that started it.
+    """An agent of the process backend must not outlive the orchestrator that started it. The
+    orchestrator may be a grandparent (bwrap sits in between), so this watches that very
+    process (pid and start time), not getppid()."""
+    try:
+        started = psutil.Process(parent_pid).create_time()
+    except psutil.Error:
+        started = None
     while not server.should_exit:
-        if os.getppid() != parent_pid:
-            log.warning("parent %s is gone; shutting down", parent_pid)
+        try:
+            parent = psutil.Process(parent_pid)
+            # A zombie is dead too: it only waits for its own parent to reap it.
+            alive = parent.create_time() == started and parent.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            alive = False
+        if not alive:
+            log.warning("the orchestrator (pid %s) is gone; shutting down", parent_pid)
             server.should_exit = True
             return
         time.sleep(0.5)

@@ -126,7 +126,7 @@ class AgentConfig(BaseModel):
     shell_env: dict[str, str] = Field(default_factory=dict)
     # Reported by /health so a starter can tell its own agent from a stale one.
     instance_id: str = ""
-    # Exit when the process that started the agent is gone (process backend); None in containers.
+    # Exit when this process (the orchestrator, process backend) is gone; None in containers.
     parent_pid: int | None = None
 
 

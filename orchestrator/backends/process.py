@@ -16,11 +16,13 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -29,6 +31,7 @@ from mounts.layout import DataLayout
 from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.agent_launch import prepare_agent_launch
 from orchestrator.backends.base import SandboxStatus, SandboxUser
+from orchestrator.backends.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
 from orchestrator.settings import Settings
@@ -92,6 +95,7 @@ class ProcessBackend:
         self._lock = threading.Lock()  # guards the two dicts and the inflight counters
         self._reaper: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._bwrap = BwrapProbe() if settings.process_sandbox == "bwrap" else None
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -128,23 +132,39 @@ class ProcessBackend:
 
     def _start(self, user: SandboxUser) -> _Agent:
         user_id = user.user_id
+        namespaced = self._bwrap is not None
+        run_as = self.directories.sandbox_uid(user_id) if self.directories.chown else None
         try:
             release = self.deployment.ensure()
             launch = prepare_agent_launch(
-                self.settings, self.directories, user, in_sandbox=False, parent_pid=os.getpid()
+                self.settings, self.directories, user, in_sandbox=namespaced, parent_pid=os.getpid()
             )
-            run_as = self.directories.sandbox_uid(user_id) if self.directories.chown else None
             python = self.deployment.interpreter_for(run_as)
         except (OSError, RuntimeError) as exc:
             log.error("cannot prepare the agent %s", kv(user=user_id, error=exc))
             raise unavailable(user_id, f"preparing it failed: {exc}") from exc
+        command = release.command(python, launch.config_path)
+        if self._bwrap is not None:
+            usable, binary = self._bwrap.check(run_as)
+            if not usable:
+                # The operator asked for a namespace: no silent fallback to less isolation.
+                log.error("bwrap is not usable %s", kv(user=user_id, reason=binary))
+                raise unavailable(user_id, f"ORCH_PROCESS_SANDBOX=bwrap but {binary}")
+            command = bwrap_command(
+                user.plan,
+                command,
+                chdir=self.layout.home_dir(user_id),
+                system=HostSystem.inspect(),
+                extra_read_only=interpreter_mounts(python),
+                bwrap=binary,
+            )
         self._remove_stale_socket(launch.socket_path)
         identity: dict[str, Any] = {}
         if run_as is not None:
             identity = {"user": run_as, "group": run_as, "extra_groups": [self.directories.shared_gid]}
         try:
             proc = subprocess.Popen(
-                release.command(python, launch.config_path),
+                command,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
@@ -181,12 +201,15 @@ class ProcessBackend:
         )
         return agent
 
-    def _remove_stale_socket(self, socket_path: Any) -> None:
-        # So that readiness can only be the new agent (a stale socket would refuse anyway).
+    def _remove_stale_socket(self, socket_path: Path) -> None:
+        """So that readiness can only be the new agent. The socket dir is the user's: whatever
+        sits at the socket's name (even a directory) goes; unlink and rmtree never follow links."""
         try:
             os.unlink(socket_path)
         except FileNotFoundError:
             pass
+        except IsADirectoryError:
+            shutil.rmtree(socket_path)
 
     def _wait_healthy(self, agent: _Agent) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -231,11 +254,17 @@ class ProcessBackend:
             tree = []
         if agent.alive:
             try:
-                agent.proc.send_signal(signal.SIGTERM)
+                if self._bwrap is not None:
+                    # bwrap does not forward signals: the agent (its child) shuts down gracefully
+                    # and bwrap exits with it.
+                    for child in psutil.Process(agent.proc.pid).children():
+                        child.terminate()
+                else:
+                    agent.proc.send_signal(signal.SIGTERM)
                 agent.proc.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 agent.proc.kill()
-            except OSError:
+            except (OSError, psutil.Error):
                 pass
         agent.proc.wait()
         for proc in tree:
@@ -338,6 +367,7 @@ class ProcessBackend:
                 "pid": agent.proc.pid,
                 "uid": agent.run_as_uid if agent.run_as_uid is not None else os.geteuid(),
                 "socket": agent.client.socket_path,
+                "namespace": "bwrap" if self._bwrap is not None else "none",
                 "started_at": agent.started_at,
                 "idle_s": round(time.monotonic() - agent.last_used, 3),
             },

@@ -286,3 +286,21 @@ def test_a_sandbox_uid_cannot_hard_link_a_file_it_does_not_own(traversable_tmp: 
     )
     assert result.returncode != 0
     assert "PermissionError" in result.stderr or "Operation not permitted" in result.stderr
+
+
+def test_a_root_above_the_data_dir_does_not_claim_paths_inside_it(tree: Tree, resolver: str) -> None:
+    """In a sandbox, /tmp is an allowed root; when the data dir lives below it (tests do), a
+    foreign path under the data dir must still be diagnosed, not looked up inside /tmp."""
+    above = tree.data.parent
+    sb = PathSandbox(
+        [Root(str(above), True, "tmp"), Root(str(tree.p("runtime/17")), True, "runtime")],
+        data_root=str(tree.data), user_id=17, resolver=resolver,  # type: ignore[arg-type]
+    )
+    try:
+        assert refused(sb, str(tree.p("runtime/18/s9/secret.txt")), "/").code == "foreign_runtime_path"
+        assert refused(sb, str(tree.data / "outside" / "secret.txt"), "/").code == "path_escape"
+        assert read(sb, "hello.txt", str(tree.workdir)) == b"hello\nworld\n"
+        (above / "scratch.txt").write_text("tmp file")
+        assert read(sb, str(above / "scratch.txt"), "/") == b"tmp file"
+    finally:
+        sb.close()

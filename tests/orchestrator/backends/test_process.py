@@ -210,3 +210,10 @@ def test_an_agent_whose_socket_was_removed_is_replaced(agent_service: Orchestrat
     assert backend.call(user, "list_dir", {"path": "."}, cwd=cwd)["path"] == cwd
     assert agent_pids(agent_service)[USER] != first
     assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+
+
+def test_junk_at_the_socket_name_does_not_keep_the_agent_down(agent_service: OrchestratorService) -> None:
+    agent_service.directories.ensure_socket_dir(USER)
+    blocker = agent_service.layout.socket_path(USER)
+    (blocker / "inner").mkdir(parents=True)
+    assert agent_service.process_backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
