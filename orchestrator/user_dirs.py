@@ -28,6 +28,7 @@ from pathlib import Path
 
 from mounts.layout import COMPACTION_SUBDIR, RUNTIME_SUBDIRS, DataLayout
 from mounts.plan import MountPlan
+from orchestrator.errors import Conflict
 from orchestrator.log import kv
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,13 @@ SHARED_PURPOSES = frozenset({"share"})  # and every "group:..." purpose
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Ownership = tuple[int, int, int] | None  # (uid, gid, mode); None: leave as found
+
+
+class UnsafeDirectory(Conflict):
+    """Something other than a plain directory sits where a user's directory belongs (e.g. a
+    symlink the user's own shell planted); root will not work through it."""
+
+    code = "unsafe_directory"
 
 
 class UserDirectories:
@@ -89,7 +97,9 @@ class UserDirectories:
                 try:
                     child = os.open(name, _DIR_FLAGS, dir_fd=fd)
                 except OSError as exc:
-                    raise RuntimeError(f"{path}: {name} is not a plain directory ({exc.strerror})") from exc
+                    raise UnsafeDirectory(
+                        f"{path}: {name} is not a plain directory ({exc.strerror}); remove it and retry"
+                    ) from exc
                 os.close(fd)
                 fd = child
                 want = levels[depth] if depth < len(levels) else None

@@ -95,7 +95,12 @@ def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, An
 
 
 def _json(payload: dict[str, Any], status_code: int = 200) -> Response:
-    return Response(json.dumps(payload, ensure_ascii=False), status_code=status_code, media_type="application/json")
+    try:
+        body = json.dumps(payload, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        # A file name that is not valid UTF-8 (a lone surrogate after decoding): \u escapes.
+        body = json.dumps(payload).encode()
+    return Response(body, status_code=status_code, media_type="application/json")
 
 
 def create_app(state: AgentState) -> FastAPI:
@@ -123,8 +128,10 @@ def create_app(state: AgentState) -> FastAPI:
         if name not in TOOLS:
             return _json({"error": {"code": "unknown_tool", "message": f"unknown tool {name}"}}, 404)
         try:
-            body = ToolRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
+            # json.loads, not pydantic's parser: a file name that is not UTF-8 travels as a
+            # lone-surrogate escape, which only Python's json module accepts.
+            body = ToolRequest.model_validate(json.loads(await request.body()))
+        except (ValueError, ValidationError) as exc:
             return _json({"error": {"code": "invalid_request", "message": str(exc)}}, 422)
         # Tools block (files, subprocesses): they run in the thread pool, never on the loop.
         return _json(await anyio.to_thread.run_sync(run_tool, state, name, body))

@@ -188,7 +188,7 @@ class PathSandbox:
         if "\x00" in path:
             raise AgentToolError("invalid_arguments", "The path contains a NUL byte, which no file name can.", None)
         raw = path if path.startswith("/") else f"{cwd}/{path}"
-        if len(raw) > 63:  # shorter strings cannot exceed the byte limits below
+        if len(raw) > 63 or not raw.isascii():  # short ASCII cannot break the byte limits below
             try:
                 encoded = raw.encode("utf-8", "surrogateescape")
             except UnicodeEncodeError:

@@ -35,7 +35,7 @@ from orchestrator.backends.bwrap import BwrapProbe, HostSystem, bwrap_command, i
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
 from orchestrator.settings import Settings
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
 
@@ -140,7 +140,7 @@ class ProcessBackend:
                 self.settings, self.directories, user, in_sandbox=namespaced, parent_pid=os.getpid()
             )
             python = self.deployment.interpreter_for(run_as)
-        except (OSError, RuntimeError) as exc:
+        except (OSError, RuntimeError, UnsafeDirectory) as exc:
             log.error("cannot prepare the agent %s", kv(user=user_id, error=exc))
             raise unavailable(user_id, f"preparing it failed: {exc}") from exc
         command = release.command(python, launch.config_path)

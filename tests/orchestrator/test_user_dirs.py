@@ -10,7 +10,7 @@ import pytest
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import plan_mounts
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
 from tests.agent_env import traversable_tmp  # noqa: F401 - a fixture
 
 AS_ROOT = os.geteuid() == 0
@@ -51,13 +51,13 @@ def test_a_symlink_planted_by_the_user_is_never_chowned_through(traversable_tmp:
     victim.mkdir(mode=0o755)
     session = layout.runtime_dir(17, "s2")
     os.symlink(victim, session)  # the user owns runtime/17 and could do this
-    with pytest.raises(RuntimeError, match="not a plain directory"):
+    with pytest.raises(UnsafeDirectory, match="not a plain directory"):
         dirs.ensure_session_runtime(17, "s2", is_owner=False)
     assert owner_mode(victim) == (0, 0, 0o755)
     skills = layout.runtime_dir(17, "s1") / "skills"
     os.rmdir(skills)
     os.symlink(victim, skills)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(UnsafeDirectory):
         dirs.ensure_session_runtime(17, "s1", is_owner=True)
     assert owner_mode(victim) == (0, 0, 0o755)
 

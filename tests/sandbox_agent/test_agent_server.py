@@ -131,3 +131,16 @@ def test_agent_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
             break
         assert time.monotonic() < deadline, "the orphaned agent kept running"
         time.sleep(0.1)
+
+
+def test_names_that_are_not_utf8_survive_the_wire(live: LiveAgent) -> None:
+    cwd = str(live.tree.workdir)
+    raw = os.fsencode(cwd) + b"/odd-\xff.txt"
+    with open(raw, "wb") as fh:
+        fh.write(b"bytes name")
+    names = [e["name"] for e in live.client.call("list_dir", {"path": "."}, cwd=cwd)["entries"]]
+    odd = next(n for n in names if n.startswith("odd-"))
+    assert os.fsencode(odd) == b"odd-\xff.txt"
+    assert live.client.call("read_file", {"path": odd}, cwd=cwd)["content"] == "bytes name"
+    (live.tree.workdir / "中文.txt").write_text("文字")
+    assert live.client.call("read_file", {"path": "中文.txt"}, cwd=cwd)["content"] == "文字"

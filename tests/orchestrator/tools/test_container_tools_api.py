@@ -142,3 +142,15 @@ def test_owner_mode_routes_to_the_owners_sandbox(agent_client: TestClient) -> No
     answer = tool(agent_client, run["run_id"], "shell", command="id -u")
     expected_uid = 100000 + OWNER if __import__("os").geteuid() == 0 else __import__("os").geteuid()
     assert answer["result"]["stdout"].strip() == str(expected_uid)
+
+
+def test_a_symlink_planted_in_the_users_runtime_dir_is_a_clear_409(agent_client: TestClient) -> None:
+    sid = group_session(agent_client)
+    run = start_run(agent_client, sid, trigger="web")
+    planted = tool(agent_client, run["run_id"], "shell", command="rm -r skills && ln -s /etc skills")
+    assert planted["result"]["exit_code"] == 0
+    response = agent_client.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"})
+    assert response.status_code == 409
+    assert response.json()["error"]["code"] == "unsafe_directory"
+    assert "skills" in response.json()["error"]["message"]
+    assert Path("/etc").stat().st_uid == 0
