@@ -5,8 +5,10 @@ idle stop, and a clear error when a sandbox cannot start."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import threading
+import uuid
 import time
 from pathlib import Path
 
@@ -17,12 +19,12 @@ from mounts.layout import GroupRef
 from mounts.plan import plan_mounts
 from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.base import SandboxUser
-from orchestrator.backends.docker import DockerBackend
+from orchestrator.backends.docker import IMAGE_RECHECK_S, DockerBackend
 from orchestrator.backends.docker_spec import LABEL_USER
 from orchestrator.errors import ToolError
 from orchestrator.service import OrchestratorService
 from sandbox_agent.build import PACKAGE_DIR, compute_build_id
-from tests.orchestrator.backends.docker.conftest import docker_settings
+from tests.orchestrator.backends.docker.conftest import docker_settings, remove_containers
 from tests.sandbox_image import ensure_sandbox_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -192,6 +194,31 @@ def test_a_changed_plan_recreates_the_container_once_it_is_idle(
     second = the_container(engine, docker_service)
     assert second.id != first.id
     assert group_dir in {m["Destination"] for m in second.attrs["Mounts"]}
+
+
+def test_a_new_image_recreates_the_container_on_the_next_idle_call(
+    docker_data_dir: Path, sandbox_image: str, engine: docker.DockerClient
+) -> None:
+    repository, tag = "sandbox-orchestrator/sandbox", f"test-{uuid.uuid4().hex[:8]}"
+    engine.images.get(sandbox_image).tag(repository, tag)
+    service = OrchestratorService(docker_settings(docker_data_dir, f"{repository}:{tag}"))
+    try:
+        backend = backend_of(service)
+        user = sandbox_user(service)
+        cwd = workdir(service)
+        backend.call(user, "list_dir", {"path": "."}, cwd=cwd)
+        first = the_container(engine, service)
+        # An operator builds a new image under the same tag.
+        dockerfile = io.BytesIO(f"FROM {sandbox_image}\nLABEL org.sandbox-orchestrator.test=newer\n".encode())
+        newer, _ = engine.images.build(fileobj=dockerfile, tag=f"{repository}:{tag}", network_mode="none", rm=True)
+        time.sleep(IMAGE_RECHECK_S + 0.1)  # the warm path re-resolves the tag this often
+        assert backend.call(user, "shell", {"command": "echo new"}, cwd=cwd)["stdout"] == "new\n"
+        second = the_container(engine, service)
+        assert second.id != first.id and second.image.id == newer.id
+    finally:
+        service.close()
+        remove_containers(docker_data_dir)
+        engine.images.remove(f"{repository}:{tag}", force=True)
 
 
 def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
