@@ -221,3 +221,35 @@ def test_deliveries_can_be_deleted_and_go_with_their_session(agent_client: TestC
         assert anonymous.get(f"/v1/deliveries/{second}").status_code == 401
     for bad in ("../../state/orchestrator.sqlite3", "dl-zz", "x" * 99):
         assert agent_client.get(f"/v1/deliveries/{bad}").status_code == 404
+
+
+def test_send_by_url_fetches_on_the_host_and_never_a_private_address(data_dir: Path) -> None:
+    from fastapi import FastAPI
+    from fastapi.responses import RedirectResponse, Response
+
+    from orchestrator.http.app import create_app
+    from tests.conftest import API_TOKEN, make_settings
+    from tests.live_server import live_server
+
+    files = FastAPI()
+    files.get("/chart")(lambda: Response(PNG, media_type="application/octet-stream"))
+    files.get("/inside")(lambda: RedirectResponse("http://192.168.0.10/admin", status_code=302))
+    with live_server(files) as origin:
+        for allow_loopback in (True, False):
+            service = OrchestratorService(make_settings(data_dir / str(allow_loopback), url_fetch_allow_loopback=allow_loopback))
+            try:
+                with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
+                    run = start_run(client, group_session(client), trigger="web")
+                    sent = tool(client, run["run_id"], "send_image", path_or_url=f"{origin}/chart")
+                    if allow_loopback:
+                        assert sent["ok"], sent
+                        assert sent["result"]["media_type"] == "image/png"  # sniffed, not the server's label
+                        assert sent["result"]["file_name"] == "chart.png"
+                        assert fetch_delivery(client, sent["result"]["delivery_id"]) == PNG
+                        refused = tool(client, run["run_id"], "send_file", path_or_url=f"{origin}/inside")
+                        assert refused["error"]["code"] == "url_refused" and "192.168.0.10" in refused["error"]["message"]
+                    else:
+                        assert sent["error"]["code"] == "url_refused" and "loopback" in sent["error"]["message"]
+                    assert service.sandboxes.status() == []  # URLs never involve a sandbox
+            finally:
+                service.close()
