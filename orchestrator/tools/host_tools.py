@@ -18,7 +18,7 @@ from mounts.layout import DataLayout
 from orchestrator.chat_records import Role
 from orchestrator.deliveries import DeliveryStore, NewDelivery
 from orchestrator.errors import ToolError
-from orchestrator.image_types import sniff_image, SNIFF_BYTES
+from orchestrator.image_types import SNIFF_BYTES, sniff_image
 from orchestrator.nofollow_fs import UnsafePath
 from orchestrator.public_uploads import media_type_of
 from orchestrator.sessions import SessionService
