@@ -106,6 +106,12 @@ class BuildResult:
     seconds: float
 
 
+def base_cache_dir() -> Path:
+    """Where downloaded .debs are kept between base-image builds."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "sandbox-orchestrator" / "debootstrap"
+
+
 def installed_distributions() -> dict[str, InstalledDistribution]:
     found: dict[str, InstalledDistribution] = {}
     for dist in importlib.metadata.distributions():
@@ -155,11 +161,15 @@ class ImageBuilder:
             self.progress(f"[1/3] base image: using {base_image}")
             return base_image, found.id
         self.progress("[1/3] base image: local Debian bookworm via debootstrap (images/build-base.sh)")
+        env = dict(os.environ)
+        # The script's default cache lives under $HOME, which a CI environment may not set.
+        env.setdefault("SANDBOX_BASE_CACHE", str(base_cache_dir()))
         proc = subprocess.Popen(
             ["bash", str(self.sources.base_script)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         assert proc.stderr is not None and proc.stdout is not None
         for line in proc.stderr:
