@@ -84,12 +84,15 @@ def image_present(image: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def unavailable(user_id: int, why: str, **details: Any) -> ToolError:
+def unavailable(user_id: int, why: str, *, may_have_run: bool = False, **details: Any) -> ToolError:
+    outcome = (
+        "The tool may have run partly: check its effects before repeating it. The sandbox is "
+        "restarted on the next call."
+        if may_have_run
+        else "The tool did not run; try again, and tell the user if it keeps failing."
+    )
     return ToolError(
-        "sandbox_unavailable",
-        f"The sandbox of user {user_id} is not available ({why}). The tool did not run; try again, "
-        "and tell the user if it keeps failing.",
-        **details,
+        "sandbox_unavailable", f"The sandbox of user {user_id} is not available ({why}). {outcome}", **details
     )
 
 
@@ -227,7 +230,7 @@ class DockerBackend:
             with slot.lock:
                 slot.forget_agent()  # the next call inspects the container and recovers
             if exc.delivered:
-                raise unavailable(user.user_id, "it failed during the call, which may have run partly") from None
+                raise unavailable(user.user_id, "it stopped answering during the call", may_have_run=True) from None
             raise unavailable(user.user_id, exc.message) from None
         finally:
             with slot.lock:
