@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -35,6 +35,9 @@ class Mount:
     # The agent's socket directory is mounted so the agent can listen, but it is not a place
     # for tools: it holds the per-sandbox token.
     tool_visible: bool = True
+    # A group workspace's own gid: the directory is root:<gid> 2770 and only members' sandboxes
+    # carry that gid, so no other sandbox uid can enter it (None for every other mount).
+    gid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +62,9 @@ class MountPlan:
             {
                 "user_id": self.user_id,
                 "mounts": [
+                    # The gid only where there is one, so plans without groups keep their hash.
                     [str(m.sandbox_path), str(m.host_path), m.access.value, m.purpose, m.tool_visible]
+                    + ([m.gid] if m.gid is not None else [])
                     for m in self.mounts
                 ],
             },
@@ -74,6 +79,11 @@ class MountPlan:
                 return m
         raise KeyError(purpose)
 
+    @property
+    def group_gids(self) -> tuple[int, ...]:
+        """The supplementary gids the sandbox needs: one per group workspace it mounts."""
+        return tuple(sorted({m.gid for m in self.mounts if m.gid is not None}))
+
     def allowed_roots(self, *, in_sandbox: bool = True) -> tuple[AllowedRoot, ...]:
         """The PathSandbox's roots: sandbox paths inside a container (or a mount namespace),
         host paths where the agent runs directly on the host (the plain process backend)."""
@@ -84,8 +94,16 @@ class MountPlan:
         )
 
 
-def plan_mounts(layout: DataLayout, user_id: int, groups: Iterable[GroupRef] = ()) -> MountPlan:
+def plan_mounts(
+    layout: DataLayout,
+    user_id: int,
+    groups: Iterable[GroupRef] = (),
+    group_gids: Mapping[GroupRef, int] | None = None,
+) -> MountPlan:
+    """`group_gids` gives each group workspace its own gid (orchestrator/group_gids.py); a
+    group without one is planned without, which only a non-root orchestrator can run."""
     uid = ids.user_id(user_id)
+    gids = group_gids or {}
     rw, ro = Access.READ_WRITE, Access.READ_ONLY
 
     def same(path: Path, access: Access, purpose: str, tool_visible: bool = True) -> Mount:
@@ -104,5 +122,6 @@ def plan_mounts(layout: DataLayout, user_id: int, groups: Iterable[GroupRef] = (
         same(layout.socket_dir(uid), rw, "socket", tool_visible=False),
     ]
     for group in sorted(set(groups)):
-        mounts.append(same(layout.group_dir(group), rw, f"group:{group.channel}/{group.chat_id}"))
+        path = layout.group_dir(group)
+        mounts.append(Mount(path, path, rw, f"group:{group.channel}/{group.chat_id}", gid=gids.get(group)))
     return MountPlan(user_id=uid, mounts=tuple(sorted(mounts)))

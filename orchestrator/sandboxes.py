@@ -1,4 +1,5 @@
-"""Routing a user to their sandbox: the backend that runs it and the plan it runs with."""
+"""Routing a user to their sandbox: the backend that runs it and the plan it runs with (the
+user's groups, each with its own gid)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from mounts.layout import DataLayout
 from mounts.plan import plan_mounts
 from orchestrator.backends.base import ContainerBackend, SandboxStatus, SandboxUser
 from orchestrator.errors import ToolError
+from orchestrator.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.users import UserRepository
 
 
@@ -17,16 +19,26 @@ class SandboxRouter:
         self,
         layout: DataLayout,
         users: UserRepository,
+        group_gids: GroupGids,
         backends: Mapping[str, ContainerBackend],
         default_backend: str,
     ) -> None:
         self._layout = layout
         self._users = users
+        self._group_gids = group_gids
         self.backends = dict(backends)
         self.default_backend = default_backend
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
-        return SandboxUser(user_id, plan_mounts(self._layout, user_id, self._users.groups_of(user_id)))
+        try:
+            groups = self._group_gids.memberships_of(user_id)
+        except GroupGidsExhausted as exc:
+            raise ToolError(
+                "sandbox_unavailable",
+                f"The sandbox of user {user_id} cannot be planned ({exc}). The tool did not run; "
+                "tell the user the sandbox service needs an operator.",
+            ) from exc
+        return SandboxUser(user_id, plan_mounts(self._layout, user_id, groups.keys(), groups))
 
     def backend_name_for(self, user_id: int) -> str:
         user = self._users.get(user_id)

@@ -17,6 +17,7 @@ from orchestrator.collaboration.store import open_mailbox
 from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries import DeliveryStore
 from orchestrator.file_watch import FileWatcher
+from orchestrator.group_gids import GroupGids
 from orchestrator.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
@@ -77,7 +78,8 @@ class OrchestratorService:
             )
             backends["docker"] = self.docker_backend
         log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
-        self.sandboxes = SandboxRouter(self.layout, self.users, backends, self.backend_choice.default)
+        self.group_gids = GroupGids(self.store, settings.group_gid_range)
+        self.sandboxes = SandboxRouter(self.layout, self.users, self.group_gids, backends, self.backend_choice.default)
         self.runs = RunService(
             settings=settings,
             store=self.store,

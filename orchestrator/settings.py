@@ -8,10 +8,15 @@ from enum import Enum
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from mounts.ids import MAX_USER_ID
 from mounts.layout import DataLayout
+from orchestrator.group_gids import GidRange
+
+# Ids stay in 31 bits: some tools (and signed 32-bit fields) mishandle larger ones.
+MAX_ID = 2**31 - 2
 
 
 class IdentityMode(str, Enum):
@@ -66,6 +71,12 @@ class Settings(BaseSettings):
         600.0, ge=0, description="How often expired deliveries are removed (0: never)."
     )
     sandbox_uid_base: int = Field(100000, ge=1000, description="A user's sandbox runs as uid base + user id.")
+    group_gid_base: int = Field(
+        2_000_000_000, ge=1000, description="First gid given to a group workspace (one gid per group)."
+    )
+    group_gid_count: int = Field(
+        100_000_000, gt=0, description="How many group gids there are; the range may not overlap the sandbox uids."
+    )
     process_sandbox: Literal["none", "bwrap"] = Field(
         "none", description="`bwrap`: the process backend runs each agent in a mount namespace built from the plan."
     )
@@ -99,6 +110,25 @@ class Settings(BaseSettings):
         120.0, gt=0, description="A delivery taken from the inbox must be started within this time."
     )
     collaboration_inbox_wait_max_s: float = Field(30.0, gt=0, description="Longest inbox long-poll.")
+
+    @model_validator(mode="after")
+    def _id_ranges_apart(self) -> Settings:
+        # A group gid equal to some user's sandbox uid (= that user's own gid) would let that
+        # user into the group's workspace.
+        users = (self.sandbox_uid_base, self.sandbox_uid_base + MAX_USER_ID)
+        groups = (self.group_gid_base, self.group_gid_base + self.group_gid_count - 1)
+        if groups[0] <= users[1] and users[0] <= groups[1]:
+            raise ValueError(
+                f"the group gid range {groups[0]}..{groups[1]} (ORCH_GROUP_GID_BASE, ORCH_GROUP_GID_COUNT) "
+                f"overlaps the sandbox uids {users[0]}..{users[1]} (ORCH_SANDBOX_UID_BASE + user ids)"
+            )
+        if max(users[1], groups[1]) > MAX_ID:
+            raise ValueError(f"sandbox uids and group gids must stay at or below {MAX_ID}")
+        return self
+
+    @property
+    def group_gid_range(self) -> GidRange:
+        return GidRange(self.group_gid_base, self.group_gid_count)
 
     @property
     def layout(self) -> DataLayout:

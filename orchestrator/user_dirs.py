@@ -7,10 +7,11 @@ not only the PathSandbox:
 - their parents (`runtime/`, `uploads/`, ...): root, 0711 — traversable, not listable;
 - read-only per-user dirs (skill views, personal skill sources): root-owned, group = the
   user's own gid, 0750: the user reads them, nobody else does, and only root writes;
-- shared dirs (`share/`, group workspaces): root-owned, group = the shared sandbox gid
-  (= the uid base, which no user gets), mode 2770: every sandbox uid is in that group, new
-  files inherit it (setgid) and agents run with umask 002, so members can edit each other's
-  files;
+- `share/`: root-owned, group = the shared sandbox gid (= the uid base, which no user
+  gets), mode 2770: every sandbox uid is in that group, new files inherit it (setgid) and
+  agents run with umask 002, so everybody can edit each other's files;
+- a group workspace: the same, but with the group's own gid (`group_gids.py`), which only
+  its members' sandboxes carry: other sandbox uids cannot even enter it;
 - `agent/`: root, 0755 (see `agent_deploy`).
 Without root everything simply belongs to the current user.
 
@@ -27,7 +28,7 @@ import stat
 from pathlib import Path
 
 from mounts.layout import COMPACTION_SUBDIR, RUNTIME_SUBDIRS, DataLayout
-from mounts.plan import MountPlan
+from mounts.plan import Mount, MountPlan
 from orchestrator.errors import Conflict
 from orchestrator.log import kv
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 PRIVATE_PURPOSES = frozenset({"runtime", "uploads", "home", "deps", "tmp", "socket"})
 USER_READ_ONLY_PURPOSES = frozenset({"skill_views", "userskills"})
-SHARED_PURPOSES = frozenset({"share"})  # and every "group:..." purpose
+SHARED_PURPOSES = frozenset({"share"})  # group workspaces ("group:...") have their own gid
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -47,6 +48,10 @@ class UnsafeDirectory(Conflict):
     symlink the user's own shell planted); root will not work through it."""
 
     code = "unsafe_directory"
+
+
+class GroupWithoutGid(RuntimeError):
+    """A plan mounts a group workspace without the group's own gid (a programming error)."""
 
 
 class UserDirectories:
@@ -77,8 +82,14 @@ class UserDirectories:
     def _user_read_only(self, user_id: int) -> Ownership:
         return (0, self.sandbox_uid(user_id), 0o750) if self.chown else None
 
-    def _shared(self) -> Ownership:
-        return (0, self.shared_gid, 0o2770) if self.chown else None
+    def _shared(self, gid: int | None = None) -> Ownership:
+        return (0, self.shared_gid if gid is None else gid, 0o2770) if self.chown else None
+
+    def _group_workspace(self, mount: Mount) -> Ownership:
+        if self.chown and mount.gid is None:
+            # Fail closed: the shared gid would open the workspace to every sandbox uid.
+            raise GroupWithoutGid(f"{mount.host_path}: the group workspace has no gid of its own in this plan")
+        return self._shared(mount.gid)
 
     # --- the one primitive ----------------------------------------------------------------
 
@@ -164,6 +175,8 @@ class UserDirectories:
                 self._ensure(path, parents + [self._private(plan.user_id)])
             elif purpose in USER_READ_ONLY_PURPOSES:
                 self._ensure(path, parents + [self._user_read_only(plan.user_id)])
-            elif purpose in SHARED_PURPOSES or purpose.startswith("group:"):
+            elif purpose in SHARED_PURPOSES:
                 self._ensure(path, parents + [self._shared()])
+            elif purpose.startswith("group:"):
+                self._ensure(path, parents + [self._group_workspace(mount)])
             # "agent" is deployed by AgentDeployment.

@@ -329,7 +329,8 @@ class DockerBackend:
     def _create(self, user: SandboxUser, image_id: str, build: str) -> Container:
         if self.directories.chown:
             uid = gid = self.directories.sandbox_uid(user.user_id)
-            extra: tuple[int, ...] = (self.directories.shared_gid,)
+            # share/'s common gid, and each group workspace's own gid: exactly the plan's groups.
+            extra: tuple[int, ...] = (self.directories.shared_gid, *user.plan.group_gids)
         else:  # not root: the directories belong to us, so the sandbox runs as us
             uid, gid, extra = os.geteuid(), os.getegid(), ()
         spec = container_spec(

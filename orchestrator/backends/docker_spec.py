@@ -114,7 +114,8 @@ def container_spec(
     config_path: Path,
 ) -> ContainerSpec:
     """The container of `plan.user_id`: the plan's mounts at the same paths (tmp at /tmp),
-    running as the user's own uid (plus the shared group of `share/` and group workspaces),
+    running as the user's own uid (plus the shared group of `share/` and the gid of each of
+    the user's group workspaces),
     the agent started from the read-only agent mount."""
     mounts = tuple(
         BindMount(str(m.host_path), str(m.sandbox_path), m.access is Access.READ_ONLY) for m in plan.mounts

@@ -8,7 +8,8 @@
 - An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
 - Idle agents are stopped by a reaper thread; all agents are stopped at `close()`.
 - As root, an agent runs as the user's own uid (base + user id) with the shared sandbox
-  group, umask 002, and an interpreter that uid can execute.
+  group and the gids of the user's group workspaces (exactly those of the plan), umask 002,
+  and an interpreter that uid can execute.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ class ProcessBackend:
                 self.settings, self.directories, user, in_sandbox=namespaced, parent_pid=os.getpid()
             )
             python = self.deployment.interpreter_for(run_as)
-        except (OSError, RuntimeError, UnsafeDirectory) as exc:
+        except (OSError, RuntimeError, UnsafeDirectory) as exc:  # incl. GroupWithoutGid
             log.error("cannot prepare the agent %s", kv(user=user_id, error=exc))
             raise unavailable(user_id, f"preparing it failed: {exc}") from exc
         command = release.command(python, launch.config_path)
@@ -161,7 +162,9 @@ class ProcessBackend:
         self._remove_stale_socket(launch.socket_path)
         identity: dict[str, Any] = {}
         if run_as is not None:
-            identity = {"user": run_as, "group": run_as, "extra_groups": [self.directories.shared_gid]}
+            # The shared gid opens share/; each group gid one workspace of the plan, no other.
+            extra_groups = [self.directories.shared_gid, *user.plan.group_gids]
+            identity = {"user": run_as, "group": run_as, "extra_groups": extra_groups}
         try:
             proc = subprocess.Popen(
                 command,

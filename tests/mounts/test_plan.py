@@ -19,6 +19,9 @@ HOST_ONLY = [
     LAYOUT.skill_locks_dir,
 ]
 
+# The hash of user 7's plan without groups before group gids existed (mounts/plan.py of a153b35).
+PLAN_HASH_OF_USER_7 = "d5f1bef10db235a54c97ba4f14f47a0bbc90b4acddc681d8a8ba1076c4e15a3b"
+
 user_ids = st.integers(min_value=1, max_value=1_000_000_000)
 groups = st.builds(
     GroupRef,
@@ -79,6 +82,25 @@ def test_the_plan_hash_changes_with_what_is_mounted() -> None:
     assert plan_mounts(LAYOUT, 7).plan_hash != plan_mounts(LAYOUT, 7, [group]).plan_hash
     assert plan_mounts(LAYOUT, 7).plan_hash != plan_mounts(LAYOUT, 8).plan_hash
     assert plan_mounts(LAYOUT, 7).plan_hash != plan_mounts(DataLayout(Path("/elsewhere")), 7).plan_hash
+
+
+def test_group_gids_are_in_the_plan_and_its_hash() -> None:
+    team, other = GroupRef("feishu", "team"), GroupRef("feishu", "other")
+    plan = plan_mounts(LAYOUT, 7, [team, other], {team: 2_000_000_001, other: 2_000_000_000})
+    assert plan.group_gids == (2_000_000_000, 2_000_000_001)
+    assert {m.purpose: m.gid for m in plan.mounts if m.gid is not None} == {
+        "group:feishu/team": 2_000_000_001,
+        "group:feishu/other": 2_000_000_000,
+    }
+    assert plan_mounts(LAYOUT, 7, [team], {team: 2_000_000_001}).group_gids == (2_000_000_001,)
+    # another gid for the same workspace is another plan (the sandbox must get the new gid)
+    assert plan.plan_hash != plan_mounts(LAYOUT, 7, [team, other], {team: 2_000_000_002, other: 2_000_000_000}).plan_hash
+    assert plan_mounts(LAYOUT, 7).group_gids == ()
+
+
+def test_a_plan_without_groups_keeps_the_hash_it_had_before_group_gids() -> None:
+    # Upgrading must not recreate every sandbox: only plans with a group workspace change.
+    assert plan_mounts(DataLayout(Path("/srv/orch-data")), 7).plan_hash == PLAN_HASH_OF_USER_7
 
 
 def test_allowed_roots_come_from_the_same_plan_with_the_same_access() -> None:

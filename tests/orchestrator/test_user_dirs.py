@@ -10,11 +10,12 @@ import pytest
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import plan_mounts
-from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
+from orchestrator.user_dirs import GroupWithoutGid, UnsafeDirectory, UserDirectories
 from tests.agent_env import traversable_tmp  # noqa: F401 - a fixture
 
 AS_ROOT = os.geteuid() == 0
 BASE = 100000
+GROUP_GID = 2_000_000_005
 
 
 def owner_mode(path: Path) -> tuple[int, int, int]:
@@ -27,15 +28,15 @@ def test_every_mount_of_the_plan_gets_its_owner_and_mode(traversable_tmp: Path) 
     layout = DataLayout(traversable_tmp / "data")
     dirs = UserDirectories(layout, BASE)
     group = GroupRef("feishu", "oc_1")
-    dirs.ensure_sandbox_dirs(plan_mounts(layout, 17, [group]))
+    dirs.ensure_sandbox_dirs(plan_mounts(layout, 17, [group], {group: GROUP_GID}))
     uid = BASE + 17
     for path in (layout.runtime_user_dir(17), layout.uploads_dir(17), layout.home_dir(17), layout.deps_dir(17),
                  layout.tmp_dir(17), layout.socket_dir(17)):
         assert owner_mode(path) == (uid, uid, 0o700), path
     for path in (layout.user_views_dir(17), layout.userskills_dir(17)):
         assert owner_mode(path) == (0, uid, 0o750), path
-    for path in (layout.share_dir, layout.group_dir(group)):
-        assert owner_mode(path) == (0, BASE, 0o2770), path
+    assert owner_mode(layout.share_dir) == (0, BASE, 0o2770)
+    assert owner_mode(layout.group_dir(group)) == (0, GROUP_GID, 0o2770)  # the group's own gid
     for path in (layout.runtime_root, layout.uploads_root, layout.users_root, layout.deps_root, layout.tmp_root,
                  layout.sockets_root, layout.skill_views_root, layout.userskills_root, layout.groups_root,
                  layout.group_dir(group).parent):
@@ -69,3 +70,26 @@ def test_without_root_everything_belongs_to_the_current_user(traversable_tmp: Pa
     workdir = dirs.ensure_session_runtime(17, "s1", is_owner=False)
     assert owner_mode(workdir)[2] == 0o700
     assert sorted(p.name for p in workdir.iterdir()) == ["incoming", "shell-output", "skills", "user-messages"]
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="ownership is only managed as root")
+def test_a_group_workspace_without_its_own_gid_is_refused_not_shared(traversable_tmp: Path) -> None:
+    layout = DataLayout(traversable_tmp / "data")
+    dirs = UserDirectories(layout, BASE)
+    group = GroupRef("feishu", "oc_1")
+    with pytest.raises(GroupWithoutGid):
+        dirs.ensure_sandbox_dirs(plan_mounts(layout, 17, [group]))
+    assert not layout.group_dir(group).exists()
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="ownership is only managed as root")
+def test_a_workspace_made_before_group_gids_moves_to_its_own_gid(traversable_tmp: Path) -> None:
+    layout = DataLayout(traversable_tmp / "data")
+    dirs = UserDirectories(layout, BASE)
+    group = GroupRef("feishu", "oc_old")
+    workspace = layout.group_dir(group)
+    workspace.mkdir(parents=True)
+    os.chown(workspace, 0, BASE)  # how the previous version left it: the shared gid
+    os.chmod(workspace, 0o2770)
+    dirs.ensure_sandbox_dirs(plan_mounts(layout, 17, [group], {group: GROUP_GID}))
+    assert owner_mode(workspace) == (0, GROUP_GID, 0o2770)

@@ -59,14 +59,15 @@ def bwrap_service(agent_data_dir: Path) -> Iterator[OrchestratorService]:
 
 def call(service: OrchestratorService, user_id: int, tool: str, groups: tuple[GroupRef, ...] = (), **arguments: object):  # type: ignore[no-untyped-def]
     cwd = str(service.directories.ensure_session_runtime(user_id, "s1", is_owner=True))
-    user = SandboxUser(user_id, plan_mounts(service.layout, user_id, groups))
+    gids = {group: service.group_gids.gid_of(group) for group in groups}
+    user = SandboxUser(user_id, plan_mounts(service.layout, user_id, groups, gids))
     return service.process_backend.call(user, tool, dict(arguments), cwd=cwd)
 
 
 def test_tools_work_and_the_shell_sees_only_the_plan(bwrap_service: OrchestratorService) -> None:
     layout = bwrap_service.layout
     mine, theirs = GroupRef("feishu", "mine"), GroupRef("feishu", "theirs")
-    bwrap_service.directories.ensure_sandbox_dirs(plan_mounts(layout, 18, [theirs]))
+    bwrap_service.directories.ensure_sandbox_dirs(plan_mounts(layout, 18, [theirs], {theirs: bwrap_service.group_gids.gid_of(theirs)}))
     (layout.group_dir(theirs) / "plan.md").write_text("theirs")
     assert call(bwrap_service, USER, "write_file", (mine,), path="a.txt", content="hello")["created"] is True
     assert call(bwrap_service, USER, "read_file", (mine,), path="a.txt")["content"] == "hello"

@@ -23,7 +23,8 @@ AS_ROOT = os.geteuid() == 0
 
 
 def sandbox_user(service: OrchestratorService, user_id: int = USER, groups: tuple[GroupRef, ...] = ()) -> SandboxUser:
-    return SandboxUser(user_id, plan_mounts(service.layout, user_id, groups))
+    gids = {group: service.group_gids.gid_of(group) for group in groups}
+    return SandboxUser(user_id, plan_mounts(service.layout, user_id, groups, gids))
 
 
 def workdir(service: OrchestratorService, user_id: int = USER) -> str:

@@ -35,7 +35,8 @@ GROUP = GroupRef("feishu", "oc_team")
 
 def sandbox_user(service: OrchestratorService, user_id: int = USER, groups: tuple[GroupRef, ...] = ()) -> SandboxUser:
     service.users.upsert(user_id, display_name=None, backend=None)  # a user the orchestrator knows
-    return SandboxUser(user_id, plan_mounts(service.layout, user_id, groups))
+    gids = {group: service.group_gids.gid_of(group) for group in groups}
+    return SandboxUser(user_id, plan_mounts(service.layout, user_id, groups, gids))
 
 
 def workdir(service: OrchestratorService, user_id: int = USER) -> str:
