@@ -35,7 +35,8 @@ from sandbox_agent.build import PACKAGE_DIR, compute_build_id, source_files
 log = logging.getLogger(__name__)
 
 # What the agent imports at run time; their requirements are followed from the metadata.
-AGENT_DISTRIBUTIONS = ("fastapi", "uvicorn", "pydantic", "psutil")
+# Keep in step with images/sandbox-requirements.in (the docker image's copy; a test checks).
+AGENT_DISTRIBUTIONS = ("fastapi", "uvicorn", "pydantic", "psutil", "regex")
 KEEP_RELEASES = 3
 PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     idle_timeout_s: float = Field(900.0, gt=0, description="Stop a user's sandbox after this idle time.")
     tool_timeout_s: float = Field(60.0, gt=0, description="Default `shell` timeout.")
     tool_timeout_max_s: float = Field(600.0, gt=0, description="Largest `timeout_s` a shell call may ask for.")
+    grep_timeout_s: float = Field(
+        10.0, gt=0, description="Time limit of one grep_search (catastrophic regexes answer `timeout`)."
+    )
     output_cap_bytes: int = Field(256 * 1024, gt=0, description="Cap on a tool's text output.")
     read_bytes_max: int = Field(20 * 1024 * 1024, gt=0, description="Cap on read_bytes / send_file size.")
     url_fetch_timeout_s: float = Field(15.0, gt=0, description="Timeout when the host fetches an http(s) URL.")

@@ -51,7 +51,7 @@ class GlobSearchArgs(_Args):
 
 
 class GrepSearchArgs(_Args):
-    pattern: str = Field(..., min_length=1, description="Python regular expression searched line by line.")
+    pattern: str = Field(..., min_length=1, description="Python (`re` syntax) regular expression searched line by line, within a time limit.")
     path: str | None = Field(None, description="File or directory to search. Default: the working directory.")
     glob: str | None = Field(
         None, description="Only files matching this glob (a name glob like `*.py` matches at any depth)."
@@ -104,6 +104,7 @@ class AgentLimits(BaseModel):
     glob_max_results: int = Field(1000, gt=0)
     grep_max_matches: int = Field(200, gt=0)
     grep_max_file_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    grep_timeout_s: float = Field(10.0, gt=0)
     walk_max_entries: int = Field(100_000, gt=0)
 
 

@@ -61,6 +61,7 @@ def agent_limits(settings: Settings) -> AgentLimits:
         read_bytes_max=settings.read_bytes_max,
         shell_timeout_s=settings.tool_timeout_s,
         shell_timeout_max_s=settings.tool_timeout_max_s,
+        grep_timeout_s=settings.grep_timeout_s,
     )
 
 

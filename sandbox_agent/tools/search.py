@@ -9,11 +9,13 @@ a swap) pointing outside the roots is skipped. (dev, inode) pairs guard against 
 from __future__ import annotations
 
 import os
-import re
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import regex
 
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.glob_pattern import Glob, GlobError, compile_glob
@@ -192,14 +194,40 @@ def glob_search(ctx: ToolContext, args: GlobSearchArgs) -> dict[str, Any]:
     return result
 
 
-def _compile_regex(pattern: str) -> re.Pattern[str]:
+def _compile_regex(pattern: str) -> regex.Pattern[str]:
     try:
-        return re.compile(pattern)
-    except re.error as exc:
+        return regex.compile(pattern)  # VERSION0: the syntax of Python's `re`
+    except (regex.error, ValueError) as exc:
         raise AgentToolError("invalid_arguments", f"Invalid regular expression {pattern!r}: {exc}") from None
 
 
-def _grep_fd(fd: int, regex: re.Pattern[str], max_bytes: int) -> Iterator[tuple[int, str]] | None:
+class _Deadline:
+    """The time limit of one grep_search call, over its walk and every match attempt."""
+
+    def __init__(self, pattern: str, seconds: float) -> None:
+        self.pattern = pattern
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+
+    def remaining(self, shown: str) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise self.expired(shown)
+        return left
+
+    def expired(self, shown: str) -> AgentToolError:
+        return AgentToolError(
+            "timeout",
+            f"grep_search stopped at its time limit of {self.seconds:g} s while searching {shown}. "
+            f"The regular expression {self.pattern!r} is probably backtracking catastrophically "
+            "(nested or overlapping repetition such as (a+)+ or (a|aa)+); simplify it, or search "
+            "a narrower path or glob.",
+            shown,
+            timeout_s=self.seconds,
+        )
+
+
+def _grep_fd(fd: int, pattern: regex.Pattern[str], max_bytes: int, deadline: _Deadline, shown: str) -> Iterator[tuple[int, str]] | None:
     """Matching (line number, line) of a readable file, or None when it is binary or too big."""
     st = os.fstat(fd)
     if st.st_size > max_bytes:
@@ -209,13 +237,26 @@ def _grep_fd(fd: int, regex: re.Pattern[str], max_bytes: int) -> Iterator[tuple[
     if len(data) > max_bytes or looks_binary(data[:8192]):
         return None
     text = data.decode("utf-8", "replace")
-    return ((n, line) for n, line in enumerate(text.splitlines(), 1) if regex.search(line))
+
+    def matching() -> Iterator[tuple[int, str]]:
+        # `regex` releases the GIL while matching and stops at `timeout` (stdlib `re` does
+        # neither: one bad pattern would freeze every other call of this agent, /health too).
+        for n, line in enumerate(text.splitlines(), 1):
+            try:
+                found = pattern.search(line, timeout=deadline.remaining(shown))
+            except TimeoutError:
+                raise deadline.expired(shown) from None
+            if found:
+                yield n, line
+
+    return matching()
 
 
 def grep_search(ctx: ToolContext, args: GrepSearchArgs) -> dict[str, Any]:
-    regex = _compile_regex(args.pattern)
+    pattern = _compile_regex(args.pattern)
     name_glob = _glob(args.glob, name_only=True) if args.glob else None
     limits = ctx.limits
+    deadline = _Deadline(args.pattern, limits.grep_timeout_s)
     matches: list[dict[str, Any]] = []
     used = 0
     files = 0
@@ -225,7 +266,7 @@ def grep_search(ctx: ToolContext, args: GrepSearchArgs) -> dict[str, Any]:
     def search(fd: int, shown: str) -> bool:
         """Add a file's matches; False once a cap is reached."""
         nonlocal used, files
-        found = _grep_fd(fd, regex, limits.grep_max_file_bytes)
+        found = _grep_fd(fd, pattern, limits.grep_max_file_bytes, deadline, shown)
         if found is None:
             return True
         files += 1
@@ -255,6 +296,7 @@ def grep_search(ctx: ToolContext, args: GrepSearchArgs) -> dict[str, Any]:
         ):
             if name_glob is not None and not name_glob.matches(ref.rel):
                 continue
+            deadline.remaining(ref.shown)  # the walk counts too
             fd = ref.open(ctx.sandbox)
             if fd < 0:
                 continue

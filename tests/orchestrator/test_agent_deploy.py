@@ -19,8 +19,18 @@ AS_ROOT = os.geteuid() == 0
 
 def test_the_closure_has_what_the_agent_imports_and_nothing_for_tests() -> None:
     names = {d.metadata["Name"].lower().replace("_", "-") for d in distribution_closure()}
-    assert {"fastapi", "starlette", "uvicorn", "h11", "click", "pydantic", "pydantic-core", "anyio", "psutil"} <= names
+    assert {"fastapi", "starlette", "uvicorn", "h11", "click", "pydantic", "pydantic-core", "anyio", "psutil", "regex"} <= names
     assert not names & {"pytest", "httpx", "docker", "hypothesis"}
+
+
+def test_the_process_deployment_and_the_image_install_the_same_distributions() -> None:
+    # The process backend deploys AGENT_DISTRIBUTIONS from this environment; the docker image
+    # installs images/sandbox-requirements.in from the wheelhouse. One list must not drift.
+    from orchestrator.agent_deploy import AGENT_DISTRIBUTIONS
+    from orchestrator.image.recipe import top_level_requirements
+
+    image_list = Path(__file__).resolve().parents[2] / "images" / "sandbox-requirements.in"
+    assert sorted(top_level_requirements(image_list.read_text())) == sorted(AGENT_DISTRIBUTIONS)
 
 
 def test_a_release_is_content_addressed_complete_and_idempotent(agent_data_dir: Path) -> None:
