@@ -6,4 +6,9 @@ from datetime import datetime, timezone
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return iso(datetime.now(timezone.utc))
+
+
+def iso(moment: datetime) -> str:
+    """A moment in the stored form (UTC, so stored timestamps compare as strings)."""
+    return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")

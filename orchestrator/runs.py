@@ -128,6 +128,21 @@ class RunRepository:
         return tx.one("SELECT 1 FROM runs WHERE session_id = ? AND status = 'running' LIMIT 1", (session_id,)) is not None
 
     @staticmethod
+    def touch_in(tx: Transaction, run_id: str, at: str) -> None:
+        """Note a tool call of the run (in the transaction that audits it: no write of its own)."""
+        tx.execute("UPDATE runs SET last_activity_at = ? WHERE run_id = ?", (at, run_id))
+
+    def idle_since(self, cutoff: str) -> list[str]:
+        """Running runs whose last tool call (or start, without one) is older than `cutoff`."""
+        with self._store.read() as tx:
+            rows = tx.all(
+                "SELECT run_id FROM runs WHERE status = 'running'"
+                " AND COALESCE(last_activity_at, started_at) < ? ORDER BY started_at",
+                (cutoff,),
+            )
+        return [row["run_id"] for row in rows]
+
+    @staticmethod
     def latest_user_run_in(
         tx: Transaction, session_id: str, triggers: Collection[Trigger], *, before: str
     ) -> RunRecord | None:
@@ -348,7 +363,18 @@ class RunService:
                 pass  # it ended on its own meanwhile
         return cancelled
 
-    def end(self, run_id: str, status: RunStatus, *, actor: str) -> RunRecord:
+    def end(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        actor: str,
+        reason: str | None = None,
+        idle_before: str | None = None,
+    ) -> RunRecord:
+        """End a running run. `idle_before` (the sweeper's): only if its last tool call (or its
+        start) is older than that, checked in the ending transaction, so a call that came in
+        meanwhile keeps the run going (Conflict). `reason` goes to the audit row."""
         if status is RunStatus.RUNNING:
             raise InvalidInput("a run ends as succeeded, failed or cancelled", field="status")
         with self._store.write() as tx:
@@ -358,6 +384,8 @@ class RunService:
             run = _run(row)
             if run.status is not RunStatus.RUNNING:
                 raise Conflict(f"run {run_id} already ended as {run.status.value}")
+            if idle_before is not None and (row["last_activity_at"] or run.started_at) >= idle_before:
+                raise Conflict(f"run {run_id} was active again")
             ended_at = now_iso()
             tx.execute(
                 "UPDATE runs SET status = ?, ended_at = ? WHERE run_id = ? AND status = 'running'",
@@ -372,6 +400,7 @@ class RunService:
                 runtime_user_id=run.runtime_user_id,
                 run_id=run_id,
                 status=status.value,
+                **({"reason": reason} if reason is not None else {}),
             )
         ended = RunRecord(**{**run.__dict__, "status": status, "ended_at": ended_at})
         for listener in self.end_listeners:

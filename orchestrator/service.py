@@ -19,6 +19,7 @@ from orchestrator.deliveries import DeliveryStore
 from orchestrator.file_watch import FileWatcher
 from orchestrator.group_gids import GroupGids
 from orchestrator.identity_switch import RuntimeIdentitySwitch
+from orchestrator.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval_s
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
 from orchestrator.projects import ProjectRepository
@@ -130,6 +131,7 @@ class OrchestratorService:
                 sessions=self.sessions,
             ),
         )
+        self.calls_in_flight = CallsInFlight()
         self.dispatcher = ToolDispatcher(
             layout=self.layout,
             store=self.store,
@@ -137,6 +139,10 @@ class OrchestratorService:
             runs=self.run_repo,
             sessions=self.session_repo,
             sandboxes=self.sandboxes,
+            in_flight=self.calls_in_flight,
+        )
+        self.idle_runs = IdleRunSweeper(
+            repo=self.run_repo, runs=self.runs, in_flight=self.calls_in_flight, max_idle_s=settings.run_max_idle_s
         )
         self._watchers: list[FileWatcher] = []
         self._tasks: list[PeriodicTask] = []
@@ -144,8 +150,8 @@ class OrchestratorService:
 
     def start(self) -> None:
         """Background work: the settings-file watcher (SPEC §8), session storage upkeep (§9),
-        the idle-agent reaper, the skill-source watcher, the periodic skill-store GC (§5) and
-        the sweep of expired deliveries."""
+        the idle-agent reaper, the skill-source watcher, the periodic skill-store GC (§5), the
+        sweep of expired deliveries and the one of runs whose bot went away."""
         self.session_upkeep.start()
         self.process_backend.start_idle_reaper()
         if self.docker_backend is not None:
@@ -182,6 +188,10 @@ class OrchestratorService:
             sweep = PeriodicTask("delivery-sweep", self.settings.delivery_sweep_interval_s, self.deliveries.sweep)
             sweep.start()
             self._tasks.append(sweep)
+        if self.settings.run_max_idle_s > 0:
+            idle = PeriodicTask("idle-runs", sweep_interval_s(self.settings.run_max_idle_s), self.idle_runs.sweep)
+            idle.start()
+            self._tasks.append(idle)
 
     def close(self) -> None:
         self.session_upkeep.stop()

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     )
     image_max_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Cap on send_image size.")
     delivery_ttl_s: float = Field(86400.0, gt=0, description="How long an outgoing delivery stays fetchable.")
+    run_max_idle_s: float = Field(
+        4 * 3600.0, ge=0, description="End a run as failed after this long without a tool call (0: never)."
+    )
     delivery_sweep_interval_s: float = Field(
         600.0, ge=0, description="How often expired deliveries are removed (0: never)."
     )

@@ -133,6 +133,12 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (channel, chat_id)
     );
     """,
+    # 4: a run's last tool call (orchestrator/run_sweeper.py ends runs idle for too long); the
+    # partial index keeps the sweep to the running runs, however many have ended
+    """
+    ALTER TABLE runs ADD COLUMN last_activity_at TEXT;
+    CREATE INDEX runs_running ON runs (started_at) WHERE status = 'running';
+    """,
 )
 
 

@@ -12,7 +12,9 @@ from pydantic import ValidationError
 
 from mounts.layout import DataLayout
 from orchestrator import audit
+from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict, NotFound, ToolError
+from orchestrator.idle_runs import CallsInFlight
 from orchestrator.log import kv, run_logger
 from orchestrator.runs import RunRepository, RunStatus
 from orchestrator.sandboxes import SandboxRouter
@@ -53,6 +55,7 @@ class ToolDispatcher:
         runs: RunRepository,
         sessions: SessionRepository,
         sandboxes: SandboxRouter,
+        in_flight: CallsInFlight,
     ) -> None:
         self._layout = layout
         self._store = store
@@ -60,8 +63,16 @@ class ToolDispatcher:
         self._runs = runs
         self._sessions = sessions
         self._sandboxes = sandboxes
+        self._in_flight = in_flight
 
     def dispatch(
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
+    ) -> ToolOutcome:
+        # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
+        with self._in_flight.calling(run_id):
+            return self._dispatch(run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+
+    def _dispatch(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
     ) -> ToolOutcome:
         run = self._runs.get(run_id)
@@ -118,6 +129,7 @@ class ToolDispatcher:
                 outcome="ok" if outcome.ok else code,
                 duration_ms=duration_ms,
             )
+            RunRepository.touch_in(tx, run.run_id, now_iso())  # the run's last activity, same write
         run_logger(log, session=run.session_id, owner=run.owner_user_id, runtime_user=run.runtime_user_id).info(
             "tool call %s", kv(run=run.run_id, tool=name, acting_user=acting_user, outcome=code or "ok", ms=duration_ms)
         )

@@ -1,0 +1,112 @@
+"""Ending runs whose bot went away (docs/decisions.md, "Runs that never end").
+
+A bot that dies mid-run never ends its run, and a `running` run keeps its session busy: the
+session's collaboration inbox hands nothing out. The sweeper ends a run as `failed` once it has
+gone `ORCH_RUN_MAX_IDLE_S` without a tool call (counted from its start when it made none),
+through `RunService.end`, so end listeners settle its delivery and wake the inbox like after
+any other end; the audit row says actor `sweeper`, reason `idle`.
+
+Activity costs no write of its own: the dispatcher notes a call's time in the transaction that
+audits it (`RunRepository.touch_in`). A call still under way is not idle however long it takes;
+`CallsInFlight` knows those, in memory, and its lock makes "not busy, so end it" one step: a
+call either registers before the sweeper looks (the run is kept) or after the run ended (and is
+refused like any call on an ended run).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+
+from orchestrator.clock import iso
+from orchestrator.errors import Conflict, NotFound
+from orchestrator.log import kv
+from orchestrator.runs import RunRepository, RunService, RunStatus
+
+log = logging.getLogger(__name__)
+
+ACTOR = "sweeper"
+# Sweep a few times per allowed idle time, so a run ends at most ~25 % late; never more rarely
+# than every 5 minutes, never more often than 20 times a second.
+SWEEPS_PER_IDLE = 4
+MAX_SWEEP_INTERVAL_S = 300.0
+MIN_SWEEP_INTERVAL_S = 0.05
+
+
+def sweep_interval_s(max_idle_s: float) -> float:
+    return min(max(max_idle_s / SWEEPS_PER_IDLE, MIN_SWEEP_INTERVAL_S), MAX_SWEEP_INTERVAL_S)
+
+
+def idle_cutoff(now: datetime, max_idle_s: float) -> str:
+    """The stored timestamp before which a run's last activity makes it idle for too long."""
+    return iso(now - timedelta(seconds=max_idle_s))
+
+
+class CallsInFlight:
+    """The runs with a tool call under way (in this process, where all calls are dispatched)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    @contextmanager
+    def calling(self, run_id: str) -> Iterator[None]:
+        with self._lock:
+            self._counts[run_id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._counts[run_id] -= 1
+                if self._counts[run_id] <= 0:
+                    del self._counts[run_id]
+
+    def unless_busy(self, run_id: str, action: Callable[[], object]) -> bool:
+        """Do `action` if the run has no call under way, with no call starting meanwhile."""
+        with self._lock:
+            if self._counts[run_id] > 0:
+                return False
+            action()
+            return True
+
+
+class IdleRunSweeper:
+    def __init__(
+        self,
+        *,
+        repo: RunRepository,
+        runs: RunService,
+        in_flight: CallsInFlight,
+        max_idle_s: float,
+        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+    ) -> None:
+        self._repo = repo
+        self._runs = runs
+        self._in_flight = in_flight
+        self.max_idle_s = max_idle_s
+        self._clock = clock
+
+    def sweep(self) -> list[str]:
+        """End the runs idle for longer than allowed as failed; their ids."""
+        cutoff = idle_cutoff(self._clock(), self.max_idle_s)
+        ended: list[str] = []
+        for run_id in self._repo.idle_since(cutoff):
+
+            def end(run_id: str = run_id) -> None:
+                self._runs.end(run_id, RunStatus.FAILED, actor=ACTOR, reason="idle", idle_before=cutoff)
+
+            try:
+                if self._in_flight.unless_busy(run_id, end):
+                    ended.append(run_id)
+            except (Conflict, NotFound):
+                pass  # ended, active again, or gone (session purged) since it was listed
+        if ended:
+            log.warning(
+                "ended runs without a tool call for too long as failed %s",
+                kv(runs=",".join(ended), max_idle_s=self.max_idle_s),
+            )
+        return ended
