@@ -1,0 +1,78 @@
+"""What noting a run's last activity costs a tool call, side by side with not noting it.
+
+The dispatcher writes each call's audit row in one write transaction; the idle-run sweeper
+needs the run's last activity, which the dispatcher sets in that same transaction
+(`RunRepository.touch_in`). Measured on a real state store (WAL, synchronous=NORMAL) with
+10,000 ended runs and one running run: the audit transaction alone, and with the touch,
+interleaved in rounds; then one sweep query over those runs.
+
+Run: .venv/bin/python bench/run_activity.py   (prints `name: value unit` lines)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator import audit  # noqa: E402
+from orchestrator.clock import now_iso  # noqa: E402
+from orchestrator.runs import RunRepository  # noqa: E402
+from orchestrator.state_store import StateStore  # noqa: E402
+
+ENDED_RUNS, CALLS, ROUNDS = 10_000, 500, 7
+
+
+def fill(store: StateStore) -> None:
+    at = now_iso()
+    with store.write() as tx:
+        for n in range(ENDED_RUNS + 1):
+            status = "running" if n == ENDED_RUNS else "succeeded"
+            tx.execute(
+                "INSERT INTO runs (run_id, session_id, trigger, agent_id, identity_mode, owner_user_id,"
+                " runtime_user_id, status, started_at) VALUES (?, 's', 'web', 'default', 'owner', 1, 1, ?, ?)",
+                (f"r-{n}", status, at),
+            )
+
+
+def calls(store: StateStore, touch: bool) -> float:
+    """Microseconds per audited call."""
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        with store.write() as tx:
+            audit.record(tx, actor="bench", action="tool.call", session_id="s", run_id="r-live", tool="read_file")
+            if touch:
+                RunRepository.touch_in(tx, f"r-{ENDED_RUNS}", now_iso())
+    return (time.perf_counter() - started) / CALLS * 1e6
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        store = StateStore(Path(tmp) / "state" / "orchestrator.sqlite3")
+        store.open()
+        fill(store)
+        plain, touched = [], []
+        for _ in range(ROUNDS):
+            plain.append(calls(store, touch=False))
+            touched.append(calls(store, touch=True))
+        repo = RunRepository(store)
+        sweeps = []
+        for _ in range(ROUNDS):
+            started = time.perf_counter()
+            repo.idle_since(now_iso())
+            sweeps.append((time.perf_counter() - started) * 1e6)
+        store.close()
+    p, t = statistics.median(plain), statistics.median(touched)
+    print(f"audit_tx_only: {p:.1f} us")
+    print(f"audit_tx_with_touch: {t:.1f} us")
+    print(f"touch_extra: {t - p:.1f} us")
+    print(f"touch_ratio: {t / p:.2f} x")
+    print(f"sweep_query_{ENDED_RUNS}_ended_runs: {statistics.median(sweeps):.1f} us")
+
+
+if __name__ == "__main__":
+    main()
