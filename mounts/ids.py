@@ -18,6 +18,9 @@ _CHAT_ID = re.compile(r"[A-Za-z0-9_@:=+-][A-Za-z0-9._@:=+-]{0,127}")
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _TOKEN = re.compile(r"[0-9a-f]{8,64}")
+MAX_PATH_COMPONENT_BYTES = 255  # NAME_MAX
+MAX_RELATIVE_PATH_BYTES = 1024
+MAX_RELATIVE_PATH_DEPTH = 32
 
 
 class InvalidIdentifier(ValueError):
@@ -102,4 +105,42 @@ def token(value: object, field: str = "token") -> str:
     text = _require_str(field, value)
     if not _TOKEN.fullmatch(text):
         raise InvalidIdentifier(field, f"{field} must be 8-64 lowercase hex digits")
+    return text
+
+
+def path_component(value: object, field: str = "path") -> str:
+    """One component of a relative path inside a tree we write (a skill's files): printable
+    text that names exactly one entry. Unicode is welcome (skills are written in many
+    languages); separators, control characters, NUL, `.`/`..` and a leading `-` are not."""
+    text = _require_str(field, value)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate from a JSON escape
+        raise InvalidIdentifier(field, f"{field}: {text!r} is not valid UTF-8") from None
+    if not 0 < size <= MAX_PATH_COMPONENT_BYTES:
+        raise InvalidIdentifier(field, f"{field}: a path component must be 1-{MAX_PATH_COMPONENT_BYTES} bytes")
+    if text in (".", ".."):
+        raise InvalidIdentifier(field, f"{field}: '.' and '..' are not allowed")
+    if "/" in text or "\\" in text or not text.isprintable():
+        raise InvalidIdentifier(field, f"{field}: {text!r} holds a separator or a control character")
+    if text[0] in "- " or text[-1] == " ":
+        raise InvalidIdentifier(field, f"{field}: {text!r} may not start with '-' or a space, or end with a space")
+    return text
+
+
+def relative_path(value: object, field: str = "path") -> str:
+    """A clean relative path (`scripts/run.sh`): no leading `/`, no empty, `.` or `..`
+    component, every component valid by `path_component`; bounded length and depth."""
+    text = _require_str(field, value)
+    if text.startswith("/"):
+        raise InvalidIdentifier(field, f"{field}: absolute paths are not allowed")
+    parts = text.split("/")
+    if len(parts) > MAX_RELATIVE_PATH_DEPTH:
+        raise InvalidIdentifier(field, f"{field}: at most {MAX_RELATIVE_PATH_DEPTH} levels deep")
+    for part in parts:
+        if part == "":
+            raise InvalidIdentifier(field, f"{field}: empty path component (a doubled or trailing '/')")
+        path_component(part, field)
+    if len(text.encode("utf-8")) > MAX_RELATIVE_PATH_BYTES:
+        raise InvalidIdentifier(field, f"{field}: at most {MAX_RELATIVE_PATH_BYTES} bytes")
     return text

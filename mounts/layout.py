@@ -165,6 +165,18 @@ class DataLayout:
     def userskill_source(self, user_id: int, skill: str) -> Path:
         return self.userskills_dir(user_id) / ids.name(skill, "skill")
 
+    def skill_sources_dir(self, user_id: int | None) -> Path:
+        """The directory holding skill sources: `skills/` for system skills (no user),
+        `userskills/{uid}/` for a user's personal skills."""
+        return self.skills_root if user_id is None else self.userskills_dir(user_id)
+
+    def skill_source_staging(self, user_id: int | None, token: str) -> Path:
+        # Beside the skills it replaces (one rename away); dot-named, so never listed as one.
+        return self.skill_sources_dir(user_id) / f".staging-{ids.token(token)}"
+
+    def skill_source_trash(self, user_id: int | None, token: str) -> Path:
+        return self.skill_sources_dir(user_id) / f".trash-{ids.token(token)}"
+
     @property
     def skill_views_root(self) -> Path:
         return self.root / "skill-views"
@@ -200,6 +212,11 @@ class DataLayout:
     @property
     def skill_store_lock(self) -> Path:
         return self.skill_locks_dir / "store.lock"
+
+    @property
+    def skill_sources_lock(self) -> Path:
+        """Held while a skill source is installed or removed through the API."""
+        return self.skill_locks_dir / "sources.lock"
 
     def user_view_lock(self, user_id: int) -> Path:
         return self.skill_locks_dir / f"user-{ids.user_id(user_id)}.lock"

@@ -52,6 +52,8 @@ class SkillSource:
 class SourceSet:
     generation: int
     skills: Mapping[str, SkillSource]
+    # name -> why an entry that looks like it wanted to be a skill is not one (for admins)
+    ignored: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -165,6 +167,7 @@ class SkillSources:
                 for name, why in listing.ignored:
                     log.warning("not a skill %s", kv(kind=cache.kind.value, user=cache.user_id, entry=name, reason=why))
                 cache.ignored = listing.ignored
+                changed = True
             names = set(listing.names)
             for gone in set(cache.skills) - names:
                 del cache.skills[gone]
@@ -186,7 +189,7 @@ class SkillSources:
                 changed = True
         cache.dirty = still_dirty
         if changed or cache.snapshot is None:
-            cache.snapshot = SourceSet(next(self._generations), dict(cache.skills))
+            cache.snapshot = SourceSet(next(self._generations), dict(cache.skills), cache.ignored)
         return cache.snapshot
 
     def _scan(self, cache: _SetCache, name: str) -> SkillSource | None:

@@ -14,6 +14,9 @@ that want one.
 
 from __future__ import annotations
 
+import base64
+import os
+import stat
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
@@ -340,6 +343,102 @@ class IdentityMode(Model):
     invalid_value: str | None
 
 
+class SkillEntry(Model):
+    path: str
+    kind: str
+    executable: bool = False
+    size: int = 0
+    sha256: str | None = None
+    target: str | None = None
+
+
+class Skill(Model):
+    """A skill source as the server's skill code knows it."""
+
+    name: str
+    kind: str  # system | personal
+    user_id: int | None
+    path: str
+    valid: bool
+    fingerprint: str | None
+    problem: str | None
+    files: int
+    bytes: int
+
+
+class SkillDetail(Skill):
+    entries: list[SkillEntry]
+
+
+class IgnoredSkillEntry(Model):
+    name: str
+    reason: str
+
+
+class SkillList(Model):
+    skills: list[Skill]
+    ignored: list[IgnoredSkillEntry]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.skills]
+
+
+class SkillInstalled(Skill):
+    created: bool
+    changed: bool
+    previous_fingerprint: str | None
+
+
+class SkillRemoved(Model):
+    name: str
+    kind: str
+    user_id: int | None
+    removed: bool
+    previous_fingerprint: str | None
+
+
+class SkillFile(Model):
+    """A file of a skill to install: text or bytes, and its executable bit."""
+
+    content: str | bytes
+    executable: bool = False
+
+
+SkillFiles = Mapping[str, str | bytes | SkillFile]
+
+
+def _skill_body(files: SkillFiles) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, file in files.items():
+        if not isinstance(file, SkillFile):
+            file = SkillFile(content=file)
+        if isinstance(file.content, bytes):
+            out[path] = {"base64": base64.b64encode(file.content).decode("ascii"), "executable": file.executable}
+        else:
+            out[path] = {"text": file.content, "executable": file.executable}
+    return {"files": out}
+
+
+def skill_files_from_dir(directory: str | os.PathLike[str]) -> dict[str, SkillFile]:
+    """A local skill directory as the files of `put_skill` (bytes, executable bits).
+    Symlinks and special files cannot be sent: they raise ValueError."""
+    root = os.fspath(directory)
+    files: dict[str, SkillFile] = {}
+    for current, dirs, names in os.walk(root, followlinks=False):
+        for name in sorted(dirs + names):
+            path = os.path.join(current, name)
+            st = os.lstat(path)
+            relative = os.path.relpath(path, root).replace(os.sep, "/")
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{relative}: only regular files can be sent (not a symlink or special file)")
+            with open(path, "rb") as f:
+                files[relative] = SkillFile(content=f.read(), executable=bool(st.st_mode & 0o111))
+    return files
+
+
 # --- the client -----------------------------------------------------------------------------
 
 
@@ -576,3 +675,36 @@ class OrchestratorClient:
 
     def sandboxes(self) -> dict[str, Any]:
         return dict(self._json("GET", "/v1/admin/sandboxes", admin=True))
+
+    # skills ---------------------------------------------------------------------------------
+    def list_skills(self) -> SkillList:
+        """The system skills (admin)."""
+        return SkillList.model_validate(self._json("GET", "/v1/admin/skills", admin=True))
+
+    def get_skill(self, name: str) -> SkillDetail:
+        return SkillDetail.model_validate(self._json("GET", f"/v1/admin/skills/{name}", admin=True))
+
+    def put_skill(self, name: str, files: SkillFiles) -> SkillInstalled:
+        """Install or replace the whole system skill `name` (admin). `files`: relative path ->
+        text, bytes or `SkillFile`; see `skill_files_from_dir`."""
+        return SkillInstalled.model_validate(
+            self._json("PUT", f"/v1/admin/skills/{name}", json=_skill_body(files), admin=True)
+        )
+
+    def delete_skill(self, name: str) -> SkillRemoved:
+        return SkillRemoved.model_validate(self._json("DELETE", f"/v1/admin/skills/{name}", admin=True))
+
+    def list_personal_skills(self, user_id: int) -> SkillList:
+        return SkillList.model_validate(self._json("GET", f"/v1/users/{user_id}/skills"))
+
+    def get_personal_skill(self, user_id: int, name: str) -> SkillDetail:
+        return SkillDetail.model_validate(self._json("GET", f"/v1/users/{user_id}/skills/{name}"))
+
+    def put_personal_skill(self, user_id: int, name: str, files: SkillFiles) -> SkillInstalled:
+        """Install or replace the whole personal skill `name` of `user_id` (bot token)."""
+        return SkillInstalled.model_validate(
+            self._json("PUT", f"/v1/users/{user_id}/skills/{name}", json=_skill_body(files))
+        )
+
+    def delete_personal_skill(self, user_id: int, name: str) -> SkillRemoved:
+        return SkillRemoved.model_validate(self._json("DELETE", f"/v1/users/{user_id}/skills/{name}"))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 
+from mounts.skill_install import SkillInstaller
+from mounts.skill_package import PackageLimits
 from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.base import ContainerBackend
 from orchestrator.backends.choice import detect_backend
@@ -29,6 +31,7 @@ from orchestrator.session_cleanup import CleanupPhase
 from orchestrator.session_upkeep import SessionUpkeep
 from orchestrator.sessions import SessionRepository, SessionService
 from orchestrator.settings import Settings
+from orchestrator.skill_admin import SkillAdmin
 from orchestrator.skills import SkillService
 from orchestrator.state_store import StateStore
 from orchestrator.tools.container_tools import register_container_tools
@@ -65,6 +68,16 @@ class OrchestratorService:
         self.switch = RuntimeIdentitySwitch(self.store, settings)
         self.directories = UserDirectories(self.layout, settings.sandbox_uid_base)
         self.skills = build_skill_service(settings, self.directories)
+        self.skill_admin = SkillAdmin(
+            self.skills,
+            SkillInstaller(self.layout, prepare_user_dir=self.directories.ensure_userskills_dir),
+            self.store,
+            PackageLimits(
+                max_files=settings.skill_upload_max_files,
+                max_file_bytes=settings.skill_upload_max_file_bytes,
+                max_total_bytes=settings.skill_upload_max_bytes,
+            ),
+        )
         self.agent_deployment = AgentDeployment(self.layout)
         self.process_backend = ProcessBackend(settings, self.layout, self.directories, self.agent_deployment)
         backends: dict[str, ContainerBackend] = {"process": self.process_backend}

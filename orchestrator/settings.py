@@ -101,6 +101,13 @@ class Settings(BaseSettings):
     skill_gc_interval_s: float = Field(
         3600.0, ge=0, description="How often the server collects skill-store garbage (0: never)."
     )
+    skill_upload_max_files: int = Field(1000, gt=0, description="Files in one skill installed through the API.")
+    skill_upload_max_file_bytes: int = Field(
+        5 * 1024 * 1024, gt=0, description="Size of one file of a skill installed through the API."
+    )
+    skill_upload_max_bytes: int = Field(
+        20 * 1024 * 1024, gt=0, description="Total size of a skill installed through the API."
+    )
     transcript_turns: int = Field(200, gt=0, description="Turns kept in a session's transcript.")
     conversation_read_max_chars: int = Field(
         20_000, ge=1_000, description="Cap on the text read_conversation and session_search return."

@@ -21,3 +21,7 @@ def user_id_param(user_id: int = Path(...)) -> int:
 
 def project_id_param(project_id: str = Path(..., max_length=200)) -> str:
     return ids.project_id(project_id, "project_id")
+
+
+def skill_name_param(name: str = Path(..., max_length=200)) -> str:
+    return ids.name(name, "name")

@@ -111,8 +111,54 @@ def test_client_models_match_the_servers_openapi(server) -> None:
         sdk.SessionDeleted: "DeletedOut",
         sdk.Delivery: "DeliveryOut",
         sdk.IdentityMode: "IdentityModeOut",
+        sdk.Skill: "SkillOut",
+        sdk.SkillDetail: "SkillDetailOut",
+        sdk.SkillEntry: "SkillEntryOut",
+        sdk.SkillList: "SkillListOut",
+        sdk.SkillInstalled: "SkillInstalledOut",
+        sdk.SkillRemoved: "SkillRemovedOut",
     }
     for model, schema in pairs.items():
         server_fields = set(schemas[schema]["properties"])
         assert set(model.model_fields) <= server_fields, (model.__name__, set(model.model_fields) - server_fields)
         assert set(schemas[schema].get("required", [])) <= set(model.model_fields) | {"transcript_turns", "fetch"}, schema
+
+
+def test_skills_through_the_sdk(bot: OrchestratorClient, server, tmp_path) -> None:
+    local = tmp_path / "report-skill"
+    (local / "scripts").mkdir(parents=True)
+    (local / "SKILL.md").write_text("# report\n")
+    (local / "scripts" / "make.sh").write_text("#!/bin/sh\necho report\n")
+    (local / "scripts" / "make.sh").chmod(0o755)
+    (local / "logo.png").write_bytes(b"\x89PNG\x00\xff")
+    files = sdk.skill_files_from_dir(local)
+    assert files["scripts/make.sh"].executable and files["logo.png"].content == b"\x89PNG\x00\xff"
+
+    installed = bot.put_skill("report", files)
+    assert installed.created and installed.valid and installed.files == 3
+    detail = bot.get_skill("report")
+    assert {e.path: e.executable for e in detail.entries if e.kind == "file"} == {
+        "SKILL.md": False, "logo.png": False, "scripts/make.sh": True,
+    }
+    assert server[1].layout.skill_source("report").joinpath("logo.png").read_bytes() == b"\x89PNG\x00\xff"
+    assert bot.list_skills().names == ["report"]
+    again = bot.put_skill("report", {"SKILL.md": "# report v2\n", "run": sdk.SkillFile(content="x", executable=True)})
+    assert again.changed and again.previous_fingerprint == installed.fingerprint
+    assert bot.delete_skill("report").previous_fingerprint == again.fingerprint
+    with pytest.raises(sdk.NotFound):
+        bot.get_skill("report")
+    with pytest.raises(sdk.InvalidRequest) as invalid:
+        bot.put_skill("report", {"../up": "x", "SKILL.md": "x"})
+    assert invalid.value.field == "files.../up"
+
+    personal = bot.put_personal_skill(MEMBER, "mine", {"SKILL.md": "# mine\n"})
+    assert personal.kind == "personal" and personal.user_id == MEMBER
+    assert bot.list_personal_skills(MEMBER).names == ["mine"]
+    assert bot.get_personal_skill(MEMBER, "mine").entries[0].path == "SKILL.md"
+    assert bot.delete_personal_skill(MEMBER, "mine").removed
+    with OrchestratorClient(server[0], token=API_TOKEN) as plain_bot, pytest.raises(sdk.Forbidden):
+        plain_bot.put_skill("report", {"SKILL.md": "x"})  # system skills need the admin token
+
+    (local / "link").symlink_to("SKILL.md")
+    with pytest.raises(ValueError, match="link"):
+        sdk.skill_files_from_dir(local)

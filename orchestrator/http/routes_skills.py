@@ -1,0 +1,125 @@
+"""The skills API (docs/skills.md): system skills with the admin token, a user's personal
+skills with the bot token. PUT installs or replaces a whole skill atomically."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Response
+
+from orchestrator.http.auth import Caller, require_admin, require_bot, service_of
+from orchestrator.http.params import skill_name_param, user_id_param
+from orchestrator.http.skill_models import (
+    SkillDetailOut,
+    SkillInstalledOut,
+    SkillListOut,
+    SkillPut,
+    SkillRemovedOut,
+    installed_out,
+    skill_detail_out,
+    skill_list_out,
+)
+from orchestrator.service import OrchestratorService
+
+router = APIRouter()
+
+
+def _put(
+    service: OrchestratorService, user_id: int | None, name: str, body: SkillPut, caller: Caller, response: Response
+) -> SkillInstalledOut:
+    report = service.skill_admin.install(user_id, name, body.package_files(), actor=caller.actor)
+    response.status_code = 201 if report.created else 200
+    return installed_out(report)
+
+
+def _delete(service: OrchestratorService, user_id: int | None, name: str, caller: Caller) -> SkillRemovedOut:
+    previous = service.skill_admin.remove(user_id, name, actor=caller.actor)
+    kind = "system" if user_id is None else "personal"
+    return SkillRemovedOut(name=name, kind=kind, user_id=user_id, removed=True, previous_fingerprint=previous)
+
+
+# system skills (admin) ------------------------------------------------------------------------
+@router.get("/v1/admin/skills", response_model=SkillListOut, tags=["skills"])
+def list_system_skills(
+    service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
+) -> SkillListOut:
+    return skill_list_out(service.skill_admin.list())
+
+
+@router.get("/v1/admin/skills/{name}", response_model=SkillDetailOut, tags=["skills"])
+def get_system_skill(
+    name: str = Depends(skill_name_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_admin),
+) -> SkillDetailOut:
+    return skill_detail_out(service.skill_admin.get(None, name))
+
+
+@router.put(
+    "/v1/admin/skills/{name}",
+    response_model=SkillInstalledOut,
+    tags=["skills"],
+    responses={201: {"model": SkillInstalledOut, "description": "created"}},
+)
+def put_system_skill(
+    body: SkillPut,
+    response: Response,
+    name: str = Depends(skill_name_param),
+    service: OrchestratorService = Depends(service_of),
+    caller: Caller = Depends(require_admin),
+) -> SkillInstalledOut:
+    return _put(service, None, name, body, caller, response)
+
+
+@router.delete("/v1/admin/skills/{name}", response_model=SkillRemovedOut, tags=["skills"])
+def delete_system_skill(
+    name: str = Depends(skill_name_param),
+    service: OrchestratorService = Depends(service_of),
+    caller: Caller = Depends(require_admin),
+) -> SkillRemovedOut:
+    return _delete(service, None, name, caller)
+
+
+# a user's personal skills (bot) ----------------------------------------------------------------
+@router.get("/v1/users/{user_id}/skills", response_model=SkillListOut, tags=["skills"])
+def list_personal_skills(
+    user_id: int = Depends(user_id_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> SkillListOut:
+    return skill_list_out(service.skill_admin.list(user_id))
+
+
+@router.get("/v1/users/{user_id}/skills/{name}", response_model=SkillDetailOut, tags=["skills"])
+def get_personal_skill(
+    user_id: int = Depends(user_id_param),
+    name: str = Depends(skill_name_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> SkillDetailOut:
+    return skill_detail_out(service.skill_admin.get(user_id, name))
+
+
+@router.put(
+    "/v1/users/{user_id}/skills/{name}",
+    response_model=SkillInstalledOut,
+    tags=["skills"],
+    responses={201: {"model": SkillInstalledOut, "description": "created"}},
+)
+def put_personal_skill(
+    body: SkillPut,
+    response: Response,
+    user_id: int = Depends(user_id_param),
+    name: str = Depends(skill_name_param),
+    service: OrchestratorService = Depends(service_of),
+    caller: Caller = Depends(require_bot),
+) -> SkillInstalledOut:
+    return _put(service, user_id, name, body, caller, response)
+
+
+@router.delete("/v1/users/{user_id}/skills/{name}", response_model=SkillRemovedOut, tags=["skills"])
+def delete_personal_skill(
+    user_id: int = Depends(user_id_param),
+    name: str = Depends(skill_name_param),
+    service: OrchestratorService = Depends(service_of),
+    caller: Caller = Depends(require_bot),
+) -> SkillRemovedOut:
+    return _delete(service, user_id, name, caller)
