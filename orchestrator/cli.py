@@ -155,11 +155,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     smoke.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", help="the server's base URL")
     smoke.add_argument("--token", help="the bot token (default: ORCH_API_TOKEN; none when auth is off)")
-    smoke.add_argument("--admin-token", help="the admin token (default: ORCH_ADMIN_TOKEN); not needed")
+    smoke.add_argument(
+        "--admin-token",
+        help="the admin token (default: ORCH_ADMIN_TOKEN; none when auth is off): lets the smoke install "
+        "its own skill through the admin API when the server has none",
+    )
     smoke.add_argument(
         "--data-dir",
-        help="the server's ORCH_DATA_DIR on this machine: the smoke creates its own skill there "
-        "(without it, a skill the server already has is used)",
+        help="the server's ORCH_DATA_DIR on this machine: the smoke writes its own skill there "
+        "(without it: a system skill the server has, else one installed through the admin API)",
     )
     smoke.add_argument("--owner-user", type=int, help="user id of owner A (default: a fresh random id)")
     smoke.add_argument("--member-user", type=int, help="user id of member B (default: A + 1)")

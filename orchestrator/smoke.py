@@ -3,9 +3,11 @@
 Owner A creates a group session and member B speaks in it; every check of §8.2 that applies to
 this product is run through the public API with the client SDK, exactly as a chat bot would,
 and prints one `PASS`/`FAIL` line. The smoke creates what it needs itself: two fresh users
-(random ids unless given), a group session, files and artifacts through the tools, and, when
-told the server's data dir, a system skill `orch-smoke` (otherwise it uses a skill the server
-already has). It deletes its sessions at the end. §8.2 items that belong to the seed's product
+(random ids unless given), a group session, files and artifacts through the tools, and a
+system skill `orch-smoke` when it must: written into the server's data dir when told where it
+is (`--data-dir`), else installed through the admin skills API when the server has no valid
+system skill of its own (B's catalog would be empty). It deletes its sessions, and the skill
+it made, at the end. §8.2 items that belong to the seed's product
 and not to this one (the Feishu/DingTalk cards, `docker logs`) are covered by their equivalents:
 the structured tool errors replace log greps.
 """
@@ -23,7 +25,7 @@ from typing import Any, TextIO
 from orchestrator.client import ApiError, OrchestratorClient, RunContext, ToolResult
 
 SMOKE_SKILL = "orch-smoke"
-SKILL_WAIT_S = 10.0  # new skill sources are seen once the skills watcher reports them
+SKILL_WAIT_S = 10.0  # a skill written into the data dir is seen once the skills watcher reports it
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89"
 
 
@@ -76,7 +78,9 @@ class SmokeRun:
         self.b = self.options.member_user_id or self.a + 1
         self.sessions: list[str] = []
         self.skill: str | None = None
-        self.skill_created: Path | None = None
+        self.skill_created: Path | None = None  # orch-smoke written into the data dir
+        self.skill_installed = False  # orch-smoke installed through the admin API
+        self.skill_note = "the smoke did not get to provide a skill"
         self.sid: str | None = None
         self.a_run: RunContext | None = None
         self.b_run: RunContext | None = None
@@ -172,6 +176,8 @@ class SmokeRun:
             self.client.put_user(user, display_name=name, backend=self.options.backend)
         if self.options.data_dir is not None:
             self._create_skill(self.options.data_dir)
+        else:
+            self._provide_skill_through_api()
         session = self.client.create_session(
             owner_user_id=self.a,
             channel="feishu_group",
@@ -188,25 +194,56 @@ class SmokeRun:
                 {"role": "user", "content": f"B asks to make it blue {self.nonce}", "speaker_user_id": self.b},
             ],
         )
-        return session.session_id
+        return f"{session.session_id}; skill: {self.skill_note}"
+
+    def _skill_doc(self) -> str:
+        return (
+            f"---\nname: {SMOKE_SKILL}\ndescription: created by orchestrator smoke\n---\n"
+            f"# Smoke skill\nnonce {self.nonce}\n"
+        )
 
     def _create_skill(self, data_dir: Path) -> None:
         skill = data_dir / "skills" / SMOKE_SKILL
         skill.mkdir(parents=True, exist_ok=True)
-        (skill / "SKILL.md").write_text(
-            f"---\nname: {SMOKE_SKILL}\ndescription: created by orchestrator smoke\n---\n"
-            f"# Smoke skill\nnonce {self.nonce}\n"
-        )
+        (skill / "SKILL.md").write_text(self._skill_doc())
         skill.chmod(0o755)
         (skill / "SKILL.md").chmod(0o644)
         self.skill_created = skill
+        self.skill_note = f"wrote {SMOKE_SKILL} into {data_dir}/skills"
+
+    def _provide_skill_through_api(self) -> None:
+        """B (a fresh user) sees the system skills only: if the server has no valid one of its
+        own, install orch-smoke through the admin API (removed again at the end)."""
+        try:
+            listing = self.client.list_skills()
+        except ApiError as exc:
+            self.skill_note = (
+                f"cannot list the server's system skills (admin API: {exc.status or ''} {exc.code}); "
+                "for a server without skills, pass --admin-token (or set ORCH_ADMIN_TOKEN) so the smoke "
+                "can install one, or --data-dir with the server's data dir on this machine"
+            )
+            return
+        # A leftover orch-smoke of an interrupted smoke is replaced, and removed at the end.
+        own = [s.name for s in listing.skills if s.valid and s.name != SMOKE_SKILL]
+        if own:
+            self.skill_note = f"the server's own system skills ({', '.join(own[:3])}{', ...' if len(own) > 3 else ''})"
+            return
+        try:
+            installed = self.client.put_skill(SMOKE_SKILL, {"SKILL.md": self._skill_doc()})
+        except ApiError as exc:
+            self.skill_note = f"the server has no system skill and installing {SMOKE_SKILL} failed: {exc}"
+            return
+        self.skill_installed = True
+        self.skill_note = f"installed {SMOKE_SKILL} through the admin API ({installed.fingerprint[:12]})"
 
     def a_speaks(self) -> str:
         sid = need(self.sid, "the group session")
-        deadline = time.monotonic() + SKILL_WAIT_S
+        # A skill installed through the API is there at once; one written into the data dir
+        # once the server's file watcher reports it.
+        deadline = time.monotonic() + (SKILL_WAIT_S if self.skill_created else 0)
+        wanted = SMOKE_SKILL if self.skill_created or self.skill_installed else None
         while True:
             run = self.client.start_run(sid, trigger="group_message", speaker_user_id=self.a)
-            wanted = SMOKE_SKILL if self.skill_created else None
             if wanted is None or wanted in run.skills.available or time.monotonic() > deadline:
                 break
             self.client.end_run(run.run_id)
@@ -216,7 +253,7 @@ class SmokeRun:
         expect(run.runtime_user_id == self.a and run.owner_user_id == self.a, f"runtime {run.runtime_user_id}")
         expect(run.prompt_identity_section is None, "an identity section although runtime == owner")
         expect(run.archive_hint_enabled, "archive hint off for the owner")
-        if self.skill_created:
+        if wanted:
             expect(SMOKE_SKILL in run.skills.available, f"the new skill {SMOKE_SKILL} is not available: {run.skills}")
         return f"run {run.run_id}"
 
@@ -254,7 +291,7 @@ class SmokeRun:
 
     def b_catalog(self) -> str:
         run = need(self.b_run, "B's run")
-        expect(run.skills.catalog, "B has no skills: pass --data-dir so the smoke can create one")
+        expect(run.skills.catalog, f"B has no skills; skill: {self.skill_note}")
         prefix = f"{run.workdir}/skills/"
         wrong = [e.path for e in run.skills.catalog if not e.path.startswith(prefix)]
         expect(not wrong, f"catalog paths outside {prefix}: {wrong}")
@@ -265,7 +302,7 @@ class SmokeRun:
         run, skill = need(self.b_run, "B's run"), need(self.skill, "a skill in B's catalog")
         path = next(e.path for e in run.skills.catalog if e.name == skill)
         content = self.ok(run, "read_file", path=f"{path}/SKILL.md")["content"]
-        if self.skill_created:
+        if skill == SMOKE_SKILL and (self.skill_created or self.skill_installed):
             expect(f"nonce {self.nonce}" in content, "SKILL.md has other content than the smoke wrote")
         return f"{path}/SKILL.md"
 
@@ -408,10 +445,15 @@ class SmokeRun:
                     if exc.code != "session_cleanup_pending":
                         raise
                     time.sleep(0.25)
+        removed = ""
         if self.skill_created is not None:
             shutil.rmtree(self.skill_created, ignore_errors=True)
+            removed = f", {SMOKE_SKILL} removed from the data dir"
+        if self.skill_installed:
+            self.client.delete_skill(SMOKE_SKILL)
+            removed = f", {SMOKE_SKILL} removed through the admin API"
         expect(deleted == len(self.sessions), f"{len(self.sessions) - deleted} session(s) not deleted")
-        return f"{deleted} session(s)"
+        return f"{deleted} session(s){removed}"
 
 
 def run_smoke(client: OrchestratorClient, options: SmokeOptions, out: TextIO) -> int:

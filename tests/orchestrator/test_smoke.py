@@ -1,34 +1,93 @@
-"""`orchestrator smoke` against live servers: a real `orchestrator serve` subprocess on the
-process backend (and on the Docker backend, marked `docker`), and a server whose identity mode
+"""`orchestrator smoke` against live servers: exactly what the README says after `make run`
+(a real `make run` on a fresh data dir, then `.venv/bin/orchestrator smoke --url ...` from
+another directory, no tokens, no `--data-dir`) on the process backend and, marked `docker`, on
+the Docker backend; a server with tokens, where the smoke installs its skill with the admin
+token or writes it into `--data-dir`, or says what it needs; and a server whose identity mode
 breaks the group scenario, which the smoke must report."""
 
 from __future__ import annotations
 
 import io
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 
 from orchestrator.client import OrchestratorClient
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
-from orchestrator.smoke import SmokeOptions, run_smoke
+from orchestrator.smoke import SMOKE_SKILL, SmokeOptions, run_smoke
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.orchestrator.backends.docker.conftest import docker_data_dir, sandbox_image  # noqa: F401 - fixtures
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, make_settings
 from tests.live_server import free_port, live_server, serve_process
 
+REPO = Path(__file__).resolve().parents[2]
+ORCHESTRATOR = Path(sys.executable).parent / "orchestrator"  # the venv's console script, as the README uses it
 CHECKS = 21
 
 
-def run_smoke_command(url: str, data_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", "smoke", "--url", url, "--token", API_TOKEN, "--data-dir", str(data_dir)],
-        capture_output=True, text=True, timeout=600,
-    )
+def run_smoke_command(
+    url: str, data_dir: Path | None = None, *flags: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    command = [str(ORCHESTRATOR), "smoke", "--url", url, *flags]
+    if data_dir is not None:
+        command += ["--data-dir", str(data_dir)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
+
+
+@contextmanager
+def make_run(data_dir: Path, port: int, extra_env: dict[str, str] | None = None) -> Iterator[str]:
+    """`make run` in a fresh terminal: the repository's Makefile, its venv, no tokens."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "MAKE", "MFLAGS"))}
+    env.update({"ORCH_DATA_DIR": str(data_dir), **(extra_env or {})})
+    log_path = Path(f"{data_dir}.make-run.log")
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(
+            ["make", "-C", str(REPO), "run", f"PORT={port}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120  # make may have to refresh the venv first
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"make run exited early:\n{log_path.read_text()[-3000:]}")
+            try:
+                httpx.get(f"{url}/healthz", timeout=1)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"make run did not answer:\n{log_path.read_text()[-3000:]}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        stop_process_group(process)
+
+
+def stop_process_group(process: subprocess.Popen) -> None:
+    """Ctrl-C in that terminal: the whole group (make and the server it started) is told to
+    stop, and waited for: the server stops its sandboxes on the way out."""
+    group = process.pid
+    os.killpg(group, signal.SIGINT)
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(group, signal.SIGKILL)
 
 
 def assert_all_passed(result: subprocess.CompletedProcess) -> None:
@@ -39,31 +98,69 @@ def assert_all_passed(result: subprocess.CompletedProcess) -> None:
     assert lines[-1] == f"{CHECKS} passed, 0 failed"
 
 
+def assert_only_pass_lines(result: subprocess.CompletedProcess) -> None:
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lines[-1] == f"{CHECKS} passed, 0 failed", result.stdout
+    assert all(line.startswith("PASS ") for line in lines[:-1]) and len(lines) == CHECKS + 1, result.stdout
+
+
 @pytest.mark.slow
-def test_smoke_passes_against_orchestrator_serve_on_the_process_backend(agent_data_dir: Path) -> None:
+def test_make_run_then_the_smoke_prints_only_pass_lines_on_the_process_backend(agent_data_dir: Path) -> None:
     port = free_port()
-    env = {"ORCH_BACKEND": "process", "ORCH_API_TOKEN": API_TOKEN, "ORCH_ADMIN_TOKEN": ADMIN_TOKEN}
-    with serve_process(str(agent_data_dir), port, env) as url:
-        result = run_smoke_command(url, agent_data_dir)
-    assert_all_passed(result)
+    with make_run(agent_data_dir, port, {"ORCH_BACKEND": "process"}) as url:
+        result = run_smoke_command(url, cwd=agent_data_dir.parent)
+    assert_only_pass_lines(result)
     assert "backend process" in result.stdout
-    assert not (agent_data_dir / "skills" / "orch-smoke").exists()  # the smoke removed its skill
+    assert f"installed {SMOKE_SKILL} through the admin API" in result.stdout
+    assert not (agent_data_dir / "skills" / SMOKE_SKILL).exists()  # removed again through the API
 
 
 @pytest.mark.docker
 @pytest.mark.slow
-def test_smoke_passes_against_orchestrator_serve_on_the_docker_backend(docker_data_dir: Path, sandbox_image: str) -> None:
+def test_make_run_then_the_smoke_prints_only_pass_lines_on_the_docker_backend(
+    docker_data_dir: Path, sandbox_image: str
+) -> None:
     port = free_port()
-    env = {
-        "ORCH_BACKEND": "docker",
-        "ORCH_SANDBOX_IMAGE": sandbox_image,
-        "ORCH_API_TOKEN": API_TOKEN,
-        "ORCH_ADMIN_TOKEN": ADMIN_TOKEN,
-    }
-    with serve_process(str(docker_data_dir), port, env) as url:
-        result = run_smoke_command(url, docker_data_dir)
-    assert_all_passed(result)
+    # ORCH_BACKEND stays `auto`, as in `make run`: the engine answers and the image exists.
+    with make_run(docker_data_dir, port, {"ORCH_SANDBOX_IMAGE": sandbox_image}) as url:
+        result = run_smoke_command(url, cwd=docker_data_dir.parent)
+    assert_only_pass_lines(result)
     assert "backend docker" in result.stdout
+    assert not (docker_data_dir / "skills" / SMOKE_SKILL).exists()
+
+
+@pytest.mark.slow
+def test_with_tokens_the_smoke_installs_its_skill_with_the_admin_token_or_writes_it_into_the_data_dir(
+    agent_data_dir: Path,
+) -> None:
+    port = free_port()
+    env = {"ORCH_BACKEND": "process", "ORCH_API_TOKEN": API_TOKEN, "ORCH_ADMIN_TOKEN": ADMIN_TOKEN}
+    with serve_process(str(agent_data_dir), port, env) as url:
+        through_api = run_smoke_command(url, None, "--token", API_TOKEN, "--admin-token", ADMIN_TOKEN)
+        into_data_dir = run_smoke_command(url, agent_data_dir, "--token", API_TOKEN)
+    assert_all_passed(through_api)
+    assert f"installed {SMOKE_SKILL} through the admin API" in through_api.stdout
+    assert_all_passed(into_data_dir)
+    assert f"wrote {SMOKE_SKILL} into {agent_data_dir}/skills" in into_data_dir.stdout
+    assert not (agent_data_dir / "skills" / SMOKE_SKILL).exists()
+
+
+def test_without_admin_access_or_data_dir_the_smoke_says_what_it_needs(agent_data_dir: Path) -> None:
+    port = free_port()
+    settings = make_settings(agent_data_dir, public_base_url=f"http://127.0.0.1:{port}")
+    service = OrchestratorService(settings)
+    out = io.StringIO()
+    with live_server(create_app(service), port) as url, OrchestratorClient(url, token=API_TOKEN) as client:
+        code = run_smoke(client, SmokeOptions(), out)
+    report = out.getvalue()
+    assert code == 1
+    (catalog,) = [line for line in report.splitlines() if line.startswith("FAIL B's skill catalog")]
+    assert "403 forbidden" in catalog and "--admin-token" in catalog and "ORCH_ADMIN_TOKEN" in catalog
+    assert "--data-dir" in catalog
+    failed = [line.split(" — ")[0] for line in report.splitlines() if line.startswith("FAIL")]
+    assert len(failed) == 3, report  # the catalog and the two checks that need a skill from it
+    assert not (agent_data_dir / "skills").exists() or not os.listdir(agent_data_dir / "skills")
 
 
 def test_the_smoke_reports_a_server_that_runs_group_members_as_the_owner(agent_data_dir: Path) -> None:
