@@ -58,8 +58,6 @@ def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = N
     import subprocess
     import sys
 
-    import httpx
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k == "ORCH_REQUIRE_DOCKER"}
     env.update({"ORCH_DATA_DIR": data_dir, **(extra_env or {})})
     log_path = f"{data_dir}.serve.log"
@@ -69,17 +67,7 @@ def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = N
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"orchestrator serve exited early:\n{open(log_path).read()[-3000:]}")
-            try:
-                httpx.get(f"{url}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"orchestrator serve did not answer:\n{open(log_path).read()[-3000:]}") from None
-                time.sleep(0.1)
+        wait_for_health(process, url, log_path, timeout, "orchestrator serve")
         yield url
     finally:
         process.terminate()
@@ -88,3 +76,21 @@ def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = N
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def wait_for_health(process, url: str, log_path, timeout: float, what: str) -> None:
+    """Until `url`/healthz answers; a RuntimeError with the log's tail when `process` exits
+    first or `timeout` passes."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited early:\n{open(log_path).read()[-3000:]}")
+        try:
+            httpx.get(f"{url}/healthz", timeout=1)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not answer:\n{open(log_path).read()[-3000:]}") from None
+            time.sleep(0.1)

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
 from orchestrator.client import OrchestratorClient
@@ -28,7 +27,7 @@ from orchestrator.smoke import SMOKE_SKILL, SmokeOptions, run_smoke
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.orchestrator.backends.docker.conftest import docker_data_dir, sandbox_image  # noqa: F401 - fixtures
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, make_settings
-from tests.live_server import free_port, live_server, serve_process
+from tests.live_server import free_port, live_server, serve_process, wait_for_health
 
 REPO = Path(__file__).resolve().parents[2]
 ORCHESTRATOR = Path(sys.executable).parent / "orchestrator"  # the venv's console script, as the README uses it
@@ -58,17 +57,7 @@ def make_run(data_dir: Path, port: int, extra_env: dict[str, str] | None = None)
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120  # make may have to refresh the venv first
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"make run exited early:\n{log_path.read_text()[-3000:]}")
-            try:
-                httpx.get(f"{url}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"make run did not answer:\n{log_path.read_text()[-3000:]}") from None
-                time.sleep(0.2)
+        wait_for_health(process, url, log_path, 120, "make run")  # make may have to refresh the venv first
         yield url
     finally:
         stop_process_group(process)
