@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from enum import Enum
 from pathlib import Path
 
@@ -56,7 +57,7 @@ class MountPlan:
     user_id: int
     mounts: tuple[Mount, ...]
 
-    @property
+    @cached_property  # asked on every tool call (a backend's staleness check); plans are frozen
     def plan_hash(self) -> str:
         canonical = json.dumps(
             {

@@ -4,14 +4,23 @@ user's groups, each with its own gid)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
-from mounts.layout import DataLayout
-from mounts.plan import plan_mounts
+from mounts.layout import DataLayout, GroupRef
+from mounts.plan import MountPlan, plan_mounts
 from orchestrator.backends.base import ContainerBackend, SandboxStatus, SandboxUser
 from orchestrator.errors import ToolError
 from orchestrator.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.users import UserRepository
+
+
+@lru_cache(maxsize=4096)
+def _plan(layout: DataLayout, user_id: int, memberships: tuple[tuple[GroupRef, int], ...]) -> MountPlan:
+    # Pure in its arguments, and memberships (with their gids) are read live for every call: a
+    # plan cached under old memberships is simply never asked for again (no invalidation to
+    # get wrong). Planning and hashing it cost more than that read.
+    return plan_mounts(layout, user_id, [group for group, _ in memberships], dict(memberships))
 
 
 class SandboxRouter:
@@ -38,7 +47,7 @@ class SandboxRouter:
                 f"The sandbox of user {user_id} cannot be planned ({exc}). The tool did not run; "
                 "tell the user the sandbox service needs an operator.",
             ) from exc
-        return SandboxUser(user_id, plan_mounts(self._layout, user_id, groups.keys(), groups))
+        return SandboxUser(user_id, _plan(self._layout, user_id, tuple(groups.items())))
 
     def backend_name_for(self, user_id: int) -> str:
         user = self._users.get(user_id)
@@ -57,7 +66,7 @@ class SandboxRouter:
             )
         return backend
 
-    def call(self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str) -> dict[str, Any]:
+    def call(self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str) -> Any:
         return self.backend_for(user_id).call(self.sandbox_user(user_id), tool, arguments, cwd=cwd)
 
     def status(self) -> list[SandboxStatus]:

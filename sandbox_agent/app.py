@@ -28,7 +28,9 @@ from sandbox_agent.errors import AgentToolError
 from sandbox_agent.path_sandbox import PathSandbox, os_error
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.registry import TOOLS
-from sandbox_agent.wire import AgentConfig, Health, ToolRequest
+from sandbox_agent.wire import RAW_RESULT_HEADER, AgentConfig, Health, ReadBytesResult, ToolRequest
+
+OCTET_STREAM = "application/octet-stream"
 
 log = logging.getLogger("sandbox_agent")
 
@@ -134,7 +136,14 @@ def create_app(state: AgentState) -> FastAPI:
         except (ValueError, ValidationError) as exc:
             return _json({"error": {"code": "invalid_request", "message": str(exc)}}, 422)
         # Tools block (files, subprocesses): they run in the thread pool, never on the loop.
-        return _json(await anyio.to_thread.run_sync(run_tool, state, name, body))
+        envelope = await anyio.to_thread.run_sync(run_tool, state, name, body)
+        result = envelope.get("result")
+        if isinstance(result, ReadBytesResult):
+            if OCTET_STREAM in (request.headers.get("accept") or ""):
+                # The bytes as they are; base64 in JSON cost ~19 ms per MiB here.
+                return Response(result.data, media_type=OCTET_STREAM, headers={RAW_RESULT_HEADER: result.raw_header()})
+            envelope["result"] = result.model_dump(mode="json")
+        return _json(envelope)
 
     app.router.add_route("/v1/tools/{name}", call_tool, methods=["POST"])
 

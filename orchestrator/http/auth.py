@@ -25,7 +25,7 @@ class Caller:
         return self.role
 
 
-def service_of(request: Request) -> OrchestratorService:
+async def service_of(request: Request) -> OrchestratorService:
     return request.app.state.service
 
 
@@ -56,7 +56,7 @@ def _caller(service: OrchestratorService, authorization: str | None) -> Caller |
     return None
 
 
-def require_bot(
+async def require_bot(
     service: OrchestratorService = Depends(service_of),
     authorization: str | None = Header(None),
 ) -> Caller:
@@ -66,7 +66,7 @@ def require_bot(
     return caller
 
 
-def require_admin(
+async def require_admin(
     service: OrchestratorService = Depends(service_of),
     authorization: str | None = Header(None),
 ) -> Caller:
@@ -78,7 +78,7 @@ def require_admin(
     return caller
 
 
-def acting_user(x_acting_user: str | None = Header(None)) -> int | None:
+async def acting_user(x_acting_user: str | None = Header(None)) -> int | None:
     """`X-Acting-User: {uid}`: the person a session read or write is made for (SPEC §12)."""
     if x_acting_user is None:
         return None

@@ -7,19 +7,19 @@ from fastapi import Path
 from mounts import ids
 
 
-def session_id_param(session_id: str = Path(..., max_length=200)) -> str:
+async def session_id_param(session_id: str = Path(..., max_length=200)) -> str:
     return ids.session_id(session_id, "session_id")
 
 
-def run_id_param(run_id: str = Path(..., max_length=200)) -> str:
+async def run_id_param(run_id: str = Path(..., max_length=200)) -> str:
     return ids.session_id(run_id, "run_id")
 
 
-def user_id_param(user_id: int = Path(...)) -> int:
+async def user_id_param(user_id: int = Path(...)) -> int:
     return ids.user_id(user_id, "user_id")
 
 
-def project_id_param(project_id: str = Path(..., max_length=200)) -> str:
+async def project_id_param(project_id: str = Path(..., max_length=200)) -> str:
     return ids.project_id(project_id, "project_id")
 
 

@@ -12,8 +12,6 @@ In this order:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import re
 from dataclasses import dataclass
 
@@ -24,6 +22,7 @@ from orchestrator.sandboxes import SandboxRouter
 from orchestrator.tools.foreign_paths import classify_foreign_path, foreign_path_message
 from orchestrator.tools.registry import ToolCall
 from orchestrator.url_fetch import UrlFetcher
+from sandbox_agent.wire import ReadBytesResult
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
@@ -101,11 +100,9 @@ class BytesResolver:
                 details["url"] = foreign.public_url
             raise ToolError(foreign.code, foreign_path_message(foreign, user, tool=tool), **details)
         result = self._sandboxes.call(user, "read_bytes", {"path": path}, cwd=call.workdir)
-        try:
-            data = base64.b64decode(result["content_base64"], validate=True)
-            location = str(result["path"])
-        except (KeyError, TypeError, binascii.Error) as exc:
-            raise ToolError("sandbox_error", f"The sandbox answered read_bytes without usable bytes ({exc}).") from None
+        if not isinstance(result, ReadBytesResult):
+            raise ToolError("sandbox_error", f"The sandbox answered read_bytes with a {type(result).__name__}.")
+        data, location = result.data, result.path
         if len(data) > max_bytes:
             raise ToolError("too_large", f"The file is {len(data)} bytes; {tool} sends at most {max_bytes}: {location}", path=location)
-        return ResolvedBytes(data, location.rsplit("/", 1)[-1] or None, result.get("media_type"), "sandbox", location)
+        return ResolvedBytes(data, location.rsplit("/", 1)[-1] or None, result.media_type, "sandbox", location)

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from mounts.layout import DataLayout
 from orchestrator import audit
@@ -75,13 +75,16 @@ class ToolDispatcher:
     def _dispatch(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
     ) -> ToolOutcome:
-        run = self._runs.get(run_id)
+        # The run and its session from one snapshot, read live on every call: an ended run or
+        # a deleted session refuses at once.
+        with self._store.read() as tx:
+            run = RunRepository.get_in(tx, run_id)
+            session = SessionRepository.get_in(tx, run.session_id) if run is not None else None
         if run is None:
             raise NotFound(f"run {run_id} not found")
         if run.status is not RunStatus.RUNNING:
             raise Conflict(f"run {run_id} has ended ({run.status.value}); start a new run to call tools")
-        session = self._sessions.get(run.session_id)
-        if session is None:
+        if session is None or session.deleted:
             raise NotFound(f"session {run.session_id} not found")
         spec = self._registry.get(name)
         if spec is None:
@@ -98,6 +101,8 @@ class ToolDispatcher:
                 result = self._sandboxes.call(
                     acting_user, name, arguments.model_dump(mode="json", exclude_none=True), cwd=workdir
                 )
+                if isinstance(result, BaseModel):  # a typed wire result (read_bytes): its JSON form
+                    result = result.model_dump(mode="json")
             else:
                 assert spec.handler is not None
                 result = spec.handler(

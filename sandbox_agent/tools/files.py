@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import errno
 import mimetypes
 import os
@@ -14,7 +13,7 @@ from sandbox_agent.errors import AgentToolError
 from sandbox_agent.path_sandbox import READ_FLAGS, WriteTarget, os_error
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.output import looks_binary
-from sandbox_agent.wire import EditFileArgs, ReadBytesArgs, ReadFileArgs, WriteFileArgs
+from sandbox_agent.wire import EditFileArgs, ReadBytesArgs, ReadBytesResult, ReadFileArgs, WriteFileArgs
 
 _SNIFF = 8192
 _CHUNK = 1 << 20
@@ -199,7 +198,7 @@ def edit_file(ctx: ToolContext, args: EditFileArgs) -> dict[str, Any]:
         return {"path": path, "replacements": 1, "line": _line_of(text, first)}
 
 
-def read_bytes(ctx: ToolContext, args: ReadBytesArgs) -> dict[str, Any]:
+def read_bytes(ctx: ToolContext, args: ReadBytesArgs) -> ReadBytesResult:
     cap = ctx.limits.read_bytes_max
     with ctx.sandbox.open_file(args.path, ctx.cwd) as opened:
         size = os.fstat(opened.fd).st_size
@@ -210,9 +209,4 @@ def read_bytes(ctx: ToolContext, args: ReadBytesArgs) -> dict[str, Any]:
         if len(data) > cap:  # it grew while we read
             raise AgentToolError("too_large", f"The file is larger than {cap} bytes: {opened.path}", opened.path)
         media_type = mimetypes.guess_type(opened.path)[0] or "application/octet-stream"
-        return {
-            "path": opened.path,
-            "size": len(data),
-            "media_type": media_type,
-            "content_base64": base64.b64encode(data).decode("ascii"),
-        }
+        return ReadBytesResult(path=opened.path, size=len(data), media_type=media_type, data=data)

@@ -113,8 +113,8 @@ def test_edit_file_exact_unique_replace(tree: Tree, sandbox: PathSandbox) -> Non
 def test_read_bytes_and_its_cap(tree: Tree, sandbox: PathSandbox) -> None:
     (tree.workdir / "img.png").write_bytes(b"\x89PNG\x00\x01")
     result = read_bytes(tool_context(tree, sandbox), ReadBytesArgs(path="img.png"))
-    assert base64.b64decode(result["content_base64"]) == b"\x89PNG\x00\x01"
-    assert result["media_type"] == "image/png" and result["size"] == 6
+    assert result.data == b"\x89PNG\x00\x01" and base64.b64decode(result.content_base64) == result.data
+    assert result.media_type == "image/png" and result.size == 6
     error = error_of(read_bytes, tool_context(tree, sandbox, read_bytes_max=5), ReadBytesArgs(path="img.png"))
     assert error.code == "too_large"
 

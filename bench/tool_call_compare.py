@@ -1,0 +1,235 @@
+"""Tool-call latency of this tree and of an earlier revision, side by side in one run.
+
+Starts two real `orchestrator serve` processes (uvicorn on loopback): one from this checkout,
+one from `git archive REV` of the same repository, each with its own data dir and agents,
+both on the same interpreter. Then alternates blocks of calls between them, so both see the
+same machine load:
+1. a small `read_file` through `POST /v1/runs/{id}/tools/read_file` (median, p99), and the
+   same call straight to each one's agent over its Unix socket (the agent's share);
+2. `send_file` of a 1 MiB file by path (the sandbox's `read_bytes` and the delivery);
+3. with `--backend docker`, `docker exec <container> cat <file>` as the reference of SPEC §14.
+
+Run: .venv/bin/python bench/tool_call_compare.py [--baseline REV] [--backend process|docker]
+(prints `name: value unit` lines; `baseline_*` and `current_*` figures come from the same run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sandbox_agent.client import AgentClient  # noqa: E402
+
+TOKEN = "bench-bot-token"
+BLOCK = 25
+SIZE = 1024 * 1024
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def export_revision(rev: str, into: Path) -> Path:
+    """The tree of `rev` as plain files (no worktree bookkeeping left behind)."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
+    target = into / f"tree-{rev.replace('/', '_')}"
+    target.mkdir()
+    archive_file = into / "tree.tar"
+    archive_file.write_bytes(archive)
+    with tarfile.open(archive_file) as tar:
+        tar.extractall(target, filter="data")
+    archive_file.unlink()
+    return target
+
+
+@dataclass
+class Server:
+    name: str
+    tree: Path
+    data_dir: Path
+    backend: str
+    image: str | None
+    python: str = sys.executable
+    proc: subprocess.Popen[bytes] | None = None
+    api: httpx.Client | None = None
+    run: dict = field(default_factory=dict)
+    samples: dict[str, list[float]] = field(default_factory=dict)
+
+    def start(self) -> None:
+        port = free_port()
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("ORCH_")},
+            "ORCH_DATA_DIR": str(self.data_dir),
+            "ORCH_API_TOKEN": TOKEN,
+            "ORCH_ADMIN_TOKEN": TOKEN + "-admin",
+            "ORCH_BACKEND": self.backend,
+            "ORCH_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
+        }
+        if self.image is not None:
+            env["ORCH_SANDBOX_IMAGE"] = self.image
+        # -m with cwd=tree: the tree's own packages come first on sys.path.
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
+            cwd=self.tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.api.get("/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise SystemExit(f"the {self.name} server did not start")
+            time.sleep(0.1)
+        sid = self.api.post("/v1/sessions", json={"owner_user_id": 17, "channel": "web"}).json()["session_id"]
+        self.run = self.api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}).json()
+        self.call("write_file", path="small.txt", content="hello\n" * 10)
+        self.call("shell", command=f"head -c {SIZE} /dev/urandom > big.bin")
+        for _ in range(100):
+            self.call("read_file", path="small.txt")
+
+    def call(self, name: str, **arguments: object) -> dict:
+        assert self.api is not None
+        body = self.api.post(f"/v1/runs/{self.run['run_id']}/tools/{name}", json={"arguments": arguments}).json()
+        if not body.get("ok"):
+            raise RuntimeError(f"{self.name}: {body}")
+        return body["result"]
+
+    def timed(self, figure: str, fn) -> None:
+        t0 = time.perf_counter()
+        fn()
+        self.samples.setdefault(figure, []).append((time.perf_counter() - t0) * 1000)
+
+    def agent(self) -> AgentClient:
+        sockets = self.data_dir / "sockets" / "17"
+        return AgentClient(sockets / "agent.sock", (sockets / "token").read_text().strip())
+
+    def container(self) -> str:
+        import docker
+
+        from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id
+
+        engine = docker.from_env()
+        try:
+            found = engine.containers.list(filters={"label": f"{LABEL_INSTANCE}={instance_id(self.data_dir)}"})
+            return found[0].name
+        finally:
+            engine.close()
+
+    def stop(self) -> None:
+        if self.api is not None:
+            self.api.close()
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def docker_image() -> str:
+    import docker
+
+    from orchestrator.image.build import BuildSources, ImageBuilder
+    from orchestrator.settings import Settings
+
+    engine = docker.from_env()
+    try:
+        result = ImageBuilder(engine, BuildSources.from_checkout(REPO), image=Settings().sandbox_image).build()
+    finally:
+        engine.close()
+    return f"{result.image.rpartition(':')[0]}:{result.recipe[:12]}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline", default="main", help="git revision to compare with (default: main)")
+    parser.add_argument("--backend", choices=["process", "docker"], default="process")
+    parser.add_argument(
+        "--baseline-python",
+        default=sys.executable,
+        help="interpreter of the baseline (e.g. a venv without dependencies added since); default: this one",
+    )
+    parser.add_argument("--calls", type=int, default=2000, help="read_file calls per server")
+    parser.add_argument("--sends", type=int, default=40, help="1 MiB send_file calls per server")
+    args = parser.parse_args()
+
+    # Not under /tmp with docker: a user's tmp/{uid} is the container's /tmp (docs/docker.md).
+    base = Path(tempfile.mkdtemp(dir="/var/tmp" if args.backend == "docker" else "/tmp", prefix="bench-compare-"))
+    os.chmod(base, 0o711)  # sandbox uids must traverse to the data dirs
+    image = docker_image() if args.backend == "docker" else None
+    servers = [
+        Server("baseline", export_revision(args.baseline, base), base / "data-baseline", args.backend, image, args.baseline_python),
+        Server("current", REPO, base / "data-current", args.backend, image),
+    ]
+    try:
+        for server in servers:
+            server.start()
+        agents = {s.name: s.agent() for s in servers}
+        for _ in range(max(1, args.calls // BLOCK)):
+            for server in servers:
+                for _ in range(BLOCK):
+                    server.timed("read_file_api", lambda: server.call("read_file", path="small.txt"))
+                agent, cwd = agents[server.name], server.run["workdir"]
+                for _ in range(BLOCK):
+                    server.timed("read_file_agent_direct", lambda: agent.call("read_file", {"path": "small.txt"}, cwd=cwd))
+        for client in agents.values():
+            client.close()
+        for _ in range(args.sends):
+            for server in servers:
+                server.timed("send_file_1mib_by_path", lambda: server.call("send_file", path_or_url="big.bin"))
+        if args.backend == "docker":
+            for server in servers:
+                container, path = server.container(), f"{server.run['workdir']}/small.txt"
+                for _ in range(30):
+                    server.timed(
+                        "docker_exec_cat",
+                        lambda: subprocess.run(["docker", "exec", container, "cat", path], check=True, capture_output=True),
+                    )
+        print(f"baseline_revision: {subprocess.run(['git', '-C', str(REPO), 'rev-parse', '--short', args.baseline], capture_output=True, text=True).stdout.strip()} rev")
+        for server in servers:
+            for figure, samples in server.samples.items():
+                print(f"{server.name}_{figure}_median: {statistics.median(samples):.3f} ms")
+                if figure == "read_file_api":
+                    print(f"{server.name}_{figure}_p99: {pct(samples, 0.99):.3f} ms")
+            api = statistics.median(server.samples["read_file_api"])
+            print(f"{server.name}_orchestrator_share_median: {api - statistics.median(server.samples['read_file_agent_direct']):.3f} ms")
+            if "docker_exec_cat" in server.samples:
+                print(f"{server.name}_docker_exec_over_api_ratio: {statistics.median(server.samples['docker_exec_cat']) / api:.1f} x")
+        before, after = (statistics.median(s.samples["read_file_api"]) for s in servers)
+        print(f"read_file_api_speedup: {before / after:.2f} x")
+        before, after = (statistics.median(s.samples["send_file_1mib_by_path"]) for s in servers)
+        print(f"send_file_1mib_by_path_speedup: {before / after:.2f} x")
+    finally:
+        for server in servers:
+            server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
