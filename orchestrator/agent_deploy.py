@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 # What the agent imports at run time; their requirements are followed from the metadata.
 # Keep in step with images/sandbox-requirements.in (the docker image's copy; a test checks).
-AGENT_DISTRIBUTIONS = ("fastapi", "uvicorn", "httptools", "pydantic", "psutil", "regex")
+AGENT_DISTRIBUTIONS = ("starlette", "uvicorn", "httptools", "pydantic", "psutil", "regex")
 KEEP_RELEASES = 3
 PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 

@@ -238,6 +238,14 @@ class ToolCallIn(Body):
     tool_call_id: str | None = Field(None, min_length=1, max_length=200)
 
 
+class ToolCallOut(BaseModel):
+    """`{"ok": true, "result": ...}` or `{"ok": false, "error": {"code", "message", ...}}`."""
+
+    ok: bool
+    result: Any = None
+    error: dict[str, Any] | None = None
+
+
 class IdentityModeIn(Body):
     mode: IdentityMode
 

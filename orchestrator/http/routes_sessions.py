@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Query
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
 
 from mounts import ids
 from orchestrator.errors import InvalidInput
@@ -27,6 +29,7 @@ from orchestrator.http.models import (
     SessionOut,
     SessionPatch,
     ToolCallIn,
+    ToolCallOut,
 )
 from orchestrator.http.params import run_id_param, session_id_param
 from orchestrator.identity import SPEAKER_TRIGGERS
@@ -189,15 +192,17 @@ def list_tools(service: OrchestratorService = Depends(service_of), _: Caller = D
     return {"tools": service.tools.describe()}
 
 
-@router.post("/v1/runs/{run_id}/tools/{name}", tags=["tools"])
-def call_tool(
+@router.post("/v1/runs/{run_id}/tools/{name}", tags=["tools"], response_model=ToolCallOut)
+async def call_tool(
     body: ToolCallIn,
     run_id: str = Depends(run_id_param),
     name: str = Path(..., max_length=100),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
-) -> dict:
-    outcome = service.dispatcher.dispatch(
-        run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor
+) -> Response:
+    # The hot path (SPEC §14): the dispatcher blocks (SQLite, the sandbox), so it runs in the
+    # thread pool; its outcome is plain JSON already, so it skips FastAPI's response validation.
+    outcome = await run_in_threadpool(
+        service.dispatcher.dispatch, run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor
     )
-    return outcome.body()
+    return JSONResponse(outcome.body())

@@ -19,8 +19,8 @@ AS_ROOT = os.geteuid() == 0
 
 def test_the_closure_has_what_the_agent_imports_and_nothing_for_tests() -> None:
     names = {d.metadata["Name"].lower().replace("_", "-") for d in distribution_closure()}
-    assert {"fastapi", "starlette", "uvicorn", "h11", "click", "pydantic", "pydantic-core", "anyio", "psutil", "regex"} <= names
-    assert not names & {"pytest", "httpx", "docker", "hypothesis"}
+    assert {"starlette", "uvicorn", "httptools", "h11", "click", "pydantic", "pydantic-core", "anyio", "psutil", "regex"} <= names
+    assert not names & {"pytest", "httpx", "docker", "hypothesis", "fastapi"}
 
 
 def test_the_process_deployment_and_the_image_install_the_same_distributions() -> None:
@@ -45,7 +45,7 @@ def test_a_release_is_content_addressed_complete_and_idempotent(agent_data_dir: 
     assert manifest["python"] == PYTHON_TAG and manifest["build"] == release.build
     assert "pydantic-core" in manifest["distributions"]
     assert compute_build_id(release.path / "sandbox_agent") == release.build
-    assert (release.path / "site-packages" / "fastapi" / "__init__.py").is_file()
+    assert (release.path / "site-packages" / "starlette" / "__init__.py").is_file()
     assert not list(release.path.rglob("__pycache__"))
     assert AgentDeployment(layout).ensure() == release  # a second orchestrator reuses it
     assert [p.name for p in layout.agent_releases_dir.iterdir()] == [release.release_id]
