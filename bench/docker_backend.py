@@ -17,7 +17,6 @@ import concurrent.futures
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.measure import free_port, pct  # noqa: E402
 from mounts.plan import plan_mounts  # noqa: E402
 from orchestrator.backends.base import SandboxUser  # noqa: E402
 from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id  # noqa: E402
@@ -45,17 +45,6 @@ EXEC_CALLS = 30
 SESSIONS, CALLS_PER_SESSION = 50, 20
 # Not under /tmp: a user's tmp/{uid} is the container's /tmp (see docs/docker.md).
 BASE = Path("/var/tmp/sandbox-orchestrator-bench")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def remove_containers(engine: docker.DockerClient, data_dir: Path) -> None:

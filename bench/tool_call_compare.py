@@ -19,7 +19,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,22 +33,12 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.measure import free_port, pct  # noqa: E402
 from sandbox_agent.client import AgentClient  # noqa: E402
 
 TOKEN = "bench-bot-token"
 BLOCK = 25
 SIZE = 1024 * 1024
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def export_revision(rev: str, into: Path) -> Path:

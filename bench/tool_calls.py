@@ -14,7 +14,6 @@ import concurrent.futures
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,22 +26,12 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.measure import free_port, pct  # noqa: E402
 from sandbox_agent.client import AgentClient  # noqa: E402
 
 TOKEN = "bench-bot-token"
 CALLS = 2000
 SESSIONS, CALLS_PER_SESSION, USERS = 50, 20, 10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
