@@ -16,7 +16,7 @@ RUN python3 -m venv --without-pip /opt/sandbox/venv \
  && /opt/sandbox/venv/bin/python "$(ls /wheelhouse/pip-*.whl)/pip" install \
       --no-index --find-links /wheelhouse --no-cache-dir --disable-pip-version-check \
       --only-binary=:all: -r /wheelhouse/requirements.txt \
- && /opt/sandbox/venv/bin/python -c "import starlette, uvicorn, httptools, pydantic, psutil"
+ && /opt/sandbox/venv/bin/python -c "import starlette, uvicorn, httptools, pydantic, psutil, regex"
 
 # Stage 2: the base plus that virtualenv; no wheelhouse layer left behind.
 FROM ${BASE_IMAGE}

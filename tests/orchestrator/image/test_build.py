@@ -57,7 +57,7 @@ def test_image_is_labelled_unprivileged_and_has_no_agent_code() -> None:
 
 def test_agent_dependencies_match_the_hosts_versions() -> None:
     result = ensure_sandbox_image()
-    names = ["starlette", "uvicorn", "httptools", "pydantic", "psutil"]
+    names = ["starlette", "uvicorn", "httptools", "pydantic", "psutil", "regex"]
     out = run_in_image(
         recipe_tag(result),
         f"from importlib.metadata import version; print(*(version(n) for n in {names!r}))",
