@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import signal
 import socket
 import stat
@@ -98,7 +99,18 @@ def _kill_descendants() -> None:
     psutil.wait_procs(children, timeout=2)
 
 
+def limit_processes(limit: int | None) -> None:
+    """Cap the processes (and threads) of this uid, hard, so shells cannot raise it again."""
+    if limit is None:
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
+
+
 def serve(config: AgentConfig) -> None:
+    limit_processes(config.max_processes)
     process_tree.adopt_orphans()
     sandbox = PathSandbox(
         [Root(r.path, r.access == "rw", r.purpose) for r in config.roots],

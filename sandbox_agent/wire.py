@@ -132,6 +132,10 @@ class AgentConfig(BaseModel):
     instance_id: str = ""
     # Exit when this process (the orchestrator, process backend) is gone; None in containers.
     parent_pid: int | None = None
+    # RLIMIT_NPROC of the sandbox uid, set by the agent before it serves, so one user's fork
+    # bomb cannot take the host's process table (None: the agent runs as the orchestrator's
+    # own uid, which must not be limited).
+    max_processes: int | None = Field(None, gt=0)
 
 
 # --- envelopes ------------------------------------------------------------------------------

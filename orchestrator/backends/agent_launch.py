@@ -109,6 +109,8 @@ def prepare_agent_launch(
         shell_env=shell_environment(layout, user_id),
         instance_id=secrets.token_hex(8),
         parent_pid=parent_pid,
+        # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.
+        max_processes=settings.sandbox_pids if owner is not None else None,
     )
     config_path = layout.agent_config_path(user_id)
     write_private_file(config_path, config.model_dump_json(indent=2), owner=owner)
