@@ -141,15 +141,17 @@ class Server:
                 self.proc.kill()
 
 
-def docker_image() -> str:
+def docker_image(tree: Path) -> str:
+    """The sandbox image of `tree`'s recipe (each tree's agent needs its own runtime in the
+    image: the baseline's may import FastAPI), reused when one with that recipe exists. Tagged
+    under its own name, so `ORCH_SANDBOX_IMAGE`'s default tag is left alone."""
     import docker
 
     from orchestrator.image.build import BuildSources, ImageBuilder
-    from orchestrator.settings import Settings
 
     engine = docker.from_env()
     try:
-        result = ImageBuilder(engine, BuildSources.from_checkout(REPO), image=Settings().sandbox_image).build()
+        result = ImageBuilder(engine, BuildSources.from_checkout(tree), image="sandbox-orchestrator/bench-compare:latest").build()
     finally:
         engine.close()
     return f"{result.image.rpartition(':')[0]}:{result.recipe[:12]}"
@@ -171,10 +173,11 @@ def main() -> None:
     # Not under /tmp with docker: a user's tmp/{uid} is the container's /tmp (docs/docker.md).
     base = Path(tempfile.mkdtemp(dir="/var/tmp" if args.backend == "docker" else "/tmp", prefix="bench-compare-"))
     os.chmod(base, 0o711)  # sandbox uids must traverse to the data dirs
-    image = docker_image() if args.backend == "docker" else None
+    baseline_tree = export_revision(args.baseline, base)
+    docker = args.backend == "docker"
     servers = [
-        Server("baseline", export_revision(args.baseline, base), base / "data-baseline", args.backend, image, args.baseline_python),
-        Server("current", REPO, base / "data-current", args.backend, image),
+        Server("baseline", baseline_tree, base / "data-baseline", args.backend, docker_image(baseline_tree) if docker else None, args.baseline_python),
+        Server("current", REPO, base / "data-current", args.backend, docker_image(REPO) if docker else None),
     ]
     try:
         for server in servers:
