@@ -21,6 +21,9 @@ RUN python3 -m venv --without-pip /opt/sandbox/venv \
 # Stage 2: the base plus that virtualenv; no wheelhouse layer left behind.
 FROM ${BASE_IMAGE}
 ARG RECIPE=unknown
+# A digest of the agent's pinned dependencies: the orchestrator refuses an image whose digest
+# differs from its own (orchestrator/image/compat.py).
+ARG AGENT_LOCK=unknown
 COPY --from=install /opt/sandbox/venv /opt/sandbox/venv
 COPY images/sandbox-entrypoint /usr/local/bin/sandbox-entrypoint
 # An unprivileged default user; the orchestrator runs each user's sandbox as that user's own
@@ -28,6 +31,7 @@ COPY images/sandbox-entrypoint /usr/local/bin/sandbox-entrypoint
 RUN useradd --system --uid 999 --user-group --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin sandbox
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LANG=C.UTF-8
-LABEL org.sandbox-orchestrator.role=sandbox org.sandbox-orchestrator.recipe=${RECIPE}
+LABEL org.sandbox-orchestrator.role=sandbox org.sandbox-orchestrator.recipe=${RECIPE} \
+      org.sandbox-orchestrator.agent-lock=${AGENT_LOCK}
 USER sandbox
 ENTRYPOINT ["/usr/local/bin/sandbox-entrypoint"]

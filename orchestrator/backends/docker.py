@@ -46,6 +46,7 @@ from orchestrator.backends.docker_spec import (
     user_of,
 )
 from orchestrator.errors import ToolError
+from orchestrator.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
 from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.user_dirs import UserDirectories
@@ -72,16 +73,16 @@ def engine_problem(timeout: float = 3.0) -> str | None:
         return str(exc)
 
 
-def image_present(image: str, timeout: float = 3.0) -> bool:
+def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
+    """The image's labels; None when it is absent (or the engine does not answer)."""
     try:
         client = docker.from_env(timeout=timeout)
         try:
-            client.images.get(image)
+            return dict(client.images.get(image).labels or {})
         finally:
             client.close()
-        return True
     except (DockerException, ImageNotFound):
-        return False
+        return None
 
 
 def unavailable(user_id: int, why: str, *, may_have_run: bool = False, **details: Any) -> ToolError:
@@ -142,6 +143,7 @@ class DockerBackend:
         self._slots_lock = threading.Lock()
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
         self._image: tuple[str, float] | None = None  # (id, when resolved)
+        self._expected_lock = expected_agent_lock()
         self._adopted = False
         self._adopt_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -491,12 +493,14 @@ class DockerBackend:
         if self._image is not None and now - self._image[1] < IMAGE_RECHECK_S:
             return self._image[0]
         try:
-            image_id = self.client.images.get(self.settings.sandbox_image).id
+            image = self.client.images.get(self.settings.sandbox_image)
         except ImageNotFound:
             raise unavailable(
                 user_id,
                 f"the sandbox image {self.settings.sandbox_image} is not built on this host; "
                 "an operator must run `orchestrator build-image`",
             ) from None
-        self._image = (image_id, now)
-        return image_id
+        if image_fit(image.labels, self._expected_lock) is ImageFit.STALE:
+            raise unavailable(user_id, stale_image_message(self.settings.sandbox_image))
+        self._image = (image.id, now)
+        return image.id

@@ -24,6 +24,7 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, BuildError, ImageNotFound
 
+from orchestrator.image.compat import agent_lock_digest
 from orchestrator.image.recipe import (
     LABEL_RECIPE,
     LABEL_ROLE,
@@ -121,6 +122,12 @@ def installed_distributions() -> dict[str, InstalledDistribution]:
     return found
 
 
+def agent_pins(sources: BuildSources, installed: dict[str, InstalledDistribution] | None = None) -> tuple[Pin, ...]:
+    """The agent's runtime dependencies, pinned to the versions installed here."""
+    top = top_level_requirements(sources.requirements_in.read_text())
+    return lock_requirements(top, installed if installed is not None else installed_distributions())
+
+
 @contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
     """Serialize builds of one checkout (two test sessions, or a test and a developer)."""
@@ -184,10 +191,7 @@ class ImageBuilder:
     def pins(self) -> tuple[tuple[Pin, ...], Pin]:
         """(the agent's pinned dependencies, the pip used to install them)."""
         installed = installed_distributions()
-        top = top_level_requirements(self.sources.requirements_in.read_text())
-        pins = lock_requirements(top, installed)
-        pip = lock_requirements(["pip"], installed)[0]
-        return pins, pip
+        return agent_pins(self.sources, installed), lock_requirements(["pip"], installed)[0]
 
     def ensure_wheelhouse(self, pins: tuple[Pin, ...], pip: Pin) -> Path:
         wheelhouse = self.sources.wheelhouse
@@ -246,18 +250,18 @@ class ImageBuilder:
                 return BuildResult(self.image, existing, recipe, base_ref, False, time.monotonic() - started)
             self.ensure_wheelhouse(pins, pip)
             self.progress(f"[3/3] image: docker build --network none -> {self.image} (recipe {recipe[:12]})")
-            image_id = self._docker_build(base_ref, recipe)
+            image_id = self._docker_build(base_ref, recipe, agent_lock_digest(pins))
             self._tag(image_id, recipe)
             self.progress(f"      built {self.image} ({image_id[:19]}) in {time.monotonic() - started:.1f} s")
             return BuildResult(self.image, image_id, recipe, base_ref, True, time.monotonic() - started)
 
-    def _docker_build(self, base_ref: str, recipe: str) -> str:
+    def _docker_build(self, base_ref: str, recipe: str, agent_lock: str) -> str:
         image_id: str | None = None
         try:
             stream = self.client.api.build(
                 path=str(self.sources.root),
                 dockerfile="Dockerfile",
-                buildargs={"BASE_IMAGE": base_ref, "RECIPE": recipe},
+                buildargs={"BASE_IMAGE": base_ref, "RECIPE": recipe, "AGENT_LOCK": agent_lock},
                 network_mode="none",
                 pull=False,
                 rm=True,

@@ -20,6 +20,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 LABEL_ROLE = "org.sandbox-orchestrator.role"
 LABEL_RECIPE = "org.sandbox-orchestrator.recipe"
+LABEL_AGENT_LOCK = "org.sandbox-orchestrator.agent-lock"  # see orchestrator/image/compat.py
 ROLE_SANDBOX = "sandbox"
 
 # Bump when the way the recipe is computed changes.

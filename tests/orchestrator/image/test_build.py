@@ -10,7 +10,8 @@ from importlib.metadata import version
 import docker
 import pytest
 
-from orchestrator.image.recipe import LABEL_RECIPE, LABEL_ROLE
+from orchestrator.image.compat import expected_agent_lock
+from orchestrator.image.recipe import LABEL_AGENT_LOCK, LABEL_RECIPE, LABEL_ROLE
 from tests.sandbox_image import ensure_sandbox_image, recipe_tag
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -44,6 +45,7 @@ def test_image_is_labelled_unprivileged_and_has_no_agent_code() -> None:
         client.close()
     assert image.id == result.image_id
     assert image.labels[LABEL_ROLE] == "sandbox" and image.labels[LABEL_RECIPE] == result.recipe
+    assert image.labels[LABEL_AGENT_LOCK] == expected_agent_lock()
     config = image.attrs["Config"]
     assert config["User"] == "sandbox"
     assert config["Entrypoint"] == ["/usr/local/bin/sandbox-entrypoint"]

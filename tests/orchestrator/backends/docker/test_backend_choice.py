@@ -1,11 +1,15 @@
-"""ORCH_BACKEND against the real host: auto picks docker when the image exists and process
-when it does not; /healthz says which and why; a per-user override routes one user to the
-other backend."""
+"""ORCH_BACKEND against the real host: auto picks docker when the image exists and fits this
+orchestrator, and process when it does not; an explicit docker setting with an image built for
+other agent dependencies refuses calls with the fix; /healthz says which and why; a per-user
+override routes one user to the other backend."""
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
 from pathlib import Path
 
+import docker
 import pytest
 from fastapi.testclient import TestClient
 
@@ -13,7 +17,10 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.conftest import API_TOKEN
 from tests.orchestrator.backends.docker.conftest import docker_settings
+from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id
+from orchestrator.image.recipe import LABEL_AGENT_LOCK, LABEL_ROLE, ROLE_SANDBOX
 from tests.orchestrator.tools.test_container_tools_api import group_session, start_run, tool
+from tests.sandbox_image import ensure_sandbox_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -27,7 +34,55 @@ def test_auto_picks_docker_when_the_image_exists(docker_data_dir: Path, sandbox_
     with api(service) as client:
         health = client.get("/healthz").json()
     assert health["backend"] == "docker" and health["backends_available"] == ["docker", "process"]
-    assert "image exists" in health["backend_reason"]
+    assert "image fits" in health["backend_reason"]
+
+
+@pytest.fixture(scope="module")
+def foreign_image() -> Iterator[str]:
+    """A sandbox image as another checkout would label it: other agent dependencies."""
+    name = "sandbox-orchestrator/sandbox:test-foreign-lock"
+    dockerfile = (
+        f"FROM {ensure_sandbox_image().image_id}\n"
+        f'LABEL {LABEL_ROLE}={ROLE_SANDBOX} {LABEL_AGENT_LOCK}={"0" * 64}\n'
+    )
+    client = docker.from_env()
+    try:
+        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, network_mode="none", rm=True)
+        yield name
+        client.images.remove(name)
+    finally:
+        client.close()
+
+
+def test_auto_falls_back_to_process_with_an_image_for_other_agent_dependencies(
+    docker_data_dir: Path, foreign_image: str
+) -> None:
+    service = OrchestratorService(docker_settings(docker_data_dir, foreign_image, backend="auto"))
+    with api(service) as client:
+        health = client.get("/healthz").json()
+        assert health["backend"] == "process" and foreign_image in health["backend_reason"]
+        assert "build-image" in health["backend_reason"]
+        run = start_run(client, group_session(client), trigger="web")
+        assert tool(client, run["run_id"], "shell", command="echo hi")["result"]["stdout"] == "hi\n"
+
+
+def test_docker_refuses_an_image_for_other_agent_dependencies_with_the_fix(
+    docker_data_dir: Path, foreign_image: str
+) -> None:
+    service = OrchestratorService(docker_settings(docker_data_dir, foreign_image))
+    with api(service) as client:
+        assert client.get("/healthz").json()["backend"] == "docker"
+        run = start_run(client, group_session(client), trigger="web")
+        answer = tool(client, run["run_id"], "read_file", path="x.txt")
+    assert answer["ok"] is False and answer["error"]["code"] == "sandbox_unavailable"
+    assert "other agent dependencies" in answer["error"]["message"]
+    assert "build-image" in answer["error"]["message"]
+    engine = docker.from_env()
+    try:  # refused before any container was made from it
+        made = engine.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance_id(docker_data_dir)}"})
+    finally:
+        engine.close()
+    assert made == []
 
 
 def test_auto_falls_back_to_process_without_the_image(docker_data_dir: Path) -> None:
