@@ -3,6 +3,8 @@ code as `orchestrator build-image`, so a fresh CI machine needs no manual step."
 
 from __future__ import annotations
 
+import io
+from collections.abc import Mapping
 from functools import lru_cache
 
 import docker
@@ -27,3 +29,12 @@ def recipe_tag(result: BuildResult) -> str:
     """The image by its recipe tag: stable even if another checkout re-tags `latest`."""
     repository = result.image.rpartition(":")[0] or result.image
     return f"{repository}:{result.recipe[:12]}"
+
+
+def derived_image(engine: docker.DockerClient, source: str, tag: str, labels: Mapping[str, str]) -> str:
+    """An image `FROM source` with `labels` added, tagged `tag`; built offline in a moment (no
+    RUN step). Returns its id; the caller removes the tag."""
+    lines = [f"FROM {source}", *(f'LABEL {key}="{value}"' for key, value in labels.items())]
+    dockerfile = io.BytesIO(("\n".join(lines) + "\n").encode())
+    image, _ = engine.images.build(fileobj=dockerfile, tag=tag, network_mode="none", rm=True)
+    return str(image.id)

@@ -5,7 +5,6 @@ override routes one user to the other backend."""
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from tests.orchestrator.backends.docker.conftest import docker_settings
 from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id
 from orchestrator.image.recipe import LABEL_AGENT_LOCK, LABEL_ROLE, ROLE_SANDBOX
 from tests.orchestrator.tools.test_container_tools_api import group_session, start_run, tool
-from tests.sandbox_image import ensure_sandbox_image
+from tests.sandbox_image import derived_image, ensure_sandbox_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -41,17 +40,13 @@ def test_auto_picks_docker_when_the_image_exists(docker_data_dir: Path, sandbox_
 def foreign_image() -> Iterator[str]:
     """A sandbox image as another checkout would label it: other agent dependencies."""
     name = "sandbox-orchestrator/sandbox:test-foreign-lock"
-    dockerfile = (
-        f"FROM {ensure_sandbox_image().image_id}\n"
-        f'LABEL {LABEL_ROLE}={ROLE_SANDBOX} {LABEL_AGENT_LOCK}={"0" * 64}\n'
-    )
-    client = docker.from_env()
+    engine = docker.from_env()
     try:
-        client.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=name, network_mode="none", rm=True)
+        derived_image(engine, ensure_sandbox_image().image_id, name, {LABEL_ROLE: ROLE_SANDBOX, LABEL_AGENT_LOCK: "0" * 64})
         yield name
-        client.images.remove(name)
+        engine.images.remove(name, force=True)
     finally:
-        client.close()
+        engine.close()
 
 
 def test_auto_falls_back_to_process_with_an_image_for_other_agent_dependencies(

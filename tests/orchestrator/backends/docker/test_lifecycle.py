@@ -5,7 +5,6 @@ idle stop, and a clear error when a sandbox cannot start."""
 
 from __future__ import annotations
 
-import io
 import shutil
 import threading
 import uuid
@@ -22,10 +21,12 @@ from orchestrator.backends.base import SandboxUser
 from orchestrator.backends.docker import IMAGE_RECHECK_S, DockerBackend
 from orchestrator.backends.docker_spec import LABEL_USER
 from orchestrator.errors import ToolError
+from orchestrator.image.compat import expected_agent_lock
+from orchestrator.image.recipe import LABEL_AGENT_LOCK, LABEL_ROLE, ROLE_SANDBOX
 from orchestrator.service import OrchestratorService
 from sandbox_agent.build import PACKAGE_DIR, compute_build_id
 from tests.orchestrator.backends.docker.conftest import docker_settings, remove_containers
-from tests.sandbox_image import ensure_sandbox_image
+from tests.sandbox_image import derived_image, ensure_sandbox_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -211,12 +212,11 @@ def test_a_new_image_recreates_the_container_on_the_next_idle_call(
         backend.call(user, "list_dir", {"path": "."}, cwd=cwd)
         first = the_container(engine, service)
         # An operator builds a new image under the same tag.
-        dockerfile = io.BytesIO(f"FROM {sandbox_image}\nLABEL org.sandbox-orchestrator.test=newer\n".encode())
-        newer, _ = engine.images.build(fileobj=dockerfile, tag=f"{repository}:{tag}", network_mode="none", rm=True)
+        newer = derived_image(engine, sandbox_image, f"{repository}:{tag}", {"org.sandbox-orchestrator.test": "newer"})
         time.sleep(IMAGE_RECHECK_S + 0.1)  # the warm path re-resolves the tag this often
         assert backend.call(user, "shell", {"command": "echo new"}, cwd=cwd)["stdout"] == "new\n"
         second = the_container(engine, service)
-        assert second.id != first.id and second.image.id == newer.id
+        assert second.id != first.id and second.image.id == newer
     finally:
         service.close()
         remove_containers(docker_data_dir)
@@ -302,9 +302,12 @@ def test_idle_containers_are_stopped_and_start_again_on_the_next_call(
 
 
 def test_a_sandbox_that_cannot_start_gives_a_clear_error(docker_data_dir: Path, engine: docker.DockerClient) -> None:
-    # The base image has no agent runtime: the container exits at once.
-    base = ensure_sandbox_image().base_image
-    service = OrchestratorService(docker_settings(docker_data_dir, base, sandbox_ready_timeout_s=10))
+    # The base image has no agent runtime: the container exits at once. Labelled as fitting,
+    # so that it gets as far as starting a container.
+    broken = f"sandbox-orchestrator/sandbox:test-no-runtime-{uuid.uuid4().hex[:8]}"
+    labels = {LABEL_ROLE: ROLE_SANDBOX, LABEL_AGENT_LOCK: str(expected_agent_lock())}
+    derived_image(engine, ensure_sandbox_image().base_image, broken, labels)
+    service = OrchestratorService(docker_settings(docker_data_dir, broken, sandbox_ready_timeout_s=10))
     try:
         with pytest.raises(ToolError) as failed:
             backend_of(service).call(sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
@@ -313,3 +316,4 @@ def test_a_sandbox_that_cannot_start_gives_a_clear_error(docker_data_dir: Path, 
         assert "did not start" in failed.value.message or "docker refused" in failed.value.message
     finally:
         service.close()
+        engine.images.remove(broken, force=True)
