@@ -118,17 +118,19 @@ class Server:
         sockets = self.data_dir / "sockets" / "17"
         return AgentClient(sockets / "agent.sock", (sockets / "token").read_text().strip())
 
-    def container(self) -> str:
+    def containers(self) -> list:
         import docker
 
         from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id
 
         engine = docker.from_env()
         try:
-            found = engine.containers.list(filters={"label": f"{LABEL_INSTANCE}={instance_id(self.data_dir)}"})
-            return found[0].name
+            return engine.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance_id(self.data_dir)}"})
         finally:
             engine.close()
+
+    def container(self) -> str:
+        return self.containers()[0].name
 
     def stop(self) -> None:
         if self.api is not None:
@@ -139,6 +141,9 @@ class Server:
                 self.proc.wait(60)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.backend == "docker":  # sandboxes outlive the orchestrator by design; not the bench's
+            for container in self.containers():
+                container.remove(force=True)
 
 
 def docker_image(tree: Path) -> str:
