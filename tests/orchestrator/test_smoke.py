@@ -65,7 +65,8 @@ def make_run(data_dir: Path, port: int, extra_env: dict[str, str] | None = None)
 
 def stop_process_group(process: subprocess.Popen) -> None:
     """Ctrl-C in that terminal: the whole group (make and the server it started) is told to
-    stop, and waited for: the server stops its sandboxes on the way out."""
+    stop, and waited for. Docker sandboxes outlive the server by design (the next start adopts
+    them); the data-dir fixture removes them."""
     group = process.pid
     os.killpg(group, signal.SIGINT)
     process.wait(timeout=30)
