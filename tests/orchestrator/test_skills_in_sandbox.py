@@ -13,15 +13,10 @@ from fastapi.testclient import TestClient
 
 from orchestrator.service import OrchestratorService
 from tests.agent_env import agent_client, agent_data_dir, agent_service, traversable_tmp  # noqa: F401 - fixtures
+from tests.api_calls import tool
 from tests.mounts.conftest import write_skill
 
 OWNER, MEMBER = 17, 67
-
-
-def tool(client: TestClient, run_id: str, name: str, **arguments: object) -> dict:
-    response = client.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments})
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def test_a_member_reads_its_skills_in_its_sandbox_and_cannot_write_them(

@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from mounts.layout import GroupRef
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
+from tests.api_calls import tool
 from tests.conftest import API_TOKEN, make_settings
 
 ALICE, BOB, CAROL = 17, 67, 91  # Alice and Bob are in the team chat, Carol in another one
@@ -45,12 +46,6 @@ def speak(client: TestClient, sid: str, speaker: int) -> str:
     assert response.status_code == 201, response.text
     assert response.json()["runtime_user_id"] == speaker
     return response.json()["run_id"]
-
-
-def tool(client: TestClient, run_id: str, name: str, **arguments: object) -> dict:
-    response = client.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments})
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def shell(client: TestClient, run_id: str, command: str) -> dict:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +20,8 @@ import httpx
 import pytest
 
 from tests.conftest import API_TOKEN
-from tests.orchestrator.test_cli import free_port, wait_for_health
+from tests.live_server import free_port
+from tests.orchestrator.test_cli import wait_for_health
 
 pytestmark = pytest.mark.slow
 

@@ -11,29 +11,10 @@ from pathlib import Path
 from fastapi.testclient import TestClient
 
 from orchestrator.service import OrchestratorService
+from tests.api_calls import MEMBER, OWNER, group_session, start_run, tool
 from tests.conftest import admin_headers
 
-OWNER, MEMBER = 17, 67
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(40))
-
-
-def group_session(client: TestClient) -> str:
-    body = {"owner_user_id": OWNER, "channel": "feishu_group", "group": {"channel": "feishu", "chat_id": "oc_team"}}
-    response = client.post("/v1/sessions", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()["session_id"]
-
-
-def start_run(client: TestClient, sid: str, **body: object) -> dict:
-    response = client.post(f"/v1/sessions/{sid}/runs", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()
-
-
-def tool(client: TestClient, run_id: str, name: str, **arguments: object) -> dict:
-    response = client.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments})
-    assert response.status_code == 200, response.text
-    return response.json()
 
 
 def write_bytes_in_sandbox(client: TestClient, run_id: str, name: str, data: bytes) -> None:

@@ -18,7 +18,7 @@ from tests.conftest import API_TOKEN
 from tests.orchestrator.backends.docker.conftest import docker_settings
 from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id
 from orchestrator.image.recipe import LABEL_AGENT_LOCK, LABEL_ROLE, ROLE_SANDBOX
-from tests.orchestrator.tools.test_container_tools_api import group_session, start_run, tool
+from tests.api_calls import group_session, start_run, tool
 from tests.sandbox_image import derived_image, ensure_sandbox_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.service import OrchestratorService
 from tests.mounts.test_skill_views import ATTACK
-from tests.orchestrator.tools.test_container_tools_api import group_session, start_run, tool
+from tests.api_calls import group_session, start_run, tool
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
