@@ -18,10 +18,7 @@ p50/p99 latency from the contact_session call to the target's inbox handing out 
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -33,6 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.measure import TOKEN, orchestrator_server  # noqa: E402
 from orchestrator.collaboration.store import open_mailbox  # noqa: E402
 from orchestrator.identity import Trigger  # noqa: E402
 from orchestrator.runs import RunStatus, StartRun  # noqa: E402
@@ -40,7 +38,6 @@ from orchestrator.service import OrchestratorService  # noqa: E402
 from orchestrator.sessions import Channel, NewSession  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 
-TOKEN = "bench-token"
 
 
 class Flows:
@@ -96,31 +93,10 @@ def run_loop(pairs: int, rounds: int, source: Callable[[int, Flows], None], targ
 
 # --- over HTTP, against a real server process --------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_http(data: Path, pairs: int, rounds: int) -> tuple[float, Flows]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
-    env.update(ORCH_DATA_DIR=str(data), ORCH_API_TOKEN=TOKEN, ORCH_BACKEND="process")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{base}/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, "server did not start"
-                time.sleep(0.1)
+    with orchestrator_server({"ORCH_DATA_DIR": str(data), "ORCH_BACKEND": "process"}) as server:
+        base = server.url
+        headers = {"Authorization": f"Bearer {TOKEN}"}
         with httpx.Client(base_url=base, headers=headers, timeout=30) as setup:
             for i in range(pairs):
                 for sid in (f"src-{i}", f"tgt-{i}"):
@@ -155,9 +131,6 @@ def bench_http(data: Path, pairs: int, rounds: int) -> tuple[float, Flows]:
                     flows.reply(token)
 
         return run_loop(pairs, rounds, source, target)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
 
 
 # --- in-process, the service objects without HTTP ---------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import free_port, pct  # noqa: E402
+from bench.measure import orchestrator_server, pct  # noqa: E402
 from mounts.plan import plan_mounts  # noqa: E402
 from orchestrator.backends.base import SandboxUser  # noqa: E402
 from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id  # noqa: E402
@@ -38,7 +37,6 @@ from orchestrator.image.build import BuildSources, ImageBuilder  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 
-TOKEN = "bench-bot-token"
 COLD_USERS = 9
 WARM_CALLS = 1000
 EXEC_CALLS = 30
@@ -77,55 +75,13 @@ def cold_starts(data_dir: Path, image: str) -> None:
         service.close()
 
 
-def serve(data_dir: Path, image: str) -> tuple[subprocess.Popen[bytes], httpx.Client]:
-    port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ORCH_")},
-        "ORCH_DATA_DIR": str(data_dir),
-        "ORCH_API_TOKEN": TOKEN,
-        "ORCH_ADMIN_TOKEN": TOKEN + "-admin",
-        "ORCH_BACKEND": "docker",
-        "ORCH_SANDBOX_IMAGE": image,
-    }
-    server = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    api = httpx.Client(
-        base_url=f"http://127.0.0.1:{port}",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-        timeout=120,
-        limits=httpx.Limits(max_connections=SESSIONS + 10, max_keepalive_connections=SESSIONS + 10),
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            health = api.get("/healthz")
-            if health.status_code == 200:
-                if health.json()["backend"] != "docker":
-                    raise SystemExit(f"the server did not pick docker: {health.json()}")
-                return server, api
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline or server.poll() is not None:
-            raise SystemExit("the server did not start")
-        time.sleep(0.1)
-
-
 def through_the_api(data_dir: Path, image: str, engine: docker.DockerClient) -> None:
-    server, api = serve(data_dir, image)
-    try:
-
-        def new_run(owner: int) -> dict:
-            sid = api.post("/v1/sessions", json={"owner_user_id": owner, "channel": "web"}).json()["session_id"]
-            return api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}).json()
-
-        def call(run_id: str, name: str, **arguments: object) -> dict:
-            body = api.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}).json()
-            if not body.get("ok"):
-                raise RuntimeError(body)
-            return body["result"]
-
+    settings = {"ORCH_DATA_DIR": str(data_dir), "ORCH_BACKEND": "docker", "ORCH_SANDBOX_IMAGE": image}
+    limits = httpx.Limits(max_connections=SESSIONS + 10, max_keepalive_connections=SESSIONS + 10)
+    with orchestrator_server(settings, limits=limits) as server:
+        if server.health["backend"] != "docker":
+            raise SystemExit(f"the server did not pick docker: {server.health}")
+        new_run, call = server.new_run, server.result
         run = new_run(17)
         t0 = time.perf_counter()
         path = call(run["run_id"], "write_file", path="small.txt", content="hello\n" * 10)["path"]
@@ -184,13 +140,6 @@ def through_the_api(data_dir: Path, image: str, engine: docker.DockerClient) -> 
         print(f"{label}_throughput: {len(latencies) / wall:.0f} calls/s")
         for error in errors[:3]:
             print(f"# error: {error}")
-    finally:
-        api.close()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 def main() -> None:

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,17 +24,11 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.measure import orchestrator_server  # noqa: E402
 from orchestrator.tools.foreign_paths import classify_foreign_path  # noqa: E402
 
-TOKEN = "bench-bot-token"
 ROUNDS = 40
 SIZE = 1 << 20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed(samples: list[float], fn) -> object:
@@ -63,76 +54,43 @@ def main() -> None:
     print(f"precheck_classify_mean: {precheck_us():.2f} us")
     base = Path(tempfile.mkdtemp(dir="/tmp", prefix="bench-host-tools-"))
     os.chmod(base, 0o711)  # sandbox uids must traverse to the data dir
-    port = free_port()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("ORCH_")},
-        "ORCH_DATA_DIR": str(base / "data"),
-        "ORCH_API_TOKEN": TOKEN,
-        "ORCH_BACKEND": "process",
-    }
-    server = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
-    api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
-    public = httpx.Client(timeout=60)
+    settings = {"ORCH_DATA_DIR": str(base / "data"), "ORCH_BACKEND": "process"}
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if api.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not start")
-            time.sleep(0.1)
+        with orchestrator_server(settings) as server, httpx.Client(timeout=60) as public:
+            api, call = server.api, server.tool
+            sid = api.post("/v1/sessions", json={"owner_user_id": 17, "channel": "feishu_group",
+                                                 "group": {"channel": "feishu", "chat_id": "bench"}}).json()["session_id"]
+            owner = api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}).json()
+            assert call(owner["run_id"], "shell", command=f"head -c {SIZE} /dev/urandom > big.bin")["ok"]
+            published = call(owner["run_id"], "publish_artifact", path="big.bin")["result"]
+            member = api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "group_message", "speaker_user_id": 67}).json()
+            assert call(member["run_id"], "shell", command=f"head -c {SIZE} /dev/urandom > big.bin")["ok"]
 
-        def call(run_id: str, name: str, **arguments: object) -> dict:
-            body = api.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}).json()
-            return body
-
-        sid = api.post("/v1/sessions", json={"owner_user_id": 17, "channel": "feishu_group",
-                                             "group": {"channel": "feishu", "chat_id": "bench"}}).json()["session_id"]
-        owner = api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}).json()
-        assert call(owner["run_id"], "shell", command=f"head -c {SIZE} /dev/urandom > big.bin")["ok"]
-        published = call(owner["run_id"], "publish_artifact", path="big.bin")["result"]
-        member = api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "group_message", "speaker_user_id": 67}).json()
-        assert call(member["run_id"], "shell", command=f"head -c {SIZE} /dev/urandom > big.bin")["ok"]
-
-        by_path, by_url, refused, get_upload, get_delivery = [], [], [], [], []
-        for _ in range(3):  # warm up
-            call(member["run_id"], "send_file", path_or_url="big.bin")
-            call(member["run_id"], "send_file", path_or_url=published["url"])
-        for _ in range(ROUNDS):
-            sent = timed(by_path, lambda: call(member["run_id"], "send_file", path_or_url="big.bin"))
-            assert sent["ok"], sent
-            sent_url = timed(by_url, lambda: call(member["run_id"], "send_file", path_or_url=published["url"]))
-            assert sent_url["ok"], sent_url
-            answer = timed(refused, lambda: call(member["run_id"], "send_file", path_or_url=published["path"]))
-            assert answer["error"]["code"] == "foreign_upload_path"
-            body = timed(get_upload, lambda: public.get(published["url"]).content)
-            assert len(body) == SIZE
-            delivery = timed(get_delivery, lambda: api.get(f"/v1/deliveries/{sent['result']['delivery_id']}").content)
-            assert len(delivery) == SIZE
-            api.delete(f"/v1/deliveries/{sent['result']['delivery_id']}")
-            api.delete(f"/v1/deliveries/{sent_url['result']['delivery_id']}")
-        path_ms, url_ms = statistics.median(by_path), statistics.median(by_url)
-        print(f"send_file_1mib_by_path_median: {path_ms:.2f} ms")
-        print(f"send_file_1mib_by_own_upload_url_median: {url_ms:.2f} ms")
-        print(f"send_file_path_over_own_url_ratio: {path_ms / url_ms:.2f} x")
-        print(f"send_file_foreign_path_refusal_median: {statistics.median(refused):.2f} ms")
-        print(f"public_upload_get_1mib_median: {statistics.median(get_upload):.2f} ms")
-        print(f"delivery_get_1mib_median: {statistics.median(get_delivery):.2f} ms")
+            by_path, by_url, refused, get_upload, get_delivery = [], [], [], [], []
+            for _ in range(3):  # warm up
+                call(member["run_id"], "send_file", path_or_url="big.bin")
+                call(member["run_id"], "send_file", path_or_url=published["url"])
+            for _ in range(ROUNDS):
+                sent = timed(by_path, lambda: call(member["run_id"], "send_file", path_or_url="big.bin"))
+                assert sent["ok"], sent
+                sent_url = timed(by_url, lambda: call(member["run_id"], "send_file", path_or_url=published["url"]))
+                assert sent_url["ok"], sent_url
+                answer = timed(refused, lambda: call(member["run_id"], "send_file", path_or_url=published["path"]))
+                assert answer["error"]["code"] == "foreign_upload_path"
+                body = timed(get_upload, lambda: public.get(published["url"]).content)
+                assert len(body) == SIZE
+                delivery = timed(get_delivery, lambda: api.get(f"/v1/deliveries/{sent['result']['delivery_id']}").content)
+                assert len(delivery) == SIZE
+                api.delete(f"/v1/deliveries/{sent['result']['delivery_id']}")
+                api.delete(f"/v1/deliveries/{sent_url['result']['delivery_id']}")
+            path_ms, url_ms = statistics.median(by_path), statistics.median(by_url)
+            print(f"send_file_1mib_by_path_median: {path_ms:.2f} ms")
+            print(f"send_file_1mib_by_own_upload_url_median: {url_ms:.2f} ms")
+            print(f"send_file_path_over_own_url_ratio: {path_ms / url_ms:.2f} x")
+            print(f"send_file_foreign_path_refusal_median: {statistics.median(refused):.2f} ms")
+            print(f"public_upload_get_1mib_median: {statistics.median(get_upload):.2f} ms")
+            print(f"delivery_get_1mib_median: {statistics.median(get_delivery):.2f} ms")
     finally:
-        api.close()
-        public.close()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
         shutil.rmtree(base, ignore_errors=True)
 
 

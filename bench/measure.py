@@ -1,9 +1,23 @@
-"""What the benchmark scripts share: a free loopback port for a server they start, and
-percentiles of their samples."""
+"""What the benchmark scripts share: a free loopback port, percentiles of their samples, and
+a real `orchestrator serve` subprocess with an API client for the bot token."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "bench-bot-token"
 
 
 def free_port() -> int:
@@ -15,3 +29,76 @@ def free_port() -> int:
 def pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class BenchServer:
+    process: subprocess.Popen[bytes]
+    api: httpx.Client  # bot token
+    url: str
+    health: dict
+
+    def new_run(self, owner: int) -> dict:
+        """A web run in a new personal web session of `owner`."""
+        sid = self.api.post("/v1/sessions", json={"owner_user_id": owner, "channel": "web"}).json()["session_id"]
+        return self.api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}).json()
+
+    def tool(self, run_id: str, name: str, **arguments: object) -> dict:
+        """The tool call's whole answer (`ok`, `result` or `error`)."""
+        return self.api.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}).json()
+
+    def result(self, run_id: str, name: str, **arguments: object) -> dict:
+        """The tool call's result; a failed call stops the benchmark."""
+        body = self.tool(run_id, name, **arguments)
+        if not body.get("ok"):
+            raise RuntimeError(body)
+        return body["result"]
+
+
+@contextmanager
+def orchestrator_server(
+    settings: Mapping[str, str],
+    *,
+    python: str = sys.executable,
+    cwd: Path = REPO,
+    timeout: float = 60,
+    limits: httpx.Limits | None = None,
+    what: str = "the server",
+) -> Iterator[BenchServer]:
+    """`orchestrator serve` on a free loopback port, from `cwd`'s packages, with no ORCH_
+    variable of the caller's but `settings` and the bot token; stopped with SIGTERM at the end."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env.update({"ORCH_API_TOKEN": TOKEN, "ORCH_ADMIN_TOKEN": TOKEN + "-admin"})
+    env.update({"ORCH_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}", **settings})
+    # -m with cwd: that tree's own packages come first on sys.path.
+    process = subprocess.Popen(
+        [python, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
+        cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    limited = {"limits": limits} if limits is not None else {}
+    api = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120, **limited)
+    try:
+        yield BenchServer(process, api, url, wait_until_serving(api, process, timeout, what))
+    finally:
+        api.close()
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def wait_until_serving(api: httpx.Client, process: subprocess.Popen[bytes], timeout: float, what: str) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            health = api.get("/healthz")
+            if health.status_code == 200:
+                return health.json()
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            raise SystemExit(f"{what} did not start")
+        time.sleep(0.1)

@@ -18,25 +18,22 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import free_port, pct  # noqa: E402
+from bench.measure import BenchServer, orchestrator_server, pct  # noqa: E402
 from sandbox_agent.client import AgentClient  # noqa: E402
 
-TOKEN = "bench-bot-token"
 BLOCK = 25
 SIZE = 1024 * 1024
 
@@ -62,52 +59,26 @@ class Server:
     backend: str
     image: str | None
     python: str = sys.executable
-    proc: subprocess.Popen[bytes] | None = None
-    api: httpx.Client | None = None
+    server: BenchServer | None = None
+    stack: ExitStack = field(default_factory=ExitStack)
     run: dict = field(default_factory=dict)
     samples: dict[str, list[float]] = field(default_factory=dict)
 
     def start(self) -> None:
-        port = free_port()
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("ORCH_")},
-            "ORCH_DATA_DIR": str(self.data_dir),
-            "ORCH_API_TOKEN": TOKEN,
-            "ORCH_ADMIN_TOKEN": TOKEN + "-admin",
-            "ORCH_BACKEND": self.backend,
-            "ORCH_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
-        }
+        settings = {"ORCH_DATA_DIR": str(self.data_dir), "ORCH_BACKEND": self.backend}
         if self.image is not None:
-            env["ORCH_SANDBOX_IMAGE"] = self.image
-        # -m with cwd=tree: the tree's own packages come first on sys.path.
-        self.proc = subprocess.Popen(
-            [self.python, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
-            cwd=self.tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        self.api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if self.api.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                raise SystemExit(f"the {self.name} server did not start")
-            time.sleep(0.1)
-        sid = self.api.post("/v1/sessions", json={"owner_user_id": 17, "channel": "web"}).json()["session_id"]
-        self.run = self.api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}).json()
+            settings["ORCH_SANDBOX_IMAGE"] = self.image
+        served = orchestrator_server(settings, python=self.python, cwd=self.tree, what=f"the {self.name} server")
+        self.server = self.stack.enter_context(served)
+        self.run = self.server.new_run(17)
         self.call("write_file", path="small.txt", content="hello\n" * 10)
         self.call("shell", command=f"head -c {SIZE} /dev/urandom > big.bin")
         for _ in range(100):
             self.call("read_file", path="small.txt")
 
     def call(self, name: str, **arguments: object) -> dict:
-        assert self.api is not None
-        body = self.api.post(f"/v1/runs/{self.run['run_id']}/tools/{name}", json={"arguments": arguments}).json()
-        if not body.get("ok"):
-            raise RuntimeError(f"{self.name}: {body}")
-        return body["result"]
+        assert self.server is not None
+        return self.server.result(self.run["run_id"], name, **arguments)
 
     def timed(self, figure: str, fn) -> None:
         t0 = time.perf_counter()
@@ -133,14 +104,7 @@ class Server:
         return self.containers()[0].name
 
     def stop(self) -> None:
-        if self.api is not None:
-            self.api.close()
-        if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self.stack.close()
         if self.backend == "docker":  # sandboxes outlive the orchestrator by design; not the bench's
             for container in self.containers():
                 container.remove(force=True)

@@ -13,23 +13,18 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import free_port, pct  # noqa: E402
+from bench.measure import orchestrator_server, pct  # noqa: E402
 from sandbox_agent.client import AgentClient  # noqa: E402
 
-TOKEN = "bench-bot-token"
 CALLS = 2000
 SESSIONS, CALLS_PER_SESSION, USERS = 50, 20, 10
 
@@ -37,102 +32,64 @@ SESSIONS, CALLS_PER_SESSION, USERS = 50, 20, 10
 def main() -> None:
     base = Path(tempfile.mkdtemp(dir="/tmp", prefix="bench-tool-calls-"))
     os.chmod(base, 0o711)  # sandbox uids must traverse to the data dir
-    port = free_port()
-    env = {
-        **os.environ,
-        "ORCH_DATA_DIR": str(base / "data"),
-        "ORCH_API_TOKEN": TOKEN,
-        "ORCH_ADMIN_TOKEN": TOKEN + "-admin",
-        "ORCH_BACKEND": "process",
-    }
-    server = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if api.get("/healthz").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not start")
-            time.sleep(0.1)
-
-        def new_run(owner: int) -> dict:
-            sid = api.post("/v1/sessions", json={"owner_user_id": owner, "channel": "web"}).json()["session_id"]
-            return api.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}).json()
-
-        def call(run_id: str, name: str, **arguments: object) -> dict:
-            body = api.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}).json()
-            if not body.get("ok"):
-                raise RuntimeError(body)
-            return body["result"]
-
-        run = new_run(17)
-        cold = time.perf_counter()
-        call(run["run_id"], "write_file", path="small.txt", content="hello\n" * 10)
-        print(f"first_call_with_agent_start: {1000 * (time.perf_counter() - cold):.0f} ms")
-        for _ in range(100):
-            call(run["run_id"], "read_file", path="small.txt")
-        samples = []
-        for _ in range(CALLS):
-            t0 = time.perf_counter()
-            call(run["run_id"], "read_file", path="small.txt")
-            samples.append((time.perf_counter() - t0) * 1000)
-        print(f"read_file_api_median: {statistics.median(samples):.3f} ms")
-        print(f"read_file_api_p99: {pct(samples, 0.99):.3f} ms")
-
-        data = base / "data"
-        token = (data / "sockets" / "17" / "token").read_text().strip()
-        with AgentClient(data / "sockets" / "17" / "agent.sock", token) as agent:
-            direct = []
+        with orchestrator_server({"ORCH_DATA_DIR": str(base / "data"), "ORCH_BACKEND": "process"}) as server:
+            new_run, call = server.new_run, server.result
+            run = new_run(17)
+            cold = time.perf_counter()
+            call(run["run_id"], "write_file", path="small.txt", content="hello\n" * 10)
+            print(f"first_call_with_agent_start: {1000 * (time.perf_counter() - cold):.0f} ms")
+            for _ in range(100):
+                call(run["run_id"], "read_file", path="small.txt")
+            samples = []
             for _ in range(CALLS):
                 t0 = time.perf_counter()
-                agent.call("read_file", {"path": "small.txt"}, cwd=run["workdir"])
-                direct.append((time.perf_counter() - t0) * 1000)
-        print(f"read_file_agent_direct_median: {statistics.median(direct):.3f} ms")
-        print(f"orchestrator_share_median: {statistics.median(samples) - statistics.median(direct):.3f} ms")
+                call(run["run_id"], "read_file", path="small.txt")
+                samples.append((time.perf_counter() - t0) * 1000)
+            print(f"read_file_api_median: {statistics.median(samples):.3f} ms")
+            print(f"read_file_api_p99: {pct(samples, 0.99):.3f} ms")
 
-        runs = [new_run(100 + (i % USERS)) for i in range(SESSIONS)]
-        for r in runs[:USERS]:
-            call(r["run_id"], "write_file", path="small.txt", content="x\n")  # warm every agent
-        for r in runs:
-            call(r["run_id"], "write_file", path="small.txt", content="x\n")
-        latencies: list[float] = []
-        errors = 0
+            data = base / "data"
+            token = (data / "sockets" / "17" / "token").read_text().strip()
+            with AgentClient(data / "sockets" / "17" / "agent.sock", token) as agent:
+                direct = []
+                for _ in range(CALLS):
+                    t0 = time.perf_counter()
+                    agent.call("read_file", {"path": "small.txt"}, cwd=run["workdir"])
+                    direct.append((time.perf_counter() - t0) * 1000)
+            print(f"read_file_agent_direct_median: {statistics.median(direct):.3f} ms")
+            print(f"orchestrator_share_median: {statistics.median(samples) - statistics.median(direct):.3f} ms")
 
-        def session_work(r: dict) -> None:
-            nonlocal errors
-            for i in range(CALLS_PER_SESSION):
-                t0 = time.perf_counter()
-                try:
-                    if i % 4 == 3:
-                        call(r["run_id"], "list_dir", path=".")
-                    else:
-                        call(r["run_id"], "read_file", path="small.txt")
-                except Exception:
-                    errors += 1
-                latencies.append((time.perf_counter() - t0) * 1000)
+            runs = [new_run(100 + (i % USERS)) for i in range(SESSIONS)]
+            for r in runs[:USERS]:
+                call(r["run_id"], "write_file", path="small.txt", content="x\n")  # warm every agent
+            for r in runs:
+                call(r["run_id"], "write_file", path="small.txt", content="x\n")
+            latencies: list[float] = []
+            errors = 0
 
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(SESSIONS) as pool:
-            list(pool.map(session_work, runs))
-        wall = time.perf_counter() - t0
-        print(f"parallel_{SESSIONS}x{CALLS_PER_SESSION}_errors: {errors} calls")
-        print(f"parallel_{SESSIONS}x{CALLS_PER_SESSION}_median: {statistics.median(latencies):.2f} ms")
-        print(f"parallel_{SESSIONS}x{CALLS_PER_SESSION}_p99: {pct(latencies, 0.99):.2f} ms")
-        print(f"parallel_{SESSIONS}x{CALLS_PER_SESSION}_throughput: {len(latencies) / wall:.0f} calls/s")
+            def session_work(r: dict) -> None:
+                nonlocal errors
+                for i in range(CALLS_PER_SESSION):
+                    t0 = time.perf_counter()
+                    try:
+                        if i % 4 == 3:
+                            call(r["run_id"], "list_dir", path=".")
+                        else:
+                            call(r["run_id"], "read_file", path="small.txt")
+                    except Exception:
+                        errors += 1
+                    latencies.append((time.perf_counter() - t0) * 1000)
+
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(SESSIONS) as pool:
+                list(pool.map(session_work, runs))
+            wall = time.perf_counter() - t0
+            print(f"parallel_{SESSIONS}x{CALLS_PER_SESSION}_errors: {errors} calls")
+            print(f"parallel_{SESSIONS}x{CALLS_PER_SESSION}_median: {statistics.median(latencies):.2f} ms")
+            print(f"parallel_{SESSIONS}x{CALLS_PER_SESSION}_p99: {pct(latencies, 0.99):.2f} ms")
+            print(f"parallel_{SESSIONS}x{CALLS_PER_SESSION}_throughput: {len(latencies) / wall:.0f} calls/s")
     finally:
-        api.close()
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
         shutil.rmtree(base, ignore_errors=True)
 
 
