@@ -10,6 +10,7 @@ installed before it uses the image.
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 from collections.abc import Iterable, Mapping
 
@@ -43,8 +44,11 @@ def stale_image_message(image: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=1)
 def expected_agent_lock() -> str | None:
-    """The digest the image must carry, from this source checkout; None without one."""
+    """The digest the image must carry, from this source checkout; None without one. Computed
+    once per process (reading every installed distribution's metadata takes tens of ms): the
+    backend choice and the docker backend both ask, and installing packages needs a restart."""
     from orchestrator.image.build import BuildSources, ImageBuildError, agent_pins
 
     try:
