@@ -17,6 +17,8 @@ from mounts import ids
 
 RUNTIME_SUBDIRS = ("skills", "shell-output", "user-messages", "incoming")
 COMPACTION_SUBDIR = "compaction"  # D6: only the owner's runtime dir has one
+TOKEN_FILE = "token"  # in agent_secrets_dir
+AGENT_CONFIG_FILE = "agent.json"  # in agent_secrets_dir
 
 
 @dataclass(frozen=True, order=True)
@@ -299,8 +301,18 @@ class DataLayout:
     def socket_path(self, user_id: int) -> Path:
         return self.socket_dir(user_id) / "agent.sock"
 
+    # The socket directory is the sandbox's own (its agent binds there), so it holds no file
+    # the host reads: the token and the agent's config live where only root writes.
+    @property
+    def agent_secrets_root(self) -> Path:
+        return self.root / "agent-secrets"
+
+    def agent_secrets_dir(self, user_id: int) -> Path:
+        """Root-owned, group = the user's sandbox gid, 0750: the sandbox reads, never writes."""
+        return self.agent_secrets_root / str(ids.user_id(user_id))
+
     def token_path(self, user_id: int) -> Path:
-        return self.socket_dir(user_id) / "token"
+        return self.agent_secrets_dir(user_id) / TOKEN_FILE
 
     def agent_config_path(self, user_id: int) -> Path:
-        return self.socket_dir(user_id) / "agent.json"
+        return self.agent_secrets_dir(user_id) / AGENT_CONFIG_FILE

@@ -33,8 +33,8 @@ class Mount:
     host_path: Path
     access: Access
     purpose: str
-    # The agent's socket directory is mounted so the agent can listen, but it is not a place
-    # for tools: it holds the per-sandbox token.
+    # The agent's socket directory and its secrets directory are mounted for the agent (to
+    # listen, to read its token and config), but they are not places for tools.
     tool_visible: bool = True
     # A group workspace's own gid: the directory is root:<gid> 2770 and only members' sandboxes
     # carry that gid, so no other sandbox uid can enter it (None for every other mount).
@@ -121,6 +121,9 @@ def plan_mounts(
         same(layout.share_dir, rw, "share"),
         same(layout.agent_dir, ro, "agent", tool_visible=False),
         same(layout.socket_dir(uid), rw, "socket", tool_visible=False),
+        # The token and the agent's config: read-only, so the sandbox cannot make the host
+        # (root) read anything else through them.
+        same(layout.agent_secrets_dir(uid), ro, "agent_secrets", tool_visible=False),
     ]
     for group in sorted(set(groups)):
         path = layout.group_dir(group)

@@ -5,8 +5,9 @@ own unprivileged sandbox uid (base + user id), so the operating system keeps use
 not only the PathSandbox:
 - private dirs (runtime, uploads, home, deps, tmp, sockets): owned by the uid, mode 0700;
 - their parents (`runtime/`, `uploads/`, ...): root, 0711 — traversable, not listable;
-- read-only per-user dirs (skill views, personal skill sources): root-owned, group = the
-  user's own gid, 0750: the user reads them, nobody else does, and only root writes;
+- read-only per-user dirs (skill views, personal skill sources, the agent's token and
+  config): root-owned, group = the user's own gid, 0750: the user reads them, nobody else
+  does, and only root writes;
 - `share/`: root-owned, group = the shared sandbox gid (= the uid base, which no user
   gets), mode 2770: every sandbox uid is in that group, new files inherit it (setgid) and
   agents run with umask 002, so everybody can edit each other's files;
@@ -35,7 +36,8 @@ from orchestrator.log import kv
 log = logging.getLogger(__name__)
 
 PRIVATE_PURPOSES = frozenset({"runtime", "uploads", "home", "deps", "tmp", "socket"})
-USER_READ_ONLY_PURPOSES = frozenset({"skill_views", "userskills"})
+# agent_secrets: the agent's token and config, which the host writes and reads as root.
+USER_READ_ONLY_PURPOSES = frozenset({"skill_views", "userskills", "agent_secrets"})
 SHARED_PURPOSES = frozenset({"share"})  # group workspaces ("group:...") have their own gid
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -96,17 +98,27 @@ class UserDirectories:
     def _ensure(self, path: Path, levels: list[Ownership]) -> Path:
         """Create `path` below the data root, never following a symlink; `levels[i]` is the
         ownership of the i-th component below the root (missing entries: leave as found)."""
+        os.close(self._open_dir(path, levels))
+        return path
+
+    def _open_dir(self, path: Path, levels: list[Ownership], *, create: bool = True) -> int:
+        """`_ensure`, but returns the open fd of `path` (the caller closes it). Without
+        `create` a missing component is FileNotFoundError and nothing is created."""
         names = path.relative_to(self.layout.root).parts
-        self.layout.root.mkdir(parents=True, exist_ok=True)
+        if create:
+            self.layout.root.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for depth, name in enumerate(names):
-                try:
-                    os.mkdir(name, 0o700, dir_fd=fd)
-                except FileExistsError:
-                    pass
+                if create:
+                    try:
+                        os.mkdir(name, 0o700, dir_fd=fd)
+                    except FileExistsError:
+                        pass
                 try:
                     child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                except FileNotFoundError:
+                    raise
                 except OSError as exc:
                     raise UnsafeDirectory(
                         f"{path}: {name} is not a plain directory ({exc.strerror}); remove it and retry"
@@ -121,9 +133,10 @@ class UserDirectories:
                         os.fchown(fd, uid, gid)
                     if stat.S_IMODE(st.st_mode) != mode:
                         os.fchmod(fd, mode)
-        finally:
+        except BaseException:
             os.close(fd)
-        return path
+            raise
+        return fd
 
     def ensure_data_root_traversable(self) -> None:
         root = self.layout.root
@@ -160,6 +173,23 @@ class UserDirectories:
     def ensure_uploads(self, user_id: int) -> Path:
         # Uploads are served publicly by the orchestrator, not by other sandboxes.
         return self._ensure(self.layout.uploads_dir(user_id), [self._parent(), self._private(user_id)])
+
+    def open_agent_secrets_dir(self, user_id: int, *, create: bool) -> int:
+        """An open fd of `agent-secrets/{uid}/` (the caller closes it), reached without
+        following a link and checked: owned by root (by us when not root) and writable by
+        nobody else, so nothing in it was put there by a sandbox. `create` also makes it with
+        its policy (root:<sandbox gid> 0750); without, a missing one is FileNotFoundError."""
+        path = self.layout.agent_secrets_dir(user_id)
+        levels = [self._parent(), self._user_read_only(user_id)] if create else []
+        fd = self._open_dir(path, levels, create=create)
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            os.close(fd)
+            raise UnsafeDirectory(
+                f"{path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}; "
+                f"only uid {os.geteuid()} may write there"
+            )
+        return fd
 
     def ensure_socket_dir(self, user_id: int) -> Path:
         return self._ensure(self.layout.socket_dir(user_id), [self._parent(), self._private(user_id)])

@@ -15,6 +15,7 @@ import http.client
 import json
 import select
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -32,16 +33,31 @@ REUSE_IDLE_S = 3.0
 MAX_IDLE_CONNECTIONS = 8
 
 
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, socket_path: str, connect_timeout_s: float) -> None:
+    def __init__(self, socket_path: str, connect_timeout_s: float, expected_peer_uid: int | None = None) -> None:
         super().__init__("sandbox-agent", timeout=connect_timeout_s)
         self._socket_path = socket_path
+        self._expected_peer_uid = expected_peer_uid
 
     def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
             sock.connect(self._socket_path)
+            if self._expected_peer_uid is not None:
+                # The socket's directory is the sandbox's: whatever listens at that name (a link
+                # to another user's agent, to a host service) must be the user's own uid before
+                # a byte (the token) is sent. The kernel's answer, not a path check: no race.
+                _, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+                if uid != self._expected_peer_uid:
+                    raise AgentUnavailable(
+                        f"agent socket {self._socket_path} is served by uid {uid}, not the sandbox uid "
+                        f"{self._expected_peer_uid}; nothing was sent",
+                        delivered=False,
+                    )
         except BaseException:
             sock.close()
             raise
@@ -76,8 +92,10 @@ class AgentClient:
         *,
         timeout_s: float = 660.0,
         connect_timeout_s: float = 5.0,
+        expected_peer_uid: int | None = None,
     ) -> None:
         self.socket_path = str(socket_path)
+        self.expected_peer_uid = expected_peer_uid
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._authorization = f"Bearer {token}"
@@ -114,7 +132,7 @@ class AgentClient:
             if now - since <= REUSE_IDLE_S and not conn.closed_by_peer():
                 return conn, True
             conn.close()
-        conn = _UnixConnection(self.socket_path, connect_timeout_s)
+        conn = _UnixConnection(self.socket_path, connect_timeout_s, self.expected_peer_uid)
         try:
             conn.connect()
         except OSError as exc:  # refused, no socket, timeout, permission

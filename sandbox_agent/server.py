@@ -20,7 +20,7 @@ from sandbox_agent import process_tree
 from sandbox_agent.app import AgentState, create_app
 from sandbox_agent.build import own_build_id
 from sandbox_agent.path_sandbox import PathSandbox, Root
-from sandbox_agent.wire import AgentConfig
+from sandbox_agent.wire import AgentConfig, valid_token
 
 log = logging.getLogger("sandbox_agent")
 
@@ -30,16 +30,19 @@ def load_config(path: str | Path) -> AgentConfig:
 
 
 def load_token(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """The token the orchestrator wrote (root-owned 0640 when it runs as root, else 0600): a
+    plain file, read without following a link, bounded, and of a token's form, or no start."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
-        if st.st_mode & 0o077:
+        if not stat.S_ISREG(st.st_mode):
+            raise SystemExit(f"token file {path} is not a regular file")
+        if st.st_mode & 0o027:
             log.warning("token file %s is accessible by others (mode %o)", path, stat.S_IMODE(st.st_mode))
-        with os.fdopen(fd, "r", closefd=False) as fh:
-            token = fh.read().strip()
+        token = os.read(fd, 256).decode("ascii", "replace").strip()
     finally:
         os.close(fd)
-    if len(token) < 16:
+    if not valid_token(token):
         raise SystemExit(f"token file {path} holds no usable token")
     return token
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
@@ -111,9 +112,21 @@ class AgentLimits(BaseModel):
     walk_max_entries: int = Field(100_000, gt=0)
 
 
+# The per-agent token: `secrets.token_urlsafe(32)`. Both sides check the form before using
+# one, so a file that holds anything else (a link to /proc/self/environ, a root-only file)
+# is never sent, or accepted, as a token.
+TOKEN_BYTES = 32
+TOKEN_PATTERN = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+def valid_token(text: str) -> bool:
+    return TOKEN_PATTERN.fullmatch(text) is not None
+
+
 class AgentConfig(BaseModel):
-    """Everything an agent needs; written by the orchestrator as JSON next to the socket.
-    It holds no secret: the token is read from `token_file` (0600, owned by the sandbox uid)."""
+    """Everything an agent needs; written by the orchestrator (root) as JSON into the user's
+    agent-secrets directory, which the sandbox can read but not write. It holds no secret:
+    the token is read from `token_file` in the same directory."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -27,7 +27,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
 from orchestrator.agent_deploy import AgentDeployment
-from orchestrator.backends.agent_launch import prepare_agent_launch
+from orchestrator.backends.agent_launch import prepare_agent_launch, read_agent_token
 from orchestrator.backends.base import SandboxStatus, SandboxUser
 from orchestrator.backends.docker_spec import (
     LABEL_BUILD,
@@ -49,7 +49,7 @@ from orchestrator.errors import ToolError
 from orchestrator.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
 from orchestrator.log import kv
 from orchestrator.settings import Settings
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
 
@@ -300,7 +300,7 @@ class DockerBackend:
             release = self.deployment.ensure()
             try:
                 launch = prepare_agent_launch(self.settings, self.directories, user, in_sandbox=True, parent_pid=None)
-            except (OSError, RuntimeError) as exc:
+            except (OSError, RuntimeError, UnsafeDirectory) as exc:
                 raise unavailable(user.user_id, f"preparing it failed: {exc}") from exc
             try:
                 if action in (Action.CREATE, Action.RECREATE):
@@ -320,7 +320,7 @@ class DockerBackend:
             slot.plan_hash = desired.plan_hash
             slot.image_id = desired.image_id
             slot.stopped = False
-            agent = AgentClient(launch.socket_path, launch.token, timeout_s=self.settings.tool_timeout_max_s + 60)
+            agent = self._agent_client(user.user_id, launch.token)
             self._wait_ready(slot, container, agent, launch.config.instance_id)
             log.info(
                 "sandbox ready %s",
@@ -361,19 +361,36 @@ class DockerBackend:
         return self.client.containers.create(**spec.create_kwargs())
 
     def _reconnect(self, slot: _Slot, container: Container) -> bool:
-        """Talk to the agent already running in `container` with the token on disk."""
-        try:
-            token = self.layout.token_path(slot.user_id).read_text().strip()
-        except OSError:
+        """Talk to the agent already running in `container` with the token it was started with
+        (read from the root-owned secrets dir, never from the sandbox's socket dir). False when
+        there is no usable token or the socket's peer is not the user's own agent: the caller
+        replaces the container."""
+        token = read_agent_token(self.directories, slot.user_id)
+        if token is None:
+            log.warning("no usable agent token; replacing the sandbox %s", kv(user=slot.user_id))
             return False
-        agent = AgentClient(self.layout.socket_path(slot.user_id), token, timeout_s=self.settings.tool_timeout_max_s + 60)
+        agent = self._agent_client(slot.user_id, token)
         try:
             health = agent.health(timeout_s=2.0)
-        except AgentUnavailable:
+        except AgentUnavailable as exc:
+            log.warning("the adopted sandbox's agent does not answer %s", kv(user=slot.user_id, error=exc.message))
+            agent.close()
+            return False
+        if health.user_id not in (None, slot.user_id):
+            log.warning("the socket answers for another user %s", kv(user=slot.user_id, answered=health.user_id))
             agent.close()
             return False
         slot.agent, slot.running_build, slot.container_id = agent, health.build, container.id
         return True
+
+    def _agent_client(self, user_id: int, token: str) -> AgentClient:
+        """The client of the user's agent; as root it only talks to a socket served by the
+        user's own sandbox uid (SO_PEERCRED), whatever the socket's path leads to."""
+        peer = self.directories.sandbox_uid(user_id) if self.directories.chown else None
+        return AgentClient(
+            self.layout.socket_path(user_id), token, timeout_s=self.settings.tool_timeout_max_s + 60,
+            expected_peer_uid=peer,
+        )  # fmt: skip
 
     def _wait_ready(self, slot: _Slot, container: Container, agent: AgentClient, instance: str) -> None:
         """Ready = our agent (the instance id we wrote) answers /health on the socket."""

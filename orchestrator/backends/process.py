@@ -182,8 +182,11 @@ class ProcessBackend:
         agent = _Agent(
             user_id=user_id,
             proc=proc,
+            # As root, only a socket served by the user's own uid is spoken to (SO_PEERCRED):
+            # the socket dir is the user's, and a link there could lead anywhere.
             client=AgentClient(
-                launch.socket_path, launch.token, timeout_s=self.settings.tool_timeout_max_s + 60
+                launch.socket_path, launch.token, timeout_s=self.settings.tool_timeout_max_s + 60,
+                expected_peer_uid=run_as,
             ),
             plan_hash=user.plan.plan_hash,
             build=release.build,

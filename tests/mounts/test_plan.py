@@ -19,8 +19,10 @@ HOST_ONLY = [
     LAYOUT.skill_locks_dir,
 ]
 
-# The hash of user 7's plan without groups before group gids existed (mounts/plan.py of a153b35).
-PLAN_HASH_OF_USER_7 = "d5f1bef10db235a54c97ba4f14f47a0bbc90b4acddc681d8a8ba1076c4e15a3b"
+# The hash of user 7's plan without groups: group gids left it as it was (mounts/plan.py of
+# a153b35, d5f1bef1...); the read-only agent-secrets mount changed it on purpose, so every
+# sandbox of an older orchestrator is recreated once and its token leaves the socket dir.
+PLAN_HASH_OF_USER_7 = "434dfdb6d9cd86dee45a5f1f183c7f9c91c10daf2cb79d98c0aa444260f2525c"
 
 user_ids = st.integers(min_value=1, max_value=1_000_000_000)
 groups = st.builds(
@@ -98,8 +100,8 @@ def test_group_gids_are_in_the_plan_and_its_hash() -> None:
     assert plan_mounts(LAYOUT, 7).group_gids == ()
 
 
-def test_a_plan_without_groups_keeps_the_hash_it_had_before_group_gids() -> None:
-    # Upgrading must not recreate every sandbox: only plans with a group workspace change.
+def test_a_plan_without_groups_has_the_hash_it_had_without_group_gids() -> None:
+    # Group gids must not recreate every sandbox: only plans with a group workspace change.
     assert plan_mounts(DataLayout(Path("/srv/orch-data")), 7).plan_hash == PLAN_HASH_OF_USER_7
 
 

@@ -106,7 +106,7 @@ def test_agent_exits_when_its_parent_is_gone(tmp_path: Path) -> None:
     tree = build_tree(tmp_path)
     sockets = tree.p("sockets/17")
     sockets.mkdir(parents=True)
-    (sockets / "token").write_text("t" * 32)
+    (sockets / "token").write_text("t" * 43)  # of a token's form
     config = {
         "socket_path": str(sockets / "agent.sock"), "token_file": str(sockets / "token"), "user_id": 17,
         "data_root": str(tree.data), "home": str(tree.p("users/17")), "tmp_dir": "/tmp", "roots": [],

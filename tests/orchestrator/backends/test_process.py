@@ -177,9 +177,13 @@ def test_the_token_is_a_private_file_and_never_in_argv_or_environment(agent_serv
     backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
     token_path = agent_service.layout.token_path(USER)
     st = token_path.stat()
-    assert stat.S_IMODE(st.st_mode) == 0o600
-    if AS_ROOT:
-        assert st.st_uid == agent_service.settings.sandbox_uid_base + USER
+    if AS_ROOT:  # root writes it where the sandbox can read, not write (agent-secrets/{uid}/)
+        sandbox_gid = agent_service.settings.sandbox_uid_base + USER
+        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o640, 0, sandbox_gid)
+        parent = token_path.parent.stat()
+        assert (stat.S_IMODE(parent.st_mode), parent.st_uid, parent.st_gid) == (0o750, 0, sandbox_gid)
+    else:
+        assert stat.S_IMODE(st.st_mode) == 0o600
     token = token_path.read_text().strip()
     proc = psutil.Process(agent_pids(agent_service)[USER])
     assert token not in " ".join(proc.cmdline())
@@ -191,11 +195,12 @@ def test_a_planted_symlink_in_the_socket_dir_is_replaced_not_followed(agent_serv
     agent_service.directories.ensure_socket_dir(USER)
     victim = traversable_tmp / "victim"
     victim.write_text("keep me")
-    os.symlink(victim, layout.token_path(USER))
-    os.symlink(victim, layout.agent_config_path(USER))
+    # where the token and the config lived before they moved out of the user's socket dir
+    os.symlink(victim, layout.socket_dir(USER) / "token")
+    os.symlink(victim, layout.socket_dir(USER) / "agent.json")
     agent_service.process_backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
     assert victim.read_text() == "keep me"
-    assert not layout.token_path(USER).is_symlink()
+    assert not layout.token_path(USER).is_symlink() and layout.token_path(USER).is_file()
 
 
 def test_an_agent_whose_socket_was_removed_is_replaced(agent_service: OrchestratorService) -> None:

@@ -84,7 +84,9 @@ def test_container_is_hardened_runs_as_the_user_and_holds_no_secret(
         str(m.sandbox_path): (str(m.host_path), m.access.value == "rw") for m in user.plan.mounts
     }
     token = docker_service.layout.token_path(USER)
-    assert token.stat().st_mode & 0o777 == 0o600 and token.stat().st_uid == 100000 + USER
+    # root's, readable by the sandbox's gid only, in a directory the sandbox cannot write
+    assert (token.stat().st_mode & 0o777, token.stat().st_uid, token.stat().st_gid) == (0o640, 0, 100000 + USER)
+    assert mounts[str(token.parent)] == (str(token.parent), False)
     secret = token.read_text().strip()
     visible = " ".join([*config["Env"], *(config["Cmd"] or []), *(config["Entrypoint"] or []), *attrs["Args"]])
     assert secret not in visible and "token" not in visible.lower()
