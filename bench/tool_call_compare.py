@@ -87,7 +87,8 @@ class Server:
 
     def agent(self) -> AgentClient:
         sockets = self.data_dir / "sockets" / "17"
-        return AgentClient(sockets / "agent.sock", (sockets / "token").read_text().strip())
+        token = (self.data_dir / "agent-secrets" / "17" / "token").read_text().strip()
+        return AgentClient(sockets / "agent.sock", token)
 
     def containers(self) -> list:
         import docker

@@ -50,7 +50,7 @@ def main() -> None:
             print(f"read_file_api_p99: {pct(samples, 0.99):.3f} ms")
 
             data = base / "data"
-            token = (data / "sockets" / "17" / "token").read_text().strip()
+            token = (data / "agent-secrets" / "17" / "token").read_text().strip()
             with AgentClient(data / "sockets" / "17" / "agent.sock", token) as agent:
                 direct = []
                 for _ in range(CALLS):

@@ -159,7 +159,10 @@ class ProcessBackend:
                 extra_read_only=interpreter_mounts(python),
                 bwrap=binary,
             )
-        self._remove_stale_socket(launch.socket_path)
+        try:
+            self._remove_stale_socket(launch.socket_path)
+        except OSError as exc:  # the user's shell keeps changing its socket dir under us
+            raise unavailable(user_id, f"clearing its socket path failed: {exc}") from exc
         identity: dict[str, Any] = {}
         if run_as is not None:
             # The shared gid opens share/; each group gid one workspace of the plan, no other.
@@ -209,7 +212,9 @@ class ProcessBackend:
 
     def _remove_stale_socket(self, socket_path: Path) -> None:
         """So that readiness can only be the new agent. The socket dir is the user's: whatever
-        sits at the socket's name (even a directory) goes; unlink and rmtree never follow links."""
+        sits at the socket's name (even a directory) goes. Safe as root: `sockets/` is root's,
+        so `sockets/{uid}` cannot be swapped for a link, unlink never follows the last
+        component, and rmtree walks on directory fds and refuses a link at its top."""
         try:
             os.unlink(socket_path)
         except FileNotFoundError:

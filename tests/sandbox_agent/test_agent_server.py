@@ -144,3 +144,20 @@ def test_names_that_are_not_utf8_survive_the_wire(live: LiveAgent) -> None:
     assert live.client.call("read_file", {"path": odd}, cwd=cwd)["content"] == "bytes name"
     (live.tree.workdir / "中文.txt").write_text("文字")
     assert live.client.call("read_file", {"path": "中文.txt"}, cwd=cwd)["content"] == "文字"
+
+
+@pytest.mark.parametrize("content", ["t" * 32, "ORCH_ADMIN_TOKEN=admin-token-for-tests\n", "a" * 44, ""])
+def test_the_agent_accepts_only_a_token_of_the_form_the_host_writes(tmp_path: Path, content: str) -> None:
+    from sandbox_agent.server import load_token
+
+    token_file = tmp_path / "token"
+    token_file.write_text(content)
+    with pytest.raises(SystemExit, match="no usable token"):
+        load_token(str(token_file))
+    token_file.unlink()
+    token_file.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):  # never read through a link
+        load_token(str(token_file))
+    token_file.unlink()
+    token_file.write_text("A-_z" + "0" * 39 + "\n")
+    assert load_token(str(token_file)) == "A-_z" + "0" * 39
