@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
 STOP_GRACE_S = 3.0
+STDERR_LINE_MAX = 4096  # bytes of one forwarded agent stderr line
 _AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -247,7 +248,9 @@ class ProcessBackend:
         stream = agent.proc.stderr
         if stream is None:
             return
-        for raw in iter(stream.readline, b""):
+        # Bounded: the agent runs as the user's uid, which can make it write anything; a line
+        # without an end must not grow in the orchestrator's memory (longer ones are split).
+        for raw in iter(lambda: stream.readline(STDERR_LINE_MAX), b""):
             line = raw.decode("utf-8", "replace").rstrip()
             if line:
                 agent.stderr_tail.append(line)

@@ -223,3 +223,21 @@ def test_junk_at_the_socket_name_does_not_keep_the_agent_down(agent_service: Orc
     blocker = agent_service.layout.socket_path(USER)
     (blocker / "inner").mkdir(parents=True)
     assert agent_service.process_backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
+
+
+def test_an_agent_stderr_line_without_an_end_is_forwarded_in_bounded_pieces(agent_service: OrchestratorService) -> None:
+    """The agent runs as the user's uid, which can make it write anything to its stderr."""
+    import subprocess
+    import sys
+
+    from orchestrator.backends.process import STDERR_LINE_MAX, _Agent
+    from sandbox_agent.client import AgentClient
+
+    writer = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stderr.write('x' * 1_000_000); sys.stderr.flush()"],
+        stderr=subprocess.PIPE,
+    )
+    agent = _Agent(USER, writer, AgentClient("/nonexistent", "t"), "plan", "build", "instance", None)
+    agent_service.process_backend._forward_stderr(agent)
+    writer.wait()
+    assert agent.stderr_tail and all(len(line) <= STDERR_LINE_MAX for line in agent.stderr_tail)
