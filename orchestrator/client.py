@@ -513,8 +513,9 @@ class OrchestratorClient:
         return Health.model_validate(self._json("GET", "/healthz"))
 
     def put_user(self, user_id: int, *, display_name: str | None = None, backend: str | None = None) -> User:
+        """`backend` (an override) needs the admin token; never below the server's isolation floor."""
         body = _without_none({"display_name": display_name, "backend": backend})
-        return User.model_validate(self._json("PUT", f"/v1/users/{user_id}", json=body))
+        return User.model_validate(self._json("PUT", f"/v1/users/{user_id}", json=body, admin=backend is not None))
 
     def get_user(self, user_id: int) -> User:
         return User.model_validate(self._json("GET", f"/v1/users/{user_id}"))

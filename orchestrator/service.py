@@ -93,7 +93,10 @@ class OrchestratorService:
             backends["docker"] = self.docker_backend
         log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
         self.group_gids = GroupGids(self.store, settings.group_gid_range)
-        self.sandboxes = SandboxRouter(self.layout, self.users, self.group_gids, backends, self.backend_choice.default)
+        self.sandboxes = SandboxRouter(
+            self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
+            process_sandbox=settings.process_sandbox,
+        )
         self.runs = RunService(
             settings=settings,
             store=self.store,

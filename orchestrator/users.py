@@ -8,7 +8,14 @@ from mounts.layout import GroupRef
 from orchestrator.clock import now_iso
 from orchestrator.state_store import StateStore, Transaction
 
-__all__ = ["GroupRef", "UserRecord", "UserRepository"]
+__all__ = ["KEEP", "GroupRef", "Keep", "UserRecord", "UserRepository"]
+
+
+class Keep:
+    """The backend override stays as it is."""
+
+
+KEEP = Keep()
 
 
 @dataclass(frozen=True)
@@ -34,15 +41,19 @@ class UserRepository:
     def __init__(self, store: StateStore) -> None:
         self._store = store
 
-    def upsert(self, user_id: int, *, display_name: str | None, backend: str | None) -> UserRecord:
+    def upsert(self, user_id: int, *, display_name: str | None, backend: str | None | Keep = KEEP) -> UserRecord:
+        """Set the display name, and the backend override unless `backend` is KEEP (only the
+        admin sets overrides; a bot's PUT must not clear one either)."""
         now = now_iso()
+        keep = isinstance(backend, Keep)
         with self._store.write() as tx:
             tx.execute(
                 "INSERT INTO users (user_id, display_name, backend, created_at, updated_at)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"
-                " display_name = excluded.display_name, backend = excluded.backend,"
+                " display_name = excluded.display_name,"
+                f" backend = {'users.backend' if keep else 'excluded.backend'},"
                 " updated_at = excluded.updated_at",
-                (user_id, display_name, backend, now, now),
+                (user_id, display_name, None if keep else backend, now, now),
             )
             row = tx.one("SELECT * FROM users WHERE user_id = ?", (user_id,))
         return _user(row)
