@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mounts.layout import GroupRef
+from orchestrator import audit
 from orchestrator.clock import now_iso
+from orchestrator.errors import Conflict
 from orchestrator.state_store import StateStore, Transaction
 
 __all__ = ["KEEP", "GroupRef", "Keep", "UserRecord", "UserRepository"]
@@ -83,6 +85,33 @@ class UserRepository:
             (group.channel, group.chat_id, user_id, now_iso()),
         )
         return cursor.rowcount == 1
+
+    def remove_group_member(self, group: GroupRef, user_id: int, *, actor: str) -> bool:
+        """Revoke a membership; False when there was none. The group's gid stays the group's
+        (its files carry it). Refused (409) while the user owns live sessions of the group:
+        those sessions would lose their own workspace."""
+        with self._store.write() as tx:
+            owned = tx.one(
+                "SELECT session_id FROM sessions WHERE group_channel = ? AND group_chat_id = ?"
+                " AND owner_user_id = ? AND deleted_at IS NULL LIMIT 1",
+                (group.channel, group.chat_id, user_id),
+            )
+            if owned is not None:
+                raise Conflict(
+                    f"user {user_id} owns session {owned['session_id']} of this group; delete it first",
+                    field="user_id",
+                )
+            cursor = tx.execute(
+                "DELETE FROM group_members WHERE channel = ? AND chat_id = ? AND user_id = ?",
+                (group.channel, group.chat_id, user_id),
+            )
+            removed = cursor.rowcount == 1
+            if removed:
+                audit.record(
+                    tx, actor=actor, action="group.member_remove", runtime_user_id=user_id,
+                    channel=group.channel, chat_id=group.chat_id,
+                )  # fmt: skip
+        return removed
 
     def groups_of(self, user_id: int) -> list[GroupRef]:
         with self._store.read() as tx:

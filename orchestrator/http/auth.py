@@ -102,9 +102,3 @@ async def acting_user(request: Request) -> int | None:
     """`X-Acting-User: {uid}`: the person a request is made for (SPEC §12). With it, every
     person-facing route acts for that person only (docs/decisions.md lists them)."""
     return parse_acting_user(request.headers.getlist("x-acting-user"))
-
-
-def require_self(acting: int | None, user_id: int) -> None:
-    """A person may act on itself only: `users/{uid}` routes refuse another uid."""
-    if acting is not None and acting != user_id:
-        raise Forbidden(f"X-Acting-User {acting} may act on user {acting} only, not on user {user_id}", field="X-Acting-User")
