@@ -16,7 +16,7 @@ from orchestrator.errors import NotFound
 from orchestrator.http.acting import check_delivery, visible_run
 from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
 from orchestrator.http.params import run_id_param
-from orchestrator.public_uploads import INLINE_TYPES, iter_fd, open_upload_fd, upload_ref
+from orchestrator.public_uploads import INLINE_TYPES, iter_fd, upload_ref
 from orchestrator.service import OrchestratorService
 
 router = APIRouter()
@@ -44,9 +44,10 @@ def get_upload(
     file_name: str = Path(..., max_length=200),
     service: OrchestratorService = Depends(service_of),
 ) -> Response:
-    # Everything that is not exactly one readable regular file is the same plain 404.
+    # Everything that is not exactly one published, single-link regular file of that user's
+    # sandbox uid is the same plain 404.
     ref = upload_ref(int(user_id), file_name) if user_id.isdigit() and not user_id.startswith("0") else None
-    opened = open_upload_fd(service.layout, ref) if ref is not None else None
+    opened = service.uploads.open(ref) if ref is not None else None
     if opened is None:
         raise NotFound("no such upload")
     inline = opened.media_type in INLINE_TYPES
