@@ -15,6 +15,7 @@ from fastapi import Depends, Header, Request
 from mounts import ids
 from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ def _caller(service: OrchestratorService, authorization: str | None) -> Caller |
     if _matches(token, settings.api_token):
         return Caller("bot")
     return None
+
+
+def has_valid_token(settings: Settings, authorization: str | None) -> bool:
+    """Whether the request may reach a `/v1/` route at all (any role); checked from the headers
+    before the body is read (orchestrator/http/request_guard.py)."""
+    if not settings.auth_enabled:
+        return True
+    token = _bearer(authorization)
+    return token is not None and (_matches(token, settings.admin_token) or _matches(token, settings.api_token))
 
 
 async def require_bot(
