@@ -29,6 +29,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from orchestrator.http.app import create_app
+    from orchestrator.http.server_protocol import bounded_protocol
     from orchestrator.service import OrchestratorService
     from orchestrator.settings import load_settings
     from orchestrator.state_store import SchemaTooNewError
@@ -55,7 +56,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"orchestrator: {exc}", file=sys.stderr)
         return 2
     log.info("serving %s", kv(host=host, port=args.port, data_dir=settings.layout.root))
-    uvicorn.run(create_app(service), host=host, port=args.port, log_level=args.log_level.lower(), access_log=False)
+    uvicorn.run(
+        create_app(service),
+        host=host,
+        port=args.port,
+        log_level=args.log_level.lower(),
+        access_log=False,
+        # Bounds before any token is checked (issue 12 item 5): the request head's size and
+        # time (server_protocol.py), idle keep-alive connections, connections at once.
+        http=bounded_protocol(settings),
+        h11_max_incomplete_event_size=settings.http_max_header_bytes,
+        timeout_keep_alive=settings.http_keep_alive_s,
+        limit_concurrency=settings.http_limit_concurrency,
+    )
     return 0
 
 

@@ -20,7 +20,7 @@ import stat
 from collections.abc import Iterable, Mapping
 from types import TracebackType
 from typing import Any, Literal
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -513,11 +513,17 @@ class OrchestratorClient:
         return Health.model_validate(self._json("GET", "/healthz"))
 
     def put_user(self, user_id: int, *, display_name: str | None = None, backend: str | None = None) -> User:
+        """`backend` (an override) needs the admin token; never below the server's isolation floor."""
         body = _without_none({"display_name": display_name, "backend": backend})
-        return User.model_validate(self._json("PUT", f"/v1/users/{user_id}", json=body))
+        return User.model_validate(self._json("PUT", f"/v1/users/{user_id}", json=body, admin=backend is not None))
 
     def get_user(self, user_id: int) -> User:
         return User.model_validate(self._json("GET", f"/v1/users/{user_id}"))
+
+    def remove_group_member(self, channel: str, chat_id: str, user_id: int) -> bool:
+        """Revoke a membership (effective for the user's next call); False when there was none."""
+        path = f"/v1/groups/{quote(channel, safe='')}/{quote(chat_id, safe='')}/members/{user_id}"
+        return bool(self._json("DELETE", path)["removed"])
 
     def put_project_settings(
         self, project_id: str, *, cross_session_read: bool | None = None, cross_project_collaboration: bool | None = None

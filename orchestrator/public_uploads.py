@@ -1,10 +1,14 @@
 """Public artifacts: `GET /uploads/{uid}/{file}` (SPEC §7, §12) and this service's own upload
 URLs, which the host serves from disk instead of fetching them over the network.
 
-Reading never follows a symlink and never leaves `uploads/{uid}/`: the directories are opened
-one component at a time with O_NOFOLLOW from the data root, the file relative to that
-descriptor, and only a regular file is served. A user owns `uploads/{uid}/` and may plant
-links or FIFOs there; the open is the check, so there is no window to race.
+Only what the orchestrator published is public: the random names `publish_artifact` wrote are
+recorded in the state DB (`published_uploads`), and a name the sandbox wrote into its uploads
+dir itself is "no such upload". Reading never follows a symlink and never leaves
+`uploads/{uid}/`: the directories are opened one component at a time with O_NOFOLLOW from the
+data root, the file relative to that descriptor, and only a regular file with one link, owned
+by that user's sandbox uid, is served. A user owns `uploads/{uid}/` and may plant links, hard
+links or FIFOs there; the checks are made on the opened descriptor, so there is no window to
+race.
 """
 
 from __future__ import annotations
@@ -19,7 +23,10 @@ from urllib.parse import unquote, urlsplit
 
 from mounts import ids
 from mounts.layout import DataLayout
+from orchestrator.clock import now_iso
 from orchestrator.nofollow_fs import UnsafePath, closing_fd, open_dirs, open_root
+from orchestrator.state_store import StateStore
+from orchestrator.user_dirs import UserDirectories
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -110,10 +117,11 @@ class OpenedUpload:
     media_type: str
 
 
-def open_upload_fd(layout: DataLayout, ref: UploadRef) -> OpenedUpload | None:
+def open_upload_fd(layout: DataLayout, ref: UploadRef, *, owner_uid: int) -> OpenedUpload | None:
     """The upload opened for reading (the caller closes `fd`), or None when there is no such
-    regular file. A symlink, a FIFO, a directory or a hard link to a file of somebody else all
-    count as "no such file": the public route says 404 and nothing more."""
+    regular file of `owner_uid`. A symlink, a FIFO, a directory, a file of somebody else (root
+    included) or a hard link all count as "no such file": the public route says 404 and
+    nothing more."""
     with closing_fd(open_root(layout.root)) as root_fd:
         try:
             dir_fd = open_dirs(root_fd, ["uploads", str(ref.owner_user_id)])
@@ -130,10 +138,9 @@ def open_upload_fd(layout: DataLayout, ref: UploadRef) -> OpenedUpload | None:
             raise
         try:
             info = os.fstat(fd)
-            owner = os.fstat(dir_fd).st_uid
-            # A hard link planted by the directory's owner to a file it does not own would
-            # publish that file: only files of the directory's owner (or ours) are served.
-            if not stat.S_ISREG(info.st_mode) or info.st_uid not in (owner, os.geteuid()):
+            # A hard link planted by the sandbox to a file it does not own (a root-owned one it
+            # may write) would publish that file: only the user's own single-link files.
+            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != owner_uid:
                 os.close(fd)
                 return None
             os.set_blocking(fd, True)
@@ -143,21 +150,54 @@ def open_upload_fd(layout: DataLayout, ref: UploadRef) -> OpenedUpload | None:
     return OpenedUpload(fd=fd, size=info.st_size, media_type=media_type_of(ref.file_name))
 
 
-def read_upload(layout: DataLayout, ref: UploadRef, max_bytes: int) -> bytes | None:
-    """The whole upload, or None when missing; raises `UploadTooLarge` above `max_bytes`."""
-    opened = open_upload_fd(layout, ref)
-    if opened is None:
-        return None
-    with closing_fd(opened.fd):
-        if opened.size > max_bytes:
-            raise UploadTooLarge(opened.size, max_bytes)
-        chunks, total = [], 0
-        while chunk := os.read(opened.fd, 1 << 20):
-            total += len(chunk)
-            if total > max_bytes:  # it grew while we read
-                raise UploadTooLarge(total, max_bytes)
-            chunks.append(chunk)
-        return b"".join(chunks)
+class PublishedUploads:
+    """The uploads this service published, and the only ones it serves."""
+
+    def __init__(self, store: StateStore, layout: DataLayout, directories: UserDirectories) -> None:
+        self._store = store
+        self._layout = layout
+        self._directories = directories
+
+    def _owner_uid(self, user_id: int) -> int:
+        """Who owns a user's uploads: its sandbox uid (the server's own uid when not root)."""
+        return self._directories.sandbox_uid(user_id) if self._directories.chown else os.geteuid()
+
+    def record(self, ref: UploadRef) -> None:
+        with self._store.write() as tx:
+            tx.execute(
+                "INSERT OR IGNORE INTO published_uploads (owner_user_id, file_name, published_at) VALUES (?, ?, ?)",
+                (ref.owner_user_id, ref.file_name, now_iso()),
+            )
+
+    def is_published(self, ref: UploadRef) -> bool:
+        with self._store.read() as tx:
+            row = tx.one(
+                "SELECT 1 FROM published_uploads WHERE owner_user_id = ? AND file_name = ?",
+                (ref.owner_user_id, ref.file_name),
+            )
+        return row is not None
+
+    def open(self, ref: UploadRef) -> OpenedUpload | None:
+        """The published upload opened for reading (the caller closes `fd`), else None."""
+        if not self.is_published(ref):
+            return None
+        return open_upload_fd(self._layout, ref, owner_uid=self._owner_uid(ref.owner_user_id))
+
+    def read(self, ref: UploadRef, max_bytes: int) -> bytes | None:
+        """The whole upload, or None when missing; raises `UploadTooLarge` above `max_bytes`."""
+        opened = self.open(ref)
+        if opened is None:
+            return None
+        with closing_fd(opened.fd):
+            if opened.size > max_bytes:
+                raise UploadTooLarge(opened.size, max_bytes)
+            chunks, total = [], 0
+            while chunk := os.read(opened.fd, 1 << 20):
+                total += len(chunk)
+                if total > max_bytes:  # it grew while we read
+                    raise UploadTooLarge(total, max_bytes)
+                chunks.append(chunk)
+            return b"".join(chunks)
 
 
 class UploadTooLarge(Exception):

@@ -3,14 +3,14 @@ user's groups, each with its own gid)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import lru_cache
 from typing import Any
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
 from orchestrator.backends.base import ContainerBackend, SandboxStatus, SandboxUser
-from orchestrator.errors import ToolError
+from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.users import UserRepository
 
@@ -23,6 +23,31 @@ def _plan(layout: DataLayout, user_id: int, memberships: tuple[tuple[GroupRef, i
     return plan_mounts(layout, user_id, [group for group, _ in memberships], dict(memberships))
 
 
+# The isolation order (docs/decisions.md, "Backend overrides and the isolation floor"): a docker
+# container (own mount, pid, network and user namespaces) > a process agent in a bwrap mount
+# namespace > a plain process agent (only the uid and the PathSandbox).
+_ISOLATION = {("docker", "none"): 2, ("docker", "bwrap"): 2, ("process", "bwrap"): 1, ("process", "none"): 0}
+
+
+def isolation_rank(backend: str, process_sandbox: str) -> int:
+    return _ISOLATION.get((backend, process_sandbox), 0)
+
+
+def effective_backend(override: str | None, default: str, available: Collection[str], *, process_sandbox: str) -> str:
+    """The backend a user runs on: its override when that backend is registered and isolates at
+    least as much as the operator's default (the floor), else the default. Also applied to
+    overrides stored before the floor existed."""
+    if override in (None, "auto") or override not in available:
+        return default
+    if isolation_rank(override, process_sandbox) < isolation_rank(default, process_sandbox):
+        return default
+    return override
+
+
+class BelowIsolationFloor(InvalidInput):
+    code = "below_isolation_floor"
+
+
 class SandboxRouter:
     def __init__(
         self,
@@ -31,12 +56,15 @@ class SandboxRouter:
         group_gids: GroupGids,
         backends: Mapping[str, ContainerBackend],
         default_backend: str,
+        *,
+        process_sandbox: str = "none",
     ) -> None:
         self._layout = layout
         self._users = users
         self._group_gids = group_gids
         self.backends = dict(backends)
         self.default_backend = default_backend
+        self.process_sandbox = process_sandbox
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
         try:
@@ -51,9 +79,21 @@ class SandboxRouter:
 
     def backend_name_for(self, user_id: int) -> str:
         user = self._users.get(user_id)
-        if user is not None and user.backend not in (None, "auto") and user.backend in self.backends:
-            return user.backend
-        return self.default_backend
+        override = user.backend if user is not None else None
+        return effective_backend(override, self.default_backend, self.backends.keys(), process_sandbox=self.process_sandbox)
+
+    def check_override(self, backend: str | None) -> None:
+        """Raises `BelowIsolationFloor` for an override that would isolate less than the default."""
+        if backend in (None, "auto"):
+            return
+        if isolation_rank(backend, self.process_sandbox) < isolation_rank(self.default_backend, self.process_sandbox):
+            raise BelowIsolationFloor(
+                f"backend {backend} isolates less than this server's floor ({self.default_backend}"
+                f"{', bwrap' if self.default_backend == 'process' and self.process_sandbox == 'bwrap' else ''}); "
+                "the operator's ORCH_BACKEND is the least isolation any user gets",
+                field="backend",
+                floor=self.default_backend,
+            )
 
     def backend_for(self, user_id: int) -> ContainerBackend:
         name = self.backend_name_for(user_id)

@@ -38,6 +38,7 @@ from orchestrator.tools.container_tools import register_container_tools
 from orchestrator.tools.conversation_tools import register_conversation_tools
 from orchestrator.tools.byte_sources import BytesResolver
 from orchestrator.tools.dispatch import ToolDispatcher
+from orchestrator.public_uploads import PublishedUploads
 from orchestrator.tools.host_tools import HostTools, register_host_tools
 from orchestrator.tools.registry import ToolRegistry
 from orchestrator.user_dirs import UserDirectories
@@ -93,7 +94,10 @@ class OrchestratorService:
             backends["docker"] = self.docker_backend
         log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
         self.group_gids = GroupGids(self.store, settings.group_gid_range)
-        self.sandboxes = SandboxRouter(self.layout, self.users, self.group_gids, backends, self.backend_choice.default)
+        self.sandboxes = SandboxRouter(
+            self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
+            process_sandbox=settings.process_sandbox,
+        )
         self.runs = RunService(
             settings=settings,
             store=self.store,
@@ -128,6 +132,7 @@ class OrchestratorService:
         self.url_fetcher = UrlFetcher(
             timeout_s=settings.url_fetch_timeout_s, allow_loopback=settings.url_fetch_allow_loopback
         )
+        self.uploads = PublishedUploads(self.store, self.layout, self.directories)
         register_host_tools(
             self.tools,
             HostTools(
@@ -136,12 +141,14 @@ class OrchestratorService:
                 directories=self.directories,
                 resolver=BytesResolver(
                     layout=self.layout,
+                    uploads=self.uploads,
                     public_base_url=settings.public_base_url,
                     sandboxes=self.sandboxes,
                     fetcher=self.url_fetcher,
                 ),
                 deliveries=self.deliveries,
                 sessions=self.sessions,
+                uploads=self.uploads,
             ),
         )
         self.calls_in_flight = CallsInFlight()

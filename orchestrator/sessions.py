@@ -335,15 +335,6 @@ class SessionService:
             raise _not_found(session_id)
         return record
 
-    def get_for_run(self, session_id: str, *, acting_user: int | None, joins_by_speaking: bool) -> SessionRecord:
-        """`get` for starting a run. A person speaking in a group session may start a run in
-        it before they are a member: speaking there is how they join (SPEC §12)."""
-        if acting_user is not None and joins_by_speaking:
-            record = self._sessions.get(session_id)
-            if record is not None and record.group is not None:
-                return record
-        return self.get(session_id, acting_user=acting_user)
-
     def visible(self, record: SessionRecord, acting_user: int | None, *, owner_only: bool = False) -> bool:
         if acting_user is None or acting_user == record.owner_user_id:
             return True

@@ -108,6 +108,22 @@ class Settings(BaseSettings):
     skill_upload_max_bytes: int = Field(
         20 * 1024 * 1024, gt=0, description="Total size of a skill installed through the API."
     )
+    http_body_max_bytes: int = Field(
+        4 * 1024 * 1024,
+        gt=0,
+        description="Largest request body of a route without its own cap (skill PUTs and tool calls derive theirs).",
+    )
+    http_body_stall_s: float = Field(
+        10.0, gt=0, description="A request body that sends nothing for this long is answered 408 and closed."
+    )
+    http_body_timeout_s: float = Field(
+        60.0, gt=0, description="A request body must be complete within this time (else 408, closed)."
+    )
+    http_keep_alive_s: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this time.")
+    http_limit_concurrency: int = Field(
+        1000, gt=0, description="Connections and requests at once; beyond it the server answers 503."
+    )
+    http_max_header_bytes: int = Field(64 * 1024, gt=0, description="Largest request head (request line and headers).")
     transcript_turns: int = Field(200, gt=0, description="Turns kept in a session's transcript.")
     conversation_read_max_chars: int = Field(
         20_000, ge=1_000, description="Cap on the text read_conversation and session_search return."

@@ -139,6 +139,16 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN last_activity_at TEXT;
     CREATE INDEX runs_running ON runs (started_at) WHERE status = 'running';
     """,
+    # 5: the public uploads the orchestrator published (orchestrator/public_uploads.py): only
+    # these names are served, never a name a sandbox wrote into its uploads dir itself
+    """
+    CREATE TABLE published_uploads (
+        owner_user_id  INTEGER NOT NULL,
+        file_name      TEXT NOT NULL,
+        published_at   TEXT NOT NULL,
+        PRIMARY KEY (owner_user_id, file_name)
+    );
+    """,
 )
 
 

@@ -5,10 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mounts.layout import GroupRef
+from orchestrator import audit
 from orchestrator.clock import now_iso
+from orchestrator.errors import Conflict
 from orchestrator.state_store import StateStore, Transaction
 
-__all__ = ["GroupRef", "UserRecord", "UserRepository"]
+__all__ = ["KEEP", "GroupRef", "Keep", "UserRecord", "UserRepository"]
+
+
+class Keep:
+    """The backend override stays as it is."""
+
+
+KEEP = Keep()
 
 
 @dataclass(frozen=True)
@@ -34,15 +43,19 @@ class UserRepository:
     def __init__(self, store: StateStore) -> None:
         self._store = store
 
-    def upsert(self, user_id: int, *, display_name: str | None, backend: str | None) -> UserRecord:
+    def upsert(self, user_id: int, *, display_name: str | None, backend: str | None | Keep = KEEP) -> UserRecord:
+        """Set the display name, and the backend override unless `backend` is KEEP (only the
+        admin sets overrides; a bot's PUT must not clear one either)."""
         now = now_iso()
+        keep = isinstance(backend, Keep)
         with self._store.write() as tx:
             tx.execute(
                 "INSERT INTO users (user_id, display_name, backend, created_at, updated_at)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (user_id) DO UPDATE SET"
-                " display_name = excluded.display_name, backend = excluded.backend,"
+                " display_name = excluded.display_name,"
+                f" backend = {'users.backend' if keep else 'excluded.backend'},"
                 " updated_at = excluded.updated_at",
-                (user_id, display_name, backend, now, now),
+                (user_id, display_name, None if keep else backend, now, now),
             )
             row = tx.one("SELECT * FROM users WHERE user_id = ?", (user_id,))
         return _user(row)
@@ -72,6 +85,33 @@ class UserRepository:
             (group.channel, group.chat_id, user_id, now_iso()),
         )
         return cursor.rowcount == 1
+
+    def remove_group_member(self, group: GroupRef, user_id: int, *, actor: str) -> bool:
+        """Revoke a membership; False when there was none. The group's gid stays the group's
+        (its files carry it). Refused (409) while the user owns live sessions of the group:
+        those sessions would lose their own workspace."""
+        with self._store.write() as tx:
+            owned = tx.one(
+                "SELECT session_id FROM sessions WHERE group_channel = ? AND group_chat_id = ?"
+                " AND owner_user_id = ? AND deleted_at IS NULL LIMIT 1",
+                (group.channel, group.chat_id, user_id),
+            )
+            if owned is not None:
+                raise Conflict(
+                    f"user {user_id} owns session {owned['session_id']} of this group; delete it first",
+                    field="user_id",
+                )
+            cursor = tx.execute(
+                "DELETE FROM group_members WHERE channel = ? AND chat_id = ? AND user_id = ?",
+                (group.channel, group.chat_id, user_id),
+            )
+            removed = cursor.rowcount == 1
+            if removed:
+                audit.record(
+                    tx, actor=actor, action="group.member_remove", runtime_user_id=user_id,
+                    channel=group.channel, chat_id=group.chat_id,
+                )  # fmt: skip
+        return removed
 
     def groups_of(self, user_id: int) -> list[GroupRef]:
         with self._store.read() as tx:

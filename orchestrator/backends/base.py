@@ -6,6 +6,7 @@ agent's wire API (`sandbox_agent.wire`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +30,13 @@ class SandboxStatus:
     agent_build: str | None = None
     busy: int = 0
     detail: dict[str, Any] | None = None
+
+
+def loses_group_access(running_gids: Iterable[int], planned_gids: Iterable[int]) -> bool:
+    """Pure: whether the sandbox now running carries a group gid (and so a workspace) the plan
+    no longer gives it: a revoked membership. Such a sandbox is replaced before the next call
+    even while it is busy; other plan changes wait until it is idle."""
+    return not set(running_gids) <= set(planned_gids)
 
 
 class ContainerBackend(Protocol):

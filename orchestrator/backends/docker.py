@@ -28,7 +28,7 @@ from docker.models.containers import Container
 
 from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.agent_launch import prepare_agent_launch, read_agent_token
-from orchestrator.backends.base import SandboxStatus, SandboxUser
+from orchestrator.backends.base import SandboxStatus, SandboxUser, loses_group_access
 from orchestrator.backends.docker_spec import (
     LABEL_BUILD,
     LABEL_INSTANCE,
@@ -277,6 +277,9 @@ class DockerBackend:
         container = self._find(slot)
         observed = observed_from_attrs(container.attrs) if container is not None else None
         busy = slot.in_flight > 0
+        if busy and container is not None:  # a revoked group does not wait for the calls under way
+            running_gids = {int(g) for g in container.attrs.get("HostConfig", {}).get("GroupAdd") or []}
+            busy = not loses_group_access(running_gids - {self.directories.shared_gid}, user.plan.group_gids)
         if container is not None and observed is not None and observed.running and slot.agent is None:
             # Adopted, or contact lost: ask the agent that runs there which BUILD it is.
             if not self._reconnect(slot, container):

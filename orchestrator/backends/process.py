@@ -31,7 +31,7 @@ import psutil
 from mounts.layout import DataLayout
 from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.agent_launch import prepare_agent_launch
-from orchestrator.backends.base import SandboxStatus, SandboxUser
+from orchestrator.backends.base import SandboxStatus, SandboxUser, loses_group_access
 from orchestrator.backends.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
@@ -60,6 +60,7 @@ class _Agent:
     started_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     inflight: int = 0
+    group_gids: tuple[int, ...] = ()  # of the plan it was started with
     stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
 
     @property
@@ -114,7 +115,8 @@ class ProcessBackend:
             if agent is not None:
                 if agent.alive:
                     stale = self._staleness(agent, user)
-                    if stale is None or agent.inflight > 0:
+                    lost = loses_group_access(agent.group_gids, user.plan.group_gids)
+                    if stale is None or (agent.inflight > 0 and not lost):
                         return agent  # an outdated agent keeps serving until it is idle
                     log.info("restarting an outdated agent %s", kv(user=user.user_id, reason=stale))
                 else:
@@ -193,6 +195,7 @@ class ProcessBackend:
                 expected_peer_uid=run_as,
             ),
             plan_hash=user.plan.plan_hash,
+            group_gids=user.plan.group_gids,
             build=release.build,
             instance_id=launch.config.instance_id,
             run_as_uid=run_as,

@@ -9,7 +9,9 @@ from fastapi import FastAPI
 
 from orchestrator import __version__
 from orchestrator.http import routes_collaboration, routes_core, routes_files, routes_sessions, routes_skills
+from orchestrator.http.auth import has_valid_token
 from orchestrator.http.errors import install_error_handlers
+from orchestrator.http.request_guard import RequestGuard
 from orchestrator.service import OrchestratorService
 
 
@@ -30,6 +32,10 @@ def create_app(service: OrchestratorService) -> FastAPI:
     )
     app.state.service = service
     install_error_handlers(app)
+    settings = service.settings
+    app.add_middleware(
+        RequestGuard, settings=settings, authorized=lambda authorization: has_valid_token(settings, authorization)
+    )
     app.include_router(routes_core.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_collaboration.router)

@@ -7,6 +7,7 @@ only (enforced by `orchestrator serve`).
 from __future__ import annotations
 
 import hmac
+import re
 from dataclasses import dataclass
 
 from fastapi import Depends, Header, Request
@@ -14,6 +15,7 @@ from fastapi import Depends, Header, Request
 from mounts import ids
 from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,15 @@ def _caller(service: OrchestratorService, authorization: str | None) -> Caller |
     return None
 
 
+def has_valid_token(settings: Settings, authorization: str | None) -> bool:
+    """Whether the request may reach a `/v1/` route at all (any role); checked from the headers
+    before the body is read (orchestrator/http/request_guard.py)."""
+    if not settings.auth_enabled:
+        return True
+    token = _bearer(authorization)
+    return token is not None and (_matches(token, settings.admin_token) or _matches(token, settings.api_token))
+
+
 async def require_bot(
     service: OrchestratorService = Depends(service_of),
     authorization: str | None = Header(None),
@@ -78,15 +89,26 @@ async def require_admin(
     return caller
 
 
-async def acting_user(x_acting_user: str | None = Header(None)) -> int | None:
-    """`X-Acting-User: {uid}`: the person a session read or write is made for (SPEC §12)."""
-    if x_acting_user is None:
+_ACTING_USER = re.compile(r"[1-9][0-9]{0,9}")
+
+
+def parse_acting_user(values: list[str]) -> int | None:
+    """Pure: the acting user from every `X-Acting-User` header of a request. Exactly one, in
+    plain decimal (no sign, no leading zero, no spaces): `int()` would also take "+67", " 67"
+    or "6_7", and two headers would let a proxy and the app disagree on who is acting."""
+    if not values:
         return None
+    if len(values) != 1:
+        raise InvalidInput("send exactly one X-Acting-User header", field="X-Acting-User")
+    if not _ACTING_USER.fullmatch(values[0]):
+        raise InvalidInput("X-Acting-User must be a positive integer user id", field="X-Acting-User")
     try:
-        value = int(x_acting_user)
-    except ValueError:
-        raise InvalidInput("X-Acting-User must be a positive integer user id", field="X-Acting-User") from None
-    try:
-        return ids.user_id(value, "X-Acting-User")
+        return ids.user_id(int(values[0]), "X-Acting-User")
     except ids.InvalidIdentifier as exc:
         raise InvalidInput(exc.message, field=exc.field) from None
+
+
+async def acting_user(request: Request) -> int | None:
+    """`X-Acting-User: {uid}`: the person a request is made for (SPEC §12). With it, every
+    person-facing route acts for that person only (docs/decisions.md lists them)."""
+    return parse_acting_user(request.headers.getlist("x-acting-user"))

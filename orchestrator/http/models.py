@@ -63,6 +63,13 @@ class UserOut(BaseModel):
     groups: list[GroupOut]
 
 
+class MemberRemovedOut(BaseModel):
+    channel: str
+    chat_id: str
+    user_id: int
+    removed: bool  # False: it was not a member
+
+
 class ProjectSettingsIn(Body):
     cross_session_read: bool | None = Field(None, strict=True)
     cross_project_collaboration: bool | None = Field(None, strict=True)

@@ -25,3 +25,11 @@ async def project_id_param(project_id: str = Path(..., max_length=200)) -> str:
 
 def skill_name_param(name: str = Path(..., max_length=200)) -> str:
     return ids.name(name, "name")
+
+
+async def group_channel_param(channel: str = Path(..., max_length=200)) -> str:
+    return ids.name(channel, "channel")
+
+
+async def chat_id_param(chat_id: str = Path(..., max_length=200)) -> str:
+    return ids.chat_id(chat_id, "chat_id")

@@ -5,20 +5,24 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query
 
 from orchestrator import __version__, audit
-from orchestrator.errors import NotFound
-from orchestrator.http.auth import Caller, require_admin, require_bot, service_of
+from mounts.layout import GroupRef
+from orchestrator.errors import Forbidden, NotFound
+from orchestrator.http.acting import require_self
+from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot, service_of
 from orchestrator.http.models import (
     GroupOut,
     IdentityModeIn,
     IdentityModeOut,
+    MemberRemovedOut,
     ProjectSettingsIn,
     ProjectSettingsOut,
     UserIn,
     UserOut,
 )
-from orchestrator.http.params import project_id_param, user_id_param
+from orchestrator.http.params import chat_id_param, group_channel_param, project_id_param, user_id_param
 from orchestrator.identity_switch import IdentityModeState
 from orchestrator.service import OrchestratorService
+from orchestrator.users import KEEP, Keep
 
 router = APIRouter()
 
@@ -60,22 +64,52 @@ def _user_out(service: OrchestratorService, user_id: int) -> UserOut:
 def put_user(
     body: UserIn,
     user_id: int = Depends(user_id_param),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
-    _: Caller = Depends(require_bot),
+    caller: Caller = Depends(require_bot),
 ) -> UserOut:
-    service.users.upsert(user_id, display_name=body.display_name, backend=body.backend)
+    """A user's display name (bot); its backend override only with the admin token, and never
+    below the operator's isolation floor (docs/decisions.md)."""
+    require_self(acting, user_id)
+    backend: str | None | Keep = KEEP
+    if "backend" in body.model_fields_set:
+        if caller.role == "bot":
+            raise Forbidden("a user's backend override needs the admin token", field="backend")
+        service.sandboxes.check_override(body.backend)
+        backend = body.backend
+    service.users.upsert(user_id, display_name=body.display_name, backend=backend)
     return _user_out(service, user_id)
 
 
 @router.get("/v1/users/{user_id}", response_model=UserOut, tags=["users"])
 def get_user(
     user_id: int = Depends(user_id_param),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> UserOut:
+    require_self(acting, user_id)
     if service.users.get(user_id) is None:
         raise NotFound(f"user {user_id} not found")
     return _user_out(service, user_id)
+
+
+@router.delete("/v1/groups/{channel}/{chat_id}/members/{user_id}", response_model=MemberRemovedOut, tags=["users"])
+def remove_group_member(
+    channel: str = Depends(group_channel_param),
+    chat_id: str = Depends(chat_id_param),
+    user_id: int = Depends(user_id_param),
+    acting: int | None = Depends(acting_user),
+    service: OrchestratorService = Depends(service_of),
+    caller: Caller = Depends(require_bot),
+) -> MemberRemovedOut:
+    """Revoke a membership (a person may only leave by itself). From the next call on, the
+    user's sandbox has neither the group's workspace nor its gid; a call under way on the old
+    sandbox is ended with it. 409 while the user owns live sessions of the group."""
+    require_self(acting, user_id)
+    group = GroupRef(channel, chat_id)
+    removed = service.users.remove_group_member(group, user_id, actor=caller.actor)
+    return MemberRemovedOut(channel=channel, chat_id=chat_id, user_id=user_id, removed=removed)
 
 
 @router.put("/v1/projects/{project_id}/settings", response_model=ProjectSettingsOut, tags=["projects"])

@@ -13,9 +13,10 @@ from pydantic import BaseModel
 
 from orchestrator.deliveries import Delivery
 from orchestrator.errors import NotFound
-from orchestrator.http.auth import Caller, require_bot, service_of
+from orchestrator.http.acting import check_delivery, visible_run
+from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
 from orchestrator.http.params import run_id_param
-from orchestrator.public_uploads import INLINE_TYPES, iter_fd, open_upload_fd, upload_ref
+from orchestrator.public_uploads import INLINE_TYPES, iter_fd, upload_ref
 from orchestrator.service import OrchestratorService
 
 router = APIRouter()
@@ -43,9 +44,10 @@ def get_upload(
     file_name: str = Path(..., max_length=200),
     service: OrchestratorService = Depends(service_of),
 ) -> Response:
-    # Everything that is not exactly one readable regular file is the same plain 404.
+    # Everything that is not exactly one published, single-link regular file of that user's
+    # sandbox uid is the same plain 404.
     ref = upload_ref(int(user_id), file_name) if user_id.isdigit() and not user_id.startswith("0") else None
-    opened = open_upload_fd(service.layout, ref) if ref is not None else None
+    opened = service.uploads.open(ref) if ref is not None else None
     if opened is None:
         raise NotFound("no such upload")
     inline = opened.media_type in INLINE_TYPES
@@ -103,10 +105,12 @@ class DeliveryDeletedOut(BaseModel):
 )
 def get_delivery(
     delivery_id: str = Path(..., max_length=100),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> Response:
     delivery = service.deliveries.get(delivery_id)
+    check_delivery(service, delivery.session_id, delivery_id, acting)
     fd = service.deliveries.open_bytes(delivery)
     headers = {
         "Content-Length": str(delivery.size),
@@ -124,10 +128,13 @@ def get_delivery(
 @router.delete("/v1/deliveries/{delivery_id}", response_model=DeliveryDeletedOut, tags=["deliveries"])
 def delete_delivery(
     delivery_id: str = Path(..., max_length=100),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> DeliveryDeletedOut:
     """The bot has posted it: free its bytes now instead of at expiry."""
+    if acting is not None:
+        check_delivery(service, service.deliveries.get(delivery_id).session_id, delivery_id, acting)
     service.deliveries.delete(delivery_id)
     return DeliveryDeletedOut(delivery_id=delivery_id, deleted=True)
 
@@ -135,8 +142,9 @@ def delete_delivery(
 @router.get("/v1/runs/{run_id}/deliveries", response_model=DeliveryListOut, tags=["deliveries"])
 def list_run_deliveries(
     run_id: str = Depends(run_id_param),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> DeliveryListOut:
-    service.runs.get(run_id)  # 404 for an unknown run
+    visible_run(service, run_id, acting)  # 404 for an unknown (or invisible) run
     return DeliveryListOut(run_id=run_id, deliveries=[DeliveryOut.of(d) for d in service.deliveries.list_for_run(run_id)])

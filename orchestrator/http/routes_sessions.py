@@ -19,6 +19,7 @@ from orchestrator.http.chat_models import (
     SessionListOut,
 )
 
+from orchestrator.http.acting import own_run, visible_run
 from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
 from orchestrator.http.models import (
     RunContextOut,
@@ -152,8 +153,12 @@ def start_run(
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> RunContextOut:
-    speaking = acting is not None and acting == body.speaker_user_id and body.trigger in SPEAKER_TRIGGERS
-    service.sessions.get_for_run(session_id, acting_user=acting, joins_by_speaking=speaking)
+    # With X-Acting-User a person starts a run as itself only: as the speaker of a session it
+    # can see (so it never joins a group by speaking), or as the owner for the owner's triggers.
+    # Only the bot without the header adds a new speaker to a group (docs/decisions.md).
+    if acting is not None and body.speaker_user_id not in (None, acting):
+        raise InvalidInput("the speaker must be the acting user (X-Acting-User)", field="speaker_user_id")
+    service.sessions.get(session_id, acting_user=acting, owner_only=body.trigger not in SPEAKER_TRIGGERS)
     context = service.runs.start(
         session_id,
         StartRun(
@@ -170,19 +175,22 @@ def start_run(
 @router.get("/v1/runs/{run_id}", response_model=RunOut, tags=["runs"])
 def get_run(
     run_id: str = Depends(run_id_param),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> RunOut:
-    return RunOut.of(service.runs.get(run_id))
+    return RunOut.of(visible_run(service, run_id, acting))
 
 
 @router.post("/v1/runs/{run_id}/end", response_model=RunOut, tags=["runs"])
 def end_run(
     body: RunEnd | None = None,
     run_id: str = Depends(run_id_param),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> RunOut:
+    own_run(service, run_id, acting, owner_too=True)
     status = RunStatus((body or RunEnd()).status)
     return RunOut.of(service.runs.end(run_id, status, actor=caller.actor))
 
@@ -197,9 +205,12 @@ async def call_tool(
     body: ToolCallIn,
     run_id: str = Depends(run_id_param),
     name: str = Path(..., max_length=100),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> Response:
+    if acting is not None:  # costs one run read, and only with the header
+        await run_in_threadpool(own_run, service, run_id, acting)
     # The hot path (SPEC §14): the dispatcher blocks (SQLite, the sandbox), so it runs in the
     # thread pool; its outcome is plain JSON already, so it skips FastAPI's response validation.
     outcome = await run_in_threadpool(

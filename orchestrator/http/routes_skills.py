@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Response
 
-from orchestrator.http.auth import Caller, require_admin, require_bot, service_of
+from orchestrator.http.acting import require_self
+from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot, service_of
 from orchestrator.http.params import skill_name_param, user_id_param
 from orchestrator.http.skill_models import (
     SkillDetailOut,
@@ -82,19 +83,23 @@ def delete_system_skill(
 @router.get("/v1/users/{user_id}/skills", response_model=SkillListOut, tags=["skills"])
 def list_personal_skills(
     user_id: int = Depends(user_id_param),
+    acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> SkillListOut:
+    require_self(acting, user_id)
     return skill_list_out(service.skill_admin.list(user_id))
 
 
 @router.get("/v1/users/{user_id}/skills/{name}", response_model=SkillDetailOut, tags=["skills"])
 def get_personal_skill(
     user_id: int = Depends(user_id_param),
+    acting: int | None = Depends(acting_user),
     name: str = Depends(skill_name_param),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> SkillDetailOut:
+    require_self(acting, user_id)
     return skill_detail_out(service.skill_admin.get(user_id, name))
 
 
@@ -108,18 +113,22 @@ def put_personal_skill(
     body: SkillPut,
     response: Response,
     user_id: int = Depends(user_id_param),
+    acting: int | None = Depends(acting_user),
     name: str = Depends(skill_name_param),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> SkillInstalledOut:
+    require_self(acting, user_id)
     return _put(service, user_id, name, body, caller, response)
 
 
 @router.delete("/v1/users/{user_id}/skills/{name}", response_model=SkillRemovedOut, tags=["skills"])
 def delete_personal_skill(
     user_id: int = Depends(user_id_param),
+    acting: int | None = Depends(acting_user),
     name: str = Depends(skill_name_param),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> SkillRemovedOut:
+    require_self(acting, user_id)
     return _delete(service, user_id, name, caller)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from mounts.layout import DataLayout
 from orchestrator.errors import ToolError
-from orchestrator.public_uploads import UploadTooLarge, is_own_origin, own_upload_ref, read_upload
+from orchestrator.public_uploads import PublishedUploads, UploadTooLarge, is_own_origin, own_upload_ref
 from orchestrator.sandboxes import SandboxRouter
 from orchestrator.tools.foreign_paths import classify_foreign_path, foreign_path_message
 from orchestrator.tools.registry import ToolCall
@@ -43,9 +43,16 @@ def is_url(value: str) -> bool:
 
 class BytesResolver:
     def __init__(
-        self, *, layout: DataLayout, public_base_url: str, sandboxes: SandboxRouter, fetcher: UrlFetcher
+        self,
+        *,
+        layout: DataLayout,
+        uploads: PublishedUploads,
+        public_base_url: str,
+        sandboxes: SandboxRouter,
+        fetcher: UrlFetcher,
     ) -> None:
         self._layout = layout
+        self._uploads = uploads
         self._public_base_url = public_base_url
         self._sandboxes = sandboxes
         self._fetcher = fetcher
@@ -76,7 +83,7 @@ class BytesResolver:
                     field="path_or_url",
                 )
             try:
-                data = read_upload(self._layout, ref, max_bytes)
+                data = self._uploads.read(ref, max_bytes)
             except UploadTooLarge as exc:
                 raise ToolError("too_large", f"The file is {exc.size} bytes; at most {max_bytes} can be sent: {url}") from None
             if data is None:

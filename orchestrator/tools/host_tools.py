@@ -20,7 +20,7 @@ from orchestrator.deliveries import DeliveryStore, NewDelivery
 from orchestrator.errors import ToolError
 from orchestrator.image_types import SNIFF_BYTES, sniff_image
 from orchestrator.nofollow_fs import UnsafePath
-from orchestrator.public_uploads import media_type_of
+from orchestrator.public_uploads import PublishedUploads, UploadRef, media_type_of
 from orchestrator.sessions import SessionService
 from orchestrator.settings import Settings
 from orchestrator.tools.byte_sources import BytesResolver, is_url
@@ -81,6 +81,7 @@ class HostTools:
         resolver: BytesResolver,
         deliveries: DeliveryStore,
         sessions: SessionService,
+        uploads: PublishedUploads,
     ) -> None:
         self._settings = settings
         self._layout = layout
@@ -89,6 +90,7 @@ class HostTools:
         self._resolver = resolver
         self._deliveries = deliveries
         self._sessions = sessions
+        self._uploads = uploads
 
     # publish_artifact ------------------------------------------------------------------
     def publish_artifact(self, call: ToolCall) -> dict[str, Any]:
@@ -111,6 +113,7 @@ class HostTools:
             written = self._writer.write_new(user, uploads, name, source.data, mode=0o644)
         except UnsafePath as exc:
             raise ToolError("unsafe_path", f"Your uploads directory is not a plain directory ({exc}).") from None
+        self._uploads.record(UploadRef(user, name))  # only recorded names are public (issue 12)
         return {
             "path": str(written),
             "url": public_upload_url(self._settings.public_base_url, user, name),

@@ -130,3 +130,11 @@ def test_the_default_ranges_are_apart(tmp_path: Path) -> None:
     gids = settings.group_gid_range
     assert gids.first > uids[-1] and gids.last < 2**31 - 1
     assert make_settings(tmp_path, group_gid_base=10_000, group_gid_count=50_000).group_gid_range.last == 59_999
+
+
+def test_only_a_lost_group_replaces_a_busy_sandbox() -> None:
+    from orchestrator.backends.base import loses_group_access
+
+    assert loses_group_access((2_000_000_000, 2_000_000_001), (2_000_000_001,))
+    assert not loses_group_access((2_000_000_001,), (2_000_000_000, 2_000_000_001))  # a join waits
+    assert not loses_group_access((), ())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -131,6 +133,43 @@ def joining_gives_the_sandbox_the_new_gid(client: TestClient, service: Orchestra
     assert joined["stdout"] == "plan\n"
     assert team_gid in supplementary_gids(client, carol)
     assert (team_dir / "plan.md").read_text() == "plan\ncarol\n"
+
+
+def revoking_takes_the_workspace_away_even_while_busy(client: TestClient, service: OrchestratorService) -> None:
+    """Issue 12 item 11: a revoked member's next call runs without the workspace and its gid,
+    even while an earlier call still keeps its sandbox busy."""
+    team_sid = group_session(client, ALICE, TEAM)
+    bob = speak(client, team_sid, BOB)
+    team_dir = service.layout.group_dir(TEAM)
+    team_gid = service.group_gids.gid_of(TEAM)
+    assert shell(client, bob, f"echo bob > {team_dir}/bob.md")["exit_code"] == 0
+    busy_call: dict[str, object] = {}
+    sleeper = threading.Thread(
+        target=lambda: busy_call.update(tool(client, bob, "shell", command="sleep 20", timeout_s=30)), daemon=True
+    )
+    sleeper.start()
+    deadline = time.monotonic() + 10
+    while not any(s.user_id == BOB and s.busy for s in service.sandboxes.status()):
+        assert time.monotonic() < deadline, "the sleep never kept the sandbox busy"
+        time.sleep(0.05)
+    response = client.delete(f"/v1/groups/{TEAM.channel}/{TEAM.chat_id}/members/{BOB}")
+    assert response.status_code == 200 and response.json()["removed"] is True, response.text
+    started = time.monotonic()
+    after = tool(client, bob, "shell", command=f"id -G; cat {team_dir}/bob.md; echo again >> {team_dir}/bob.md")
+    assert after["ok"], after
+    assert time.monotonic() - started < 15, "the call waited for the busy sandbox"
+    assert after["result"]["exit_code"] != 0, after
+    assert str(team_gid) not in after["result"]["stdout"].split()
+    assert "bob" not in after["result"]["stdout"]
+    assert (team_dir / "bob.md").read_text() == "bob\n"
+    sleeper.join(timeout=40)
+    assert busy_call.get("ok") is not True  # the old sandbox went away with its call
+
+
+def test_item11_revoked_member_loses_the_workspace_on_the_next_call(
+    agent_client: TestClient, agent_service: OrchestratorService
+) -> None:
+    revoking_takes_the_workspace_away_even_while_busy(agent_client, agent_service)
 
 
 def speak_web(client: TestClient, sid: str) -> str:

@@ -28,9 +28,15 @@ def served(data_dir: Path) -> Iterator[tuple[str, OrchestratorService]]:
 
 
 def put_upload(service: OrchestratorService, user_id: int, name: str, data: bytes) -> Path:
+    """An upload as publish_artifact leaves it: the user's file, its name recorded."""
     directory = service.directories.ensure_uploads(user_id)
     path = directory / name
     path.write_bytes(data)
+    if service.directories.chown:
+        os.chown(path, service.directories.sandbox_uid(user_id), service.directories.sandbox_uid(user_id))
+    ref = upload_ref(user_id, name)
+    if ref is not None:  # a name no upload can have (".hidden") is only on disk
+        service.uploads.record(ref)
     return path
 
 
@@ -132,9 +138,27 @@ def test_a_hard_link_to_a_file_the_user_does_not_own_is_not_served(served) -> No
     mine = service.directories.ensure_uploads(1)
     theirs = put_upload(service, 2, "theirs.bin", SECRET)
     os.chown(theirs, service.directories.sandbox_uid(2), service.directories.sandbox_uid(2))
+    service.uploads.record(upload_ref(1, "linked.bin"))  # even under a published name
     os.link(theirs, mine / "linked.bin")
     assert raw_get(base, "/uploads/1/linked.bin")[0] == 404
+    # a file with a second link is not served at all, not even to its owner's URL
+    assert raw_get(base, "/uploads/2/theirs.bin")[0] == 404
+    os.unlink(mine / "linked.bin")
     assert httpx.get(f"{base}/uploads/2/theirs.bin").content == SECRET
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own a file as another uid")
+def test_item10_unpublished_and_root_owned_files_are_not_served(served) -> None:
+    base, service = served
+    mine = service.directories.ensure_uploads(1)
+    (mine / "secret.txt").write_bytes(SECRET)  # a name nobody published
+    os.chown(mine / "secret.txt", service.directories.sandbox_uid(1), service.directories.sandbox_uid(1))
+    assert raw_get(base, "/uploads/1/secret.txt")[0] == 404
+    service.uploads.record(upload_ref(1, "root.txt"))
+    (mine / "root.txt").write_bytes(SECRET)  # published name, but root's file
+    assert raw_get(base, "/uploads/1/root.txt")[0] == 404
+    service.uploads.record(upload_ref(1, "secret.txt"))
+    assert httpx.get(f"{base}/uploads/1/secret.txt").content == SECRET
 
 
 def test_own_upload_urls_are_recognized_only_for_this_origin() -> None:

@@ -76,15 +76,22 @@ def test_group_members_read_and_write_messages_but_only_the_owner_changes_or_del
     assert api.patch("G", acting=17, pinned=True).status_code == 200
 
 
-def test_speaking_in_a_group_session_lets_a_newcomer_start_a_run(api: SessionsApi) -> None:
+def test_a_newcomer_joins_by_speaking_only_through_the_trusted_bot(api: SessionsApi) -> None:
+    """Issue 12 item 11: with X-Acting-User a person cannot join a group whose session it
+    cannot see; the bot without the header still adds a speaker (docs/decisions.md)."""
     api.create("G", 17, group=GROUP)
-    response = api.client.post(
-        "/v1/sessions/G/runs", json={"trigger": "group_message", "speaker_user_id": 68}, headers={"X-Acting-User": "68"}
-    )
+    speak = {"trigger": "group_message", "speaker_user_id": 68}
+    assert_like_unknown(api, "POST", "/v1/sessions/{sid}/runs", speak, "G", 68)
+    response = api.client.post("/v1/sessions/G/runs", json=speak)
     assert response.status_code == 201 and response.json()["runtime_user_id"] == 68
-    # but naming someone else as the speaker does not open a door
+    again = api.client.post("/v1/sessions/G/runs", json=speak, headers={"X-Acting-User": "68"})
+    assert again.status_code == 201, again.text
+    # naming someone else as the speaker is refused before any session is looked at
     api.create("solo", 17)
-    assert_like_unknown(api, "POST", "/v1/sessions/{sid}/runs", {"trigger": "group_message", "speaker_user_id": 17}, "solo", 68)
+    for sid in ("solo", "no-such"):
+        other = {"trigger": "group_message", "speaker_user_id": 17}
+        refused = api.client.post(f"/v1/sessions/{sid}/runs", json=other, headers={"X-Acting-User": "68"})
+        assert refused.status_code == 422 and refused.json()["error"]["field"] == "speaker_user_id"
 
 
 def test_listing_shows_only_the_acting_users_sessions_in_one_scope(api: SessionsApi) -> None:

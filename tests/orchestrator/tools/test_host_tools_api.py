@@ -234,3 +234,45 @@ def test_send_by_url_fetches_on_the_host_and_never_a_private_address(data_dir: P
                     assert service.sandboxes.status() == []  # URLs never involve a sandbox
             finally:
                 service.close()
+
+
+def test_item10_only_what_the_orchestrator_published_is_public(
+    agent_client: TestClient, agent_service: OrchestratorService
+) -> None:
+    """Issue 12 item 10, as a hostile sandbox does it with its own shell: a name it wrote into
+    its uploads dir, and a hard link to a root-owned file, are not public; a published artifact is."""
+    sid = group_session(agent_client)
+    run = start_run(agent_client, sid, trigger="group_message", speaker_user_id=MEMBER)
+    run_id, uploads = run["run_id"], run["upload_dir"]
+    write_bytes_in_sandbox(agent_client, run_id, "chart.png", PNG)
+    published = tool(agent_client, run_id, "publish_artifact", path="chart.png")
+    assert published["ok"], published
+    name = published["result"]["file_name"]
+    # A root-owned file with a known secret that 67 may read and write (so protected_hardlinks
+    # lets it link it), outside 67's roots.
+    secret = b"root-owned secret\n"
+    root_file = agent_service.layout.root / "root-secret.txt"
+    root_file.write_bytes(secret)
+    os.chmod(root_file, 0o666)
+    fake = f"{'ab' * 16}.txt"
+    planted = tool(
+        agent_client,
+        run_id,
+        "shell",
+        command=f"echo top-secret > {uploads}/secret.txt && ln {root_file} {uploads}/{fake}"
+        f" && cp {uploads}/{name} {uploads}/keep.png && ln -f {root_file} {uploads}/{name}",
+    )
+    assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
+    with TestClient(agent_client.app) as anonymous:
+        for file_name in ("secret.txt", fake, name):
+            response = anonymous.get(f"/uploads/{MEMBER}/{file_name}")
+            assert response.status_code == 404, (file_name, response.status_code)
+            assert b"secret" not in response.content
+        # the host's own reading of upload URLs (send_file of an upload URL) refuses them too
+        sent = tool(agent_client, run_id, "send_file", path_or_url=f"http://testserver/uploads/{MEMBER}/{fake}")
+        assert sent["ok"] is False and sent["error"]["code"] == "not_found", sent
+        # a published artifact still downloads
+        again = tool(agent_client, run_id, "publish_artifact", path=f"{uploads}/keep.png")
+        assert again["ok"], again
+        response = anonymous.get(f"/uploads/{MEMBER}/{again['result']['file_name']}")
+        assert response.status_code == 200 and response.content == PNG

@@ -90,16 +90,3 @@ def test_auto_falls_back_to_process_without_the_image(docker_data_dir: Path) -> 
         run = start_run(client, group_session(client), trigger="web")
         assert tool(client, run["run_id"], "shell", command="echo hi")["result"]["stdout"] == "hi\n"
     assert service.docker_backend is None
-
-
-def test_a_per_user_override_routes_that_user_to_the_process_backend(
-    docker_client: TestClient, docker_service: OrchestratorService
-) -> None:
-    assert docker_client.put("/v1/users/67", json={"backend": "process"}).status_code == 200
-    sid = group_session(docker_client)
-    member = start_run(docker_client, sid, trigger="group_message", speaker_user_id=67)
-    owner = start_run(docker_client, sid, trigger="web")
-    for run in (member, owner):
-        assert tool(docker_client, run["run_id"], "write_file", path="x.txt", content="x")["ok"]
-    placed = {(s.user_id, s.backend) for s in docker_service.sandboxes.status()}
-    assert placed == {(67, "process"), (17, "docker")}

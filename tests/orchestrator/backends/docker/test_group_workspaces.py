@@ -36,3 +36,10 @@ def test_joining_recreates_the_idle_container_with_the_groups_gid(
 ) -> None:
     scenario.joining_gives_the_sandbox_the_new_gid(docker_client, docker_service)
     assert docker_service.group_gids.gid_of(scenario.TEAM) in group_add(docker_service, scenario.CAROL)
+
+
+def test_item11_revoked_member_loses_the_workspace_on_the_next_call(
+    docker_client: TestClient, docker_service: OrchestratorService
+) -> None:
+    scenario.revoking_takes_the_workspace_away_even_while_busy(docker_client, docker_service)
+    assert docker_service.group_gids.gid_of(scenario.TEAM) not in group_add(docker_service, scenario.BOB)

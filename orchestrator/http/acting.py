@@ -1,0 +1,55 @@
+"""What the person named by `X-Acting-User` may act on (docs/decisions.md, "X-Acting-User").
+
+Without the header the bot is trusted for everyone and nothing here narrows anything. With it,
+a person acts on itself only: its own `users/{uid}` routes, sessions it can see, runs it is the
+person of, deliveries of sessions it can see. Not visible looks like not found (404); a route
+naming another user id is 403.
+"""
+
+from __future__ import annotations
+
+from orchestrator.errors import Forbidden, NotFound
+from orchestrator.runs import RunRecord
+from orchestrator.service import OrchestratorService
+
+
+def require_self(acting: int | None, user_id: int) -> None:
+    """A person may act on itself only: `users/{uid}` routes refuse another uid."""
+    if acting is not None and acting != user_id:
+        raise Forbidden(
+            f"X-Acting-User {acting} may act on user {acting} only, not on user {user_id}", field="X-Acting-User"
+        )
+
+
+def person_of(run: RunRecord) -> int:
+    """The person a run is for: its speaker, else the session owner (web, scheduled, ...)."""
+    return run.speaker_user_id if run.speaker_user_id is not None else run.owner_user_id
+
+
+def visible_run(service: OrchestratorService, run_id: str, acting: int | None) -> RunRecord:
+    """The run, when its session is visible to `acting` (a member sees its group's runs)."""
+    run = service.runs.get(run_id)
+    if acting is not None:
+        try:
+            service.sessions.get(run.session_id, acting_user=acting)
+        except NotFound:
+            raise NotFound(f"run {run_id} not found") from None
+    return run
+
+
+def own_run(service: OrchestratorService, run_id: str, acting: int | None, *, owner_too: bool = False) -> RunRecord:
+    """The run, when `acting` is its person (tool calls run as that person's identity); with
+    `owner_too` also for the session owner (ending a run in one's own session)."""
+    run = visible_run(service, run_id, acting)
+    if acting is not None and acting != person_of(run) and not (owner_too and acting == run.owner_user_id):
+        raise NotFound(f"run {run_id} not found")
+    return run
+
+
+def check_delivery(service: OrchestratorService, session_id: str, delivery_id: str, acting: int | None) -> None:
+    if acting is None:
+        return
+    try:
+        service.sessions.get(session_id, acting_user=acting)
+    except NotFound:
+        raise NotFound(f"delivery {delivery_id} not found") from None
