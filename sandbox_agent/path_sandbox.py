@@ -30,13 +30,14 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from sandbox_agent import syscalls
 from sandbox_agent.diagnostics import diagnose, shared_link_escape
 from sandbox_agent.errors import AgentToolError
+from sandbox_agent.names import unescape_path
 from sandbox_agent.wire import TOOL_PATH_MAX
 
 MAX_SYMLINK_HOPS = 40  # like the kernel's limit
@@ -101,13 +102,14 @@ def stays_beneath(depth: int, target_parts: list[str]) -> bool:
 class Opened:
     """An open fd inside an allowed root; `path` is how the model should see it."""
 
-    __slots__ = ("fd", "root", "_parts", "_path")
+    __slots__ = ("fd", "root", "_parts", "_path", "given")
 
-    def __init__(self, fd: int, root: Root, parts: list[str]) -> None:
+    def __init__(self, fd: int, root: Root, parts: list[str], given: str) -> None:
         self.fd = fd
         self.root = root
         self._parts = parts
         self._path: str | None = None
+        self.given = given  # the path argument as resolved (the unescaped form when that one was found)
 
     @property
     def path(self) -> str:
@@ -403,11 +405,25 @@ class PathSandbox:
 
     def open_file(self, path: object, cwd: str) -> Opened:
         """A regular file, opened for reading."""
-        return self._open_file(path, cwd)
+        return self._found(self._open_file, path, cwd)
 
     def open_dir(self, path: object, cwd: str) -> Opened:
         """A directory, opened for listing."""
-        return self._open_dir_at(path, cwd)
+        return self._found(self._open_dir_at, path, cwd)
+
+    def _found(self, open_path: Callable[[object, str], Opened], path: object, cwd: str) -> Opened:
+        """`open_path(path)`, or of its unescaped form when `path` is not found but holds the
+        `\\xNN` escapes of a listed name that is not UTF-8 (sandbox_agent/names.py)."""
+        try:
+            return open_path(path, cwd)
+        except AgentToolError as exc:
+            alternative = unescape_path(path) if exc.code == "not_found" and isinstance(path, str) else None
+            if alternative is None:
+                raise
+            try:
+                return open_path(alternative, cwd)
+            except AgentToolError:
+                raise exc from None
 
     def _open_file(self, path: object, cwd: str) -> Opened:
         parts, trailing = self.parse(path, cwd)
@@ -422,7 +438,7 @@ class PathSandbox:
             if stat.S_ISDIR(mode):
                 raise AgentToolError("is_a_directory", f"This is a directory, not a file (use list_dir): {shown}", shown)
             raise AgentToolError("not_a_regular_file", f"This is not a regular file: {shown}", shown)
-        return Opened(fd, self.roots[index], parts)
+        return Opened(fd, self.roots[index], parts, path)  # type: ignore[arg-type] - parse checked it is a str
 
     def _open_dir_at(self, path: object, cwd: str) -> Opened:
         parts, _ = self.parse(path, cwd)
@@ -430,10 +446,33 @@ class PathSandbox:
             index, fd = self.open_parts(parts, DIR_FLAGS)
         except (OSError, _Escape, _SharedLinkEscape) as exc:
             raise self.refusal(exc, shown_path(parts)) from None
-        return Opened(fd, self.roots[index], parts)
+        return Opened(fd, self.roots[index], parts, path)  # type: ignore[arg-type]
 
     def write_target(self, path: object, cwd: str, *, create_parents: bool = True) -> WriteTarget:
-        return self._write_target(path, cwd, create_parents)
+        alternative = unescape_path(path) if isinstance(path, str) else None
+        if alternative is None:
+            return self._write_target(path, cwd, create_parents)
+        # The escaped form of a listed name: the literal path wins when it exists; else the
+        # unescaped one when it (or at least its directory) does.
+        literal = self._write_target_or_none(path, cwd)
+        if literal is not None and literal.existing is not None:
+            return literal
+        other = self._write_target_or_none(alternative, cwd)
+        if other is not None and (other.existing is not None or literal is None):
+            if literal is not None:
+                literal.close()
+            return other
+        if other is not None:
+            other.close()
+        return literal if literal is not None else self._write_target(path, cwd, create_parents)
+
+    def _write_target_or_none(self, path: str, cwd: str) -> WriteTarget | None:
+        try:
+            return self._write_target(path, cwd, False)
+        except AgentToolError as exc:
+            if exc.code == "not_found":
+                return None
+            raise
 
     def _write_target(self, path: object, cwd: str, create_parents: bool) -> WriteTarget:
         parts, trailing = self.parse(path, cwd)

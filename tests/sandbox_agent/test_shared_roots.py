@@ -1,6 +1,6 @@
 """Shared roots (a group workspace, `share/`) against a hostile member, through the HTTP API
 with real process-backend agents: member 67 plants links and odd names with its own shell,
-owner 17's file tools meet them (issue 12, item 7)."""
+owner 17's file tools meet them (issue 12, items 7 and 14)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from tests.mounts.conftest import write_skill
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids need a root orchestrator")
 
 SECRET = "secret of 17\n"
+ODD = b"x\xff\xfe.txt"  # not UTF-8
 TEAM = GroupRef("feishu", "oc_team")  # the group of tests.api_calls.group_session
 
 
@@ -133,3 +134,35 @@ def test_item7_shared_directories_are_sticky(team: tuple[TestClient, Orchestrato
         assert tool(client, member, "edit_file", path=f"{shared}/owned-by-17", old="67", new="Bob")["ok"]
         assert (shared / "owned-by-17").read_text() == "Bob was here\n"
         assert (shared / "owned-by-17").stat().st_uid == service.directories.sandbox_uid(OWNER)
+
+
+def test_item14_non_utf8_names_in_a_shared_directory_round_trip(team: tuple[TestClient, OrchestratorService]) -> None:
+    client, service = team
+    _, owner, member = runs(client)
+    shared = shared_place(service, "group")
+    shell(client, member, f"cd {shared} && printf 'odd content\\n' > \"$(printf 'x\\xff\\xfe.txt')\"")
+    assert os.path.exists(os.fsencode(shared) + b"/" + ODD)
+
+    listing = tool(client, owner, "list_dir", path=str(shared))
+    assert listing["ok"], listing
+    entry = next(e for e in listing["result"]["entries"] if e["name"].startswith("x"))
+    assert entry["name"] == "x\\xff\\xfe.txt" and entry["name_encoding"] == "escaped", entry
+    found = tool(client, owner, "glob_search", pattern="x*", path=str(shared))
+    assert found["ok"] and found["result"]["matches"] == [f"{shared}/x\\xff\\xfe.txt"], found
+    assert found["result"]["matches_encoding"] == "escaped"
+    grep = tool(client, owner, "grep_search", pattern="odd content", path=str(shared))
+    assert grep["ok"] and grep["result"]["matches"][0]["path"] == f"{shared}/x\\xff\\xfe.txt", grep
+    assert grep["result"]["matches"][0]["path_encoding"] == "escaped"
+    # The escaped name goes back into the tools as it came.
+    for path in (entry["name"], found["result"]["matches"][0]):
+        read = tool(client, owner, "read_file", path=path if path.startswith("/") else f"{shared}/{path}")
+        assert read["ok"] and read["result"]["content"] == "odd content\n", read
+    written = tool(client, owner, "write_file", path=f"{shared}/{entry['name']}", content="rewritten\n")
+    assert written["ok"] and written["result"]["created"] is False, written
+    assert tool(client, owner, "edit_file", path=f"{shared}/{entry['name']}", old="rewritten", new="edited")["ok"]
+    with open(os.fsencode(shared) + b"/" + ODD, "rb") as fh:
+        assert fh.read() == b"edited\n"
+    assert not (shared / entry["name"]).exists()  # no file literally named with the escapes
+    sent = tool(client, owner, "send_file", path_or_url=f"{shared}/{entry['name']}")
+    assert sent["ok"], sent
+    assert client.get(f"/v1/deliveries/{sent['result']['delivery_id']}").content == b"edited\n"
