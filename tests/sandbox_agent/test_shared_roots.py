@@ -64,7 +64,11 @@ def refused_as_escape(answer: dict, shared: Path) -> None:
 
 @pytest.mark.parametrize("where", ["group", "share"])
 def test_item7_shared_symlink_to_private_root_is_refused(team: tuple[TestClient, OrchestratorService], where: str) -> None:
-    client, service = team
+    shared_links_to_private_roots_are_refused(*team, where)
+
+
+def shared_links_to_private_roots_are_refused(client: TestClient, service: OrchestratorService, where: str) -> None:
+    """The scenario, also run with containers (test_shared_roots_docker.py)."""
     _, owner, member = runs(client)
     home = service.layout.home_dir(OWNER)
     shell(client, owner, f"printf '{SECRET}' > ~/secret && printf 'keep\\n' > ~/.profile")
@@ -103,6 +107,9 @@ def test_item7_shared_symlink_to_private_root_is_refused(team: tuple[TestClient,
     assert written["ok"], written
     assert (shared / "real.txt").read_text() == "edited by 17\n" and (shared / "alias").is_symlink()
     assert {m.rsplit("/", 1)[-1] for m in found["result"]["matches"]} >= {"real.txt", "alias", "abs"}
+    # What remains (docs/sandbox-agent.md): 17's *shell* runs as 17 and follows the link like
+    # any program would; fs.protected_symlinks covers only sticky world-writable directories.
+    assert shell(client, owner, f"cat {shared}/notes.txt")["stdout"] == SECRET
     # ... and the owner's own links into its own files do too (the walk re-roots them).
     shell(client, owner, f"ln -s {home}/secret own-link")
     assert tool(client, owner, "read_file", path="own-link")["result"]["content"] == SECRET
@@ -121,9 +128,12 @@ def test_item7_skill_links_keep_working(team: tuple[TestClient, OrchestratorServ
 
 
 def test_item7_shared_directories_are_sticky(team: tuple[TestClient, OrchestratorService]) -> None:
+    shared_directories_are_sticky(*team)
+
+
+def shared_directories_are_sticky(client: TestClient, service: OrchestratorService) -> None:
     """Sticky: a member cannot rename or delete another member's entry (so it cannot swap
     17's file for a link); members still edit each other's files, shell and tools alike."""
-    client, service = team
     _, owner, member = runs(client)
     for shared in (shared_place(service, "group"), shared_place(service, "share")):
         shell(client, owner, f"echo 17 > {shared}/owned-by-17")
@@ -137,7 +147,10 @@ def test_item7_shared_directories_are_sticky(team: tuple[TestClient, Orchestrato
 
 
 def test_item14_non_utf8_names_in_a_shared_directory_round_trip(team: tuple[TestClient, OrchestratorService]) -> None:
-    client, service = team
+    non_utf8_names_round_trip(*team)
+
+
+def non_utf8_names_round_trip(client: TestClient, service: OrchestratorService) -> None:
     _, owner, member = runs(client)
     shared = shared_place(service, "group")
     shell(client, member, f"cd {shared} && printf 'odd content\\n' > \"$(printf 'x\\xff\\xfe.txt')\"")
