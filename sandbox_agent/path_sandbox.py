@@ -30,7 +30,7 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -403,33 +403,17 @@ class PathSandbox:
 
     # --- public operations -------------------------------------------------------------
 
-    def open_file(self, path: object, cwd: str) -> Opened:
+    def open_file(self, path: object, cwd: str, *, unescape: bool = True) -> Opened:
         """A regular file, opened for reading."""
-        return self._found(self._open_file, path, cwd)
-
-    def open_dir(self, path: object, cwd: str) -> Opened:
-        """A directory, opened for listing."""
-        return self._found(self._open_dir_at, path, cwd)
-
-    def _found(self, open_path: Callable[[object, str], Opened], path: object, cwd: str) -> Opened:
-        """`open_path(path)`, or of its unescaped form when `path` is not found but holds the
-        `\\xNN` escapes of a listed name that is not UTF-8 (sandbox_agent/names.py)."""
-        try:
-            return open_path(path, cwd)
-        except AgentToolError as exc:
-            alternative = unescape_path(path) if exc.code == "not_found" and isinstance(path, str) else None
-            if alternative is None:
-                raise
-            try:
-                return open_path(alternative, cwd)
-            except AgentToolError:
-                raise exc from None
-
-    def _open_file(self, path: object, cwd: str) -> Opened:
         parts, trailing = self.parse(path, cwd)
         try:
             index, fd = self.open_parts(parts, READ_FLAGS | (os.O_DIRECTORY if trailing else 0))
         except (OSError, _Escape, _SharedLinkEscape) as exc:
+            if unescape and (alternative := _unescaped(exc, path)) is not None:
+                try:
+                    return self.open_file(alternative, cwd, unescape=False)
+                except AgentToolError:
+                    pass
             raise self.refusal(exc, shown_path(parts)) from None
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -440,11 +424,17 @@ class PathSandbox:
             raise AgentToolError("not_a_regular_file", f"This is not a regular file: {shown}", shown)
         return Opened(fd, self.roots[index], parts, path)  # type: ignore[arg-type] - parse checked it is a str
 
-    def _open_dir_at(self, path: object, cwd: str) -> Opened:
+    def open_dir(self, path: object, cwd: str, *, unescape: bool = True) -> Opened:
+        """A directory, opened for listing."""
         parts, _ = self.parse(path, cwd)
         try:
             index, fd = self.open_parts(parts, DIR_FLAGS)
         except (OSError, _Escape, _SharedLinkEscape) as exc:
+            if unescape and (alternative := _unescaped(exc, path)) is not None:
+                try:
+                    return self.open_dir(alternative, cwd, unescape=False)
+                except AgentToolError:
+                    pass
             raise self.refusal(exc, shown_path(parts)) from None
         return Opened(fd, self.roots[index], parts, path)  # type: ignore[arg-type]
 
@@ -565,6 +555,14 @@ class PathSandbox:
             os.close(fd)
             raise _Escape(shown_path(parts))
         return index, fd
+
+
+def _unescaped(exc: BaseException, path: object) -> str | None:
+    """The unescaped form of a path that was not found but holds the `\\xNN` escapes of a
+    listed name that is not UTF-8 (sandbox_agent/names.py); None otherwise."""
+    if isinstance(exc, FileNotFoundError) and isinstance(path, str):
+        return unescape_path(path)
+    return None
 
 
 def read_only(shown: str, root: Root) -> AgentToolError:
