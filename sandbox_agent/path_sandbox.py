@@ -30,7 +30,7 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -409,11 +409,8 @@ class PathSandbox:
         try:
             index, fd = self.open_parts(parts, READ_FLAGS | (os.O_DIRECTORY if trailing else 0))
         except (OSError, _Escape, _SharedLinkEscape) as exc:
-            if unescape and (alternative := _unescaped(exc, path)) is not None:
-                try:
-                    return self.open_file(alternative, cwd, unescape=False)
-                except AgentToolError:
-                    pass
+            if unescape and (retried := _retry_unescaped(self.open_file, exc, path, cwd)) is not None:
+                return retried
             raise self.refusal(exc, shown_path(parts)) from None
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -430,11 +427,8 @@ class PathSandbox:
         try:
             index, fd = self.open_parts(parts, DIR_FLAGS)
         except (OSError, _Escape, _SharedLinkEscape) as exc:
-            if unescape and (alternative := _unescaped(exc, path)) is not None:
-                try:
-                    return self.open_dir(alternative, cwd, unescape=False)
-                except AgentToolError:
-                    pass
+            if unescape and (retried := _retry_unescaped(self.open_dir, exc, path, cwd)) is not None:
+                return retried
             raise self.refusal(exc, shown_path(parts)) from None
         return Opened(fd, self.roots[index], parts, path)  # type: ignore[arg-type]
 
@@ -557,12 +551,18 @@ class PathSandbox:
         return index, fd
 
 
-def _unescaped(exc: BaseException, path: object) -> str | None:
-    """The unescaped form of a path that was not found but holds the `\\xNN` escapes of a
-    listed name that is not UTF-8 (sandbox_agent/names.py); None otherwise."""
-    if isinstance(exc, FileNotFoundError) and isinstance(path, str):
-        return unescape_path(path)
-    return None
+def _retry_unescaped(opener: Callable[..., Opened], exc: BaseException, path: object, cwd: str) -> Opened | None:
+    """`opener` of the unescaped form of a path that was not found but holds the `\\xNN`
+    escapes of a listed name that is not UTF-8 (sandbox_agent/names.py); None otherwise."""
+    if not isinstance(exc, FileNotFoundError) or not isinstance(path, str):
+        return None
+    alternative = unescape_path(path)
+    if alternative is None:
+        return None
+    try:
+        return opener(alternative, cwd, unescape=False)
+    except AgentToolError:
+        return None
 
 
 def read_only(shown: str, root: Root) -> AgentToolError:
