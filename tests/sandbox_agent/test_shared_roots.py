@@ -27,9 +27,18 @@ ODD = b"x\xff\xfe.txt"  # not UTF-8
 TEAM = GroupRef("feishu", "oc_team")  # the group of tests.api_calls.group_session
 
 
-@pytest.fixture(params=["auto", "walk"])
+@pytest.fixture(params=["auto", "walk", "bwrap"])
 def team(request: pytest.FixtureRequest, agent_data_dir: Path) -> Iterator[tuple[TestClient, OrchestratorService]]:
-    service = OrchestratorService(make_settings(agent_data_dir, agent_resolver=request.param))
+    """The plain process backend with either resolver, and the plan as a bwrap namespace."""
+    if request.param == "bwrap":
+        from tests.orchestrator.backends.test_bwrap import bwrap_problem
+
+        if (problem := bwrap_problem()) is not None:
+            pytest.skip(problem)
+        settings = make_settings(agent_data_dir, process_sandbox="bwrap")
+    else:
+        settings = make_settings(agent_data_dir, agent_resolver=request.param)
+    service = OrchestratorService(settings)
     try:
         with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
             yield client, service
