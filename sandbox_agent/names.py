@@ -18,7 +18,10 @@ import re
 from typing import Any
 
 ESCAPED = "escaped"
-_SURROGATE = re.compile("[\udc80-\udcff]")
+# Every lone surrogate: U+DC80..U+DCFF are the bytes of names; any other one can only come
+# from a request echoed back (defence in depth: the argument models refuse most) and is
+# shown as its `\uXXXX` text.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _ESCAPE = re.compile(r"\\\\|\\x([89a-fA-F][0-9a-fA-F])")
 
 
@@ -29,7 +32,12 @@ def has_surrogates(text: str) -> bool:
 def escape_text(text: str) -> str:
     """The printable, lossless form of `text` that holds lone surrogates."""
     out = text.replace("\\", "\\\\")
-    return _SURROGATE.sub(lambda m: f"\\x{ord(m.group()) - 0xDC00:02x}", out)
+    return _SURROGATE.sub(_escape_one, out)
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 def unescape_path(path: str) -> str | None:

@@ -35,3 +35,9 @@ def test_answers_are_escaped_and_flagged_only_where_needed() -> None:
         "matches": ["/w/a", "/w/x\\xff.txt"],
         "matches_encoding": "escaped",
     }
+
+
+def test_other_lone_surrogates_from_a_request_are_shown_not_fatal() -> None:
+    echoed = escape_names({"pattern": "a\ud800b\udcff"})
+    assert echoed == {"pattern": "a\\ud800b\\xff", "pattern_encoding": "escaped"}
+    assert echoed["pattern"].encode("utf-8")
