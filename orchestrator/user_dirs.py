@@ -9,8 +9,9 @@ not only the PathSandbox:
   config): root-owned, group = the user's own gid, 0750: the user reads them, nobody else
   does, and only root writes;
 - `share/`: root-owned, group = the shared sandbox gid (= the uid base, which no user
-  gets), mode 2770: every sandbox uid is in that group, new files inherit it (setgid) and
-  agents run with umask 002, so everybody can edit each other's files;
+  gets), mode 3770: every sandbox uid is in that group, new files inherit it (setgid) and
+  agents run with umask 002, so everybody can edit each other's files; sticky, so only a
+  file's owner may delete, rename or replace it;
 - a group workspace: the same, but with the group's own gid (`group_gids.py`), which only
   its members' sandboxes carry: other sandbox uids cannot even enter it;
 - `agent/`: root, 0755 (see `agent_deploy`).
@@ -85,7 +86,9 @@ class UserDirectories:
         return (0, self.sandbox_uid(user_id), 0o750) if self.chown else None
 
     def _shared(self, gid: int | None = None) -> Ownership:
-        return (0, self.shared_gid if gid is None else gid, 0o2770) if self.chown else None
+        # Sticky: only an entry's owner (or root) may rename or delete it, so a member cannot
+        # swap another member's file for a symlink (issue 12, item 7).
+        return (0, self.shared_gid if gid is None else gid, 0o3770) if self.chown else None
 
     def _group_workspace(self, mount: Mount) -> Ownership:
         if self.chown and mount.gid is None:

@@ -27,6 +27,7 @@ from starlette.routing import Route
 
 from sandbox_agent.build import own_build_id
 from sandbox_agent.errors import AgentToolError
+from sandbox_agent.names import escape_names
 from sandbox_agent.path_sandbox import PathSandbox, os_error
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.registry import TOOLS
@@ -102,8 +103,9 @@ def _json(payload: dict[str, Any], status_code: int = 200) -> Response:
     try:
         body = json.dumps(payload, ensure_ascii=False).encode()
     except UnicodeEncodeError:
-        # A file name that is not valid UTF-8 (a lone surrogate after decoding): \u escapes.
-        body = json.dumps(payload).encode()
+        # A file name that is not valid UTF-8 (a lone surrogate after decoding): \xNN escapes
+        # and a flag, which every JSON reader downstream can carry (names.py).
+        body = json.dumps(escape_names(payload), ensure_ascii=False).encode()
     return Response(body, status_code=status_code, media_type="application/json")
 
 

@@ -60,3 +60,25 @@ def diagnose(requested: str, escaped_at: str | None, data_root: str, user_id: in
     if first.code != PATH_ESCAPE or escaped_at is None:
         return first
     return classify_foreign_path(escaped_at, data_root, user_id, shown=requested)
+
+
+SYMLINK_ESCAPE = "symlink_escape"
+
+
+def shared_place(root_path: str, purpose: str) -> str:
+    """How a shared root is named to the model."""
+    if purpose.startswith("group:"):
+        return f"the group workspace {root_path}"
+    return f"the shared directory {root_path}"
+
+
+def shared_link_escape(requested: str, root_path: str, purpose: str, target: str) -> PathDiagnosis:
+    """A symbolic link found in a shared directory points out of it (issue 12, item 7). Any
+    member can plant links there, so they are followed only within that directory."""
+    return PathDiagnosis(
+        SYMLINK_ESCAPE,
+        f"This path goes through a symbolic link in {shared_place(root_path, purpose)} that leads "
+        f"outside it (to {target}). Links in a shared directory are followed only within that "
+        "directory, because every member can create them; this one was not followed and nothing "
+        f"was read or written through it: {requested}",
+    )

@@ -14,6 +14,10 @@ How a path is resolved:
    reads link targets with readlinkat, re-roots absolute targets into the allowed root that
    contains them (a session's `skills/x` link into `skill-views/{uid}/x`), refuses `..`
    above a root and gives up after 40 links. `..` never touches the disk: it pops a held fd.
+5. A link found in a *shared* root (`share/`, a group workspace: every member can plant one)
+   may only resolve within that same root: the kernel's RESOLVE_BENEATH from that root's fd
+   does exactly this, and the walk refuses to re-root such a link or to climb out of the root
+   with it (`symlink_escape`). The user's own links (in private roots) may cross roots.
 
 Never a string prefix check on a realpath: that is raced by swapping a symlink between the
 check and the open (CVE-2018-15664). Writes are allowed only when the directory the object
@@ -26,13 +30,14 @@ import errno
 import os
 import posixpath
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
 from sandbox_agent import syscalls
-from sandbox_agent.diagnostics import diagnose
+from sandbox_agent.diagnostics import diagnose, shared_link_escape
 from sandbox_agent.errors import AgentToolError
+from sandbox_agent.names import unescape_path
 from sandbox_agent.wire import TOOL_PATH_MAX
 
 MAX_SYMLINK_HOPS = 40  # like the kernel's limit
@@ -51,11 +56,20 @@ PATH_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 Resolver = Literal["auto", "openat2", "walk"]
 
 
+def is_shared_purpose(purpose: str) -> bool:
+    """Roots every member's sandbox can write (the mount plan's `share` and `group:...`)."""
+    return purpose == "share" or purpose.startswith("group:")
+
+
 @dataclass(frozen=True)
 class Root:
     path: str
     writable: bool
     purpose: str = ""
+
+    @property
+    def shared(self) -> bool:
+        return is_shared_purpose(self.purpose)
 
 
 class _Escape(Exception):
@@ -66,16 +80,36 @@ class _Escape(Exception):
         self.at = at
 
 
+class _SharedLinkEscape(Exception):
+    """A link found in shared root `root` points out of it (to `target`)."""
+
+    def __init__(self, root: Root, target: str) -> None:
+        super().__init__(target)
+        self.root = root
+        self.target = target
+
+
+def stays_beneath(depth: int, target_parts: list[str]) -> bool:
+    """Whether a relative link target, met `depth` directories below its root, stays in it
+    (`..` is lexical in the walk: it pops a held directory)."""
+    for part in target_parts:
+        depth = depth - 1 if part == ".." else depth + 1
+        if depth < 0:
+            return False
+    return True
+
+
 class Opened:
     """An open fd inside an allowed root; `path` is how the model should see it."""
 
-    __slots__ = ("fd", "root", "_parts", "_path")
+    __slots__ = ("fd", "root", "_parts", "_path", "given")
 
-    def __init__(self, fd: int, root: Root, parts: list[str]) -> None:
+    def __init__(self, fd: int, root: Root, parts: list[str], given: str) -> None:
         self.fd = fd
         self.root = root
         self._parts = parts
         self._path: str | None = None
+        self.given = given  # the path argument as resolved (the unescaped form when that one was found)
 
     @property
     def path(self) -> str:
@@ -325,6 +359,9 @@ class PathSandbox:
                 if hops > MAX_SYMLINK_HOPS:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
                 target_parts = _split(target)
+                root = self.roots[index]
+                if root.shared and not self._stays_in(index, len(held), target, target_parts):
+                    raise _SharedLinkEscape(root, target)
                 if target.startswith("/"):
                     found = self._find_root(target_parts)
                     if found is None:
@@ -341,6 +378,13 @@ class PathSandbox:
             for fd in held:
                 os.close(fd)
 
+    def _stays_in(self, index: int, depth: int, target: str, target_parts: list[str]) -> bool:
+        """Whether a link met `depth` directories below root `index` resolves within it."""
+        if not target.startswith("/"):
+            return stays_beneath(depth, target_parts)
+        found = self._find_root(target_parts)
+        return found is not None and found[0] == index and stays_beneath(0, target_parts[found[1] :])
+
     # --- errors ---------------------------------------------------------------------------
 
     def refusal(self, exc: BaseException, shown: str) -> AgentToolError:
@@ -350,18 +394,23 @@ class PathSandbox:
         if isinstance(exc, _Escape):
             diagnosis = diagnose(shown, exc.at, self.data_root, self.user_id)
             return AgentToolError(diagnosis.code, diagnosis.message, shown)
+        if isinstance(exc, _SharedLinkEscape):
+            diagnosis = shared_link_escape(shown, exc.root.path, exc.root.purpose, exc.target)
+            return AgentToolError(diagnosis.code, diagnosis.message, shown, link_target=exc.target)
         if isinstance(exc, OSError):
             return os_error(exc, shown)
         raise exc
 
     # --- public operations -------------------------------------------------------------
 
-    def open_file(self, path: object, cwd: str) -> Opened:
+    def open_file(self, path: object, cwd: str, *, unescape: bool = True) -> Opened:
         """A regular file, opened for reading."""
         parts, trailing = self.parse(path, cwd)
         try:
             index, fd = self.open_parts(parts, READ_FLAGS | (os.O_DIRECTORY if trailing else 0))
-        except (OSError, _Escape) as exc:
+        except (OSError, _Escape, _SharedLinkEscape) as exc:
+            if unescape and (retried := _retry_unescaped(self.open_file, exc, path, cwd)) is not None:
+                return retried
             raise self.refusal(exc, shown_path(parts)) from None
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -370,26 +419,56 @@ class PathSandbox:
             if stat.S_ISDIR(mode):
                 raise AgentToolError("is_a_directory", f"This is a directory, not a file (use list_dir): {shown}", shown)
             raise AgentToolError("not_a_regular_file", f"This is not a regular file: {shown}", shown)
-        return Opened(fd, self.roots[index], parts)
+        return Opened(fd, self.roots[index], parts, path)  # type: ignore[arg-type] - parse checked it is a str
 
-    def open_dir(self, path: object, cwd: str) -> Opened:
+    def open_dir(self, path: object, cwd: str, *, unescape: bool = True) -> Opened:
         """A directory, opened for listing."""
         parts, _ = self.parse(path, cwd)
         try:
             index, fd = self.open_parts(parts, DIR_FLAGS)
-        except (OSError, _Escape) as exc:
+        except (OSError, _Escape, _SharedLinkEscape) as exc:
+            if unescape and (retried := _retry_unescaped(self.open_dir, exc, path, cwd)) is not None:
+                return retried
             raise self.refusal(exc, shown_path(parts)) from None
-        return Opened(fd, self.roots[index], parts)
+        return Opened(fd, self.roots[index], parts, path)  # type: ignore[arg-type]
 
     def write_target(self, path: object, cwd: str, *, create_parents: bool = True) -> WriteTarget:
+        alternative = unescape_path(path) if isinstance(path, str) else None
+        if alternative is None:
+            return self._write_target(path, cwd, create_parents)
+        # The escaped form of a listed name: the literal path wins when it exists; else the
+        # unescaped one when it (or at least its directory) does.
+        literal = self._write_target_or_none(path, cwd)
+        if literal is not None and literal.existing is not None:
+            return literal
+        other = self._write_target_or_none(alternative, cwd)
+        if other is not None and (other.existing is not None or literal is None):
+            if literal is not None:
+                literal.close()
+            return other
+        if other is not None:
+            other.close()
+        return literal if literal is not None else self._write_target(path, cwd, create_parents)
+
+    def _write_target_or_none(self, path: str, cwd: str) -> WriteTarget | None:
+        try:
+            return self._write_target(path, cwd, False)
+        except AgentToolError as exc:
+            if exc.code == "not_found":
+                return None
+            raise
+
+    def _write_target(self, path: object, cwd: str, create_parents: bool) -> WriteTarget:
         parts, trailing = self.parse(path, cwd)
         shown = shown_path(parts)
+        confine: int | None = None  # the shared root a followed final link was found in
+        link = ""
         try:
             for _ in range(MAX_SYMLINK_HOPS + 1):
                 found = self._find_root(parts)
                 if trailing or not parts or parts[-1] == ".." or (found is not None and found[1] == len(parts)):
                     raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR))
-                index, dir_fd = self._open_dir(parts[:-1], create_parents)
+                index, dir_fd = self._open_dir(parts[:-1], create_parents, confine)
                 name = parts[-1]
                 try:
                     existing: os.stat_result | None = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -398,10 +477,16 @@ class PathSandbox:
                 if existing is not None and stat.S_ISLNK(existing.st_mode):
                     # Follow a final symlink like open(2) would, through the same rules (a dangling
                     # link pointing outside must not create a file there: CVE-2025-53109).
-                    target = os.readlink(name, dir_fd=dir_fd)
+                    link = os.readlink(name, dir_fd=dir_fd)
                     os.close(dir_fd)
-                    parts = _split(target) if target.startswith("/") else parts[:-1] + _split(target)
-                    trailing = target.endswith("/")
+                    target_parts = _split(link)
+                    if self.roots[index].shared:
+                        # Item 7: judged before anything is created where it points.
+                        if link.startswith("/") and not self._stays_in(index, 0, link, target_parts):
+                            raise _SharedLinkEscape(self.roots[index], link)
+                        confine = index
+                    parts = target_parts if link.startswith("/") else parts[:-1] + target_parts
+                    trailing = link.endswith("/")
                     continue
                 if existing is not None and stat.S_ISDIR(existing.st_mode):
                     os.close(dir_fd)
@@ -412,12 +497,19 @@ class PathSandbox:
                     raise read_only(shown, root)
                 return WriteTarget(dir_fd, name, root, shown, existing)
             raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
-        except (OSError, _Escape) as exc:
+        except _Escape as exc:
+            if confine is not None:  # a link in a shared root led there
+                raise self.refusal(_SharedLinkEscape(self.roots[confine], link), shown) from None
+            raise self.refusal(exc, shown) from None
+        except (OSError, _SharedLinkEscape) as exc:
             raise self.refusal(exc, shown) from None
 
-    def _open_dir(self, parts: list[str], create: bool) -> tuple[int, int]:
+    def _open_dir(self, parts: list[str], create: bool, confine: int | None = None) -> tuple[int, int]:
+        """A directory for a write; `confine`: it must be in that root (else _Escape), and
+        nothing is created anywhere else."""
         try:
-            return self.open_parts(parts, PATH_DIR_FLAGS)
+            index, fd = self.open_parts(parts, PATH_DIR_FLAGS)
+            return self._confined(index, fd, confine, parts)
         except FileNotFoundError:
             if not create:
                 raise
@@ -431,7 +523,7 @@ class PathSandbox:
             if depth < found[1]:
                 raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
             try:
-                index, fd = self.open_parts(parts[:depth], PATH_DIR_FLAGS)
+                index, fd = self._confined(*self.open_parts(parts[:depth], PATH_DIR_FLAGS), confine, parts)
                 break
             except FileNotFoundError:
                 depth -= 1
@@ -445,12 +537,32 @@ class PathSandbox:
                     pass
                 os.close(fd)
                 fd = -1
-                index, fd = self.open_parts(parts[: j + 1], PATH_DIR_FLAGS)
+                index, fd = self._confined(*self.open_parts(parts[: j + 1], PATH_DIR_FLAGS), confine, parts)
             return index, fd
         except BaseException:
             if fd >= 0:
                 os.close(fd)
             raise
+
+    def _confined(self, index: int, fd: int, confine: int | None, parts: list[str]) -> tuple[int, int]:
+        if confine is not None and index != confine:
+            os.close(fd)
+            raise _Escape(shown_path(parts))
+        return index, fd
+
+
+def _retry_unescaped(opener: Callable[..., Opened], exc: BaseException, path: object, cwd: str) -> Opened | None:
+    """`opener` of the unescaped form of a path that was not found but holds the `\\xNN`
+    escapes of a listed name that is not UTF-8 (sandbox_agent/names.py); None otherwise."""
+    if not isinstance(exc, FileNotFoundError) or not isinstance(path, str):
+        return None
+    alternative = unescape_path(path)
+    if alternative is None:
+        return None
+    try:
+        return opener(alternative, cwd, unescape=False)
+    except AgentToolError:
+        return None
 
 
 def read_only(shown: str, root: Root) -> AgentToolError:

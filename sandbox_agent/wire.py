@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
+from sandbox_agent.names import escape_names
+
 TOOL_PATH_MAX = 4096  # bytes, like Linux PATH_MAX: longer arguments are refused up front
 
 
@@ -176,7 +178,7 @@ class ToolResponse(BaseModel):
 
 
 # A raw `read_bytes` answer carries its other fields here, as ASCII JSON (a file name that is
-# not UTF-8 travels as a lone-surrogate escape, like everywhere else on this wire).
+# not UTF-8 travels `\xNN`-escaped with `path_encoding: "escaped"`, like every other answer).
 RAW_RESULT_HEADER = "X-Tool-Result"
 
 
@@ -198,7 +200,8 @@ class ReadBytesResult(BaseModel):
         return base64.b64encode(self.data).decode("ascii")
 
     def raw_header(self) -> str:
-        return json.dumps({"path": self.path, "size": self.size, "media_type": self.media_type})
+        # A path that is not UTF-8 travels escaped (names.py), so the host can show and send it.
+        return json.dumps(escape_names({"path": self.path, "size": self.size, "media_type": self.media_type}))
 
     @classmethod
     def from_raw(cls, header: str, data: bytes) -> ReadBytesResult:

@@ -88,7 +88,48 @@ def read_file(ctx: ToolContext, args: ReadFileArgs) -> dict[str, Any]:
         return result
 
 
+def replaceable(existing: os.stat_result | None, dir_mode: int | None, euid: int) -> bool:
+    """Whether a write may rename over the final name: not when it is another uid's file in a
+    sticky directory (`share/`, a group workspace), where only its owner may replace it."""
+    if existing is None or existing.st_uid == euid:
+        return True
+    return dir_mode is None or not dir_mode & stat.S_ISVTX
+
+
 def _write_into(target: WriteTarget, data: bytes) -> None:
+    existing = target.existing
+    # The directory's mode is asked only for another uid's file (a shared place), not on the
+    # common path of writing one's own files.
+    dir_mode = os.fstat(target.dir_fd).st_mode if existing is not None and existing.st_uid != os.geteuid() else None
+    if replaceable(existing, dir_mode, os.geteuid()):
+        _replace(target, data)
+    else:
+        _overwrite(target, data)
+
+
+def _overwrite(target: WriteTarget, data: bytes) -> None:
+    """Write another member's file in a sticky shared directory in place (it keeps its owner
+    and mode; the group's write bit allows it). Not atomic: a reader may see it half-written."""
+    assert target.existing is not None
+    try:
+        fd = os.open(target.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=target.dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # swapped for a link or a FIFO meanwhile
+            raise AgentToolError("conflict", f"The file changed while it was being written; retry: {target.path}", target.path) from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (target.existing.st_dev, target.existing.st_ino):
+            raise AgentToolError("conflict", f"The file changed while it was being written; retry: {target.path}", target.path)
+        os.ftruncate(fd, 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _replace(target: WriteTarget, data: bytes) -> None:
     """Write to a temporary name in the target directory, then rename over the final name:
     readers never see a half-written file, and a symlink swapped in at the final name is
     replaced, not followed. A hard-linked file gets a new inode (the other name keeps its data)."""

@@ -153,9 +153,9 @@ def _walk_files(
 
 def _base(ctx: ToolContext, path: str | None) -> tuple[str, str]:
     """(walk path, shown path) of a search base, checked to be a directory inside the roots."""
-    raw = path or "."
-    joined = raw if raw.startswith("/") else f"{ctx.cwd}/{raw}"
-    with ctx.sandbox.open_dir(raw, ctx.cwd) as opened:
+    with ctx.sandbox.open_dir(path or ".", ctx.cwd) as opened:
+        raw = opened.given  # the unescaped form when that is the one that was found
+        joined = raw if raw.startswith("/") else f"{ctx.cwd}/{raw}"
         return joined.rstrip("/") or "/", opened.path
 
 

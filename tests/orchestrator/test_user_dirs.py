@@ -35,8 +35,8 @@ def test_every_mount_of_the_plan_gets_its_owner_and_mode(traversable_tmp: Path) 
         assert owner_mode(path) == (uid, uid, 0o700), path
     for path in (layout.user_views_dir(17), layout.userskills_dir(17)):
         assert owner_mode(path) == (0, uid, 0o750), path
-    assert owner_mode(layout.share_dir) == (0, BASE, 0o2770)
-    assert owner_mode(layout.group_dir(group)) == (0, GROUP_GID, 0o2770)  # the group's own gid
+    assert owner_mode(layout.share_dir) == (0, BASE, 0o3770)
+    assert owner_mode(layout.group_dir(group)) == (0, GROUP_GID, 0o3770)  # the group's own gid
     for path in (layout.runtime_root, layout.uploads_root, layout.users_root, layout.deps_root, layout.tmp_root,
                  layout.sockets_root, layout.skill_views_root, layout.userskills_root, layout.groups_root,
                  layout.group_dir(group).parent):
@@ -92,4 +92,4 @@ def test_a_workspace_made_before_group_gids_moves_to_its_own_gid(traversable_tmp
     os.chown(workspace, 0, BASE)  # how the previous version left it: the shared gid
     os.chmod(workspace, 0o2770)
     dirs.ensure_sandbox_dirs(plan_mounts(layout, 17, [group], {group: GROUP_GID}))
-    assert owner_mode(workspace) == (0, GROUP_GID, 0o2770)
+    assert owner_mode(workspace) == (0, GROUP_GID, 0o3770)

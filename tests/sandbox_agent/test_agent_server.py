@@ -138,10 +138,21 @@ def test_names_that_are_not_utf8_survive_the_wire(live: LiveAgent) -> None:
     raw = os.fsencode(cwd) + b"/odd-\xff.txt"
     with open(raw, "wb") as fh:
         fh.write(b"bytes name")
-    names = [e["name"] for e in live.client.call("list_dir", {"path": "."}, cwd=cwd)["entries"]]
-    odd = next(n for n in names if n.startswith("odd-"))
-    assert os.fsencode(odd) == b"odd-\xff.txt"
-    assert live.client.call("read_file", {"path": odd}, cwd=cwd)["content"] == "bytes name"
+    with open(os.fsencode(cwd) + b"/back\\slash-\xfe", "wb") as fh:
+        fh.write(b"backslash")
+    entries = {e["name"]: e for e in live.client.call("list_dir", {"path": "."}, cwd=cwd)["entries"]}
+    # Escaped (`\xNN`, a backslash doubled) and flagged; plain names are left alone.
+    assert entries["odd-\\xff.txt"]["name_encoding"] == "escaped"
+    assert entries["back\\\\slash-\\xfe"]["name_encoding"] == "escaped"
+    assert "name_encoding" not in entries["hello.txt"]
+    for name, content in (("odd-\\xff.txt", "bytes name"), ("back\\\\slash-\\xfe", "backslash")):
+        read = live.client.call("read_file", {"path": name}, cwd=cwd)
+        assert read["content"] == content and read["path"].endswith(name) and read["path_encoding"] == "escaped"
+    # The surrogateescape form still works too (the wire of earlier builds).
+    assert live.client.call("read_file", {"path": "odd-\udcff.txt"}, cwd=cwd)["content"] == "bytes name"
+    with pytest.raises(AgentToolError) as refused:
+        live.client.call("read_file", {"path": "odd-\\xfe.txt"}, cwd=cwd)
+    assert refused.value.code == "not_found" and refused.value.path.endswith("odd-\\xfe.txt")
     (live.tree.workdir / "中文.txt").write_text("文字")
     assert live.client.call("read_file", {"path": "中文.txt"}, cwd=cwd)["content"] == "文字"
 

@@ -128,9 +128,10 @@ def test_read_bytes_of_a_file_whose_name_is_not_utf8(live: LiveAgent) -> None:
     os.makedirs(live.tree.workdir, exist_ok=True)
     with open(os.path.join(os.fsencode(live.tree.workdir), name), "wb") as fh:
         fh.write(b"\x89PNG")
-    path = os.fsdecode(name)  # a lone surrogate, as on the whole wire
-    result = live.client.call("read_bytes", {"path": path}, cwd=str(live.tree.workdir))
-    assert result.data == b"\x89PNG" and result.path.endswith(path) and result.media_type == "image/png"
+    for path in (os.fsdecode(name), "caf\\xe9.png"):  # surrogateescape, or as listed (escaped)
+        result = live.client.call("read_bytes", {"path": path}, cwd=str(live.tree.workdir))
+        # The answer names it escaped, which the host can show and send on.
+        assert result.data == b"\x89PNG" and result.path.endswith("/caf\\xe9.png") and result.media_type == "image/png"
 
 
 def test_read_bytes_refusals_stay_structured(live: LiveAgent) -> None:

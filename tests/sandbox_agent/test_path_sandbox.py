@@ -305,3 +305,39 @@ def test_a_root_above_the_data_dir_does_not_claim_paths_inside_it(tree: Tree, re
         assert read(sb, str(above / "scratch.txt"), "/") == b"tmp file"
     finally:
         sb.close()
+
+
+def test_links_in_a_shared_root_resolve_only_within_it(sandbox: PathSandbox, tree: Tree) -> None:
+    """Issue 12, item 7: anybody can plant a link in `share/`; it may not lead into the
+    user's private roots, however it is spelled, while links inside `share/` work."""
+    share, home = tree.p("share"), tree.p("users/17")
+    (home / "secret").write_text("17's secret\n")
+    (share / "sub").mkdir()
+    (share / "real.txt").write_text("shared\n")
+    for name, target in [
+        ("abs", str(home / "secret")),
+        ("homedir", str(home)),
+        ("rel", "../users/17/secret"),
+        ("sub/deep", "../../users/17/secret"),
+        ("sneaky", f"{share}/../users/17/secret"),  # absolute, names share/, climbs out
+        ("rc", str(home / ".bashrc")),  # dangling: a write would create it
+        ("newdir", f"{home}/new/file"),
+    ]:
+        os.symlink(target, share / name)
+    os.symlink(str(share / "real.txt"), share / "sub/inside")
+    os.symlink("../real.txt", share / "sub/up")
+    os.symlink(str(share), tree.workdir / "my-share")  # the user's own link into share/
+    cwd = str(tree.workdir)
+    for path in ("abs", "homedir/secret", "rel", "sub/deep", "sneaky"):
+        error = refused(sandbox, f"{share}/{path}", cwd)
+        assert error.code == "symlink_escape", (path, error.code)
+        assert str(share) in error.message and error.path == f"{share}/{path}"
+    assert refused(sandbox, "my-share/abs", cwd).code == "symlink_escape"  # reached through one's own link
+    for path in (f"{share}/rc", f"{share}/newdir", f"{share}/homedir/.profile", "my-share/rc"):
+        assert refused(sandbox, path, cwd, write=True).code == "symlink_escape", path
+    assert not (home / ".bashrc").exists() and not (home / "new").exists() and not (home / ".profile").exists()
+    for path in (f"{share}/sub/inside", f"{share}/sub/up", "my-share/real.txt", "my-share/sub/up"):
+        assert read(sandbox, path, cwd) == b"shared\n"
+    with sandbox.write_target(f"{share}/sub/up", cwd) as target:
+        assert target.root.purpose == "share" and target.name == "real.txt"
+    assert read(sandbox, "skills/foo/SKILL.md", cwd) == b"# foo skill\n"  # private links still cross roots

@@ -98,7 +98,7 @@ def members_share_and_strangers_are_refused(
     shared_gid = service.directories.shared_gid
     assert len({team_gid, other_gid, shared_gid}) == 3
     st = team_dir.stat()
-    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, team_gid, 0o2770)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, team_gid, 0o3770)
     assert (team_dir / "drafts").stat().st_gid == team_gid  # setgid: new dirs inherit the group
     assert service.layout.share_dir.stat().st_gid == shared_gid  # share/ stays common
 

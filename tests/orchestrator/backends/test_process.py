@@ -157,7 +157,7 @@ def test_agents_run_as_the_users_own_uid_with_private_dirs(agent_service: Orches
         st = parent.stat()
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o711), parent
     share = layout.share_dir.stat()
-    assert (share.st_gid, stat.S_IMODE(share.st_mode)) == (agent_service.settings.sandbox_uid_base, 0o2770)
+    assert (share.st_gid, stat.S_IMODE(share.st_mode)) == (agent_service.settings.sandbox_uid_base, 0o3770)
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="needs root to run agents as different uids")
