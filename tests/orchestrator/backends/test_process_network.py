@@ -88,3 +88,14 @@ def test_item9_bwrap_sandbox_cannot_reach_host_loopback(agent_data_dir, host_lis
 def test_item9_healthz_reports_the_isolation(agent_client: TestClient) -> None:
     isolation = agent_client.get("/healthz").json()["isolation"]
     assert isolation == {"users_isolated": True, "process_network": "namespace", "uid_base": isolation["uid_base"]}
+
+
+def test_without_root_the_isolation_says_users_are_not_isolated() -> None:
+    from orchestrator.backends.netns import decide_isolation
+
+    plain = decide_isolation(as_root=False, bwrap=False, netns=(False, "not needed"), uid_base=100000)
+    assert plain.as_json()["users_isolated"] is False and plain.process_network == "host" and not plain.complete
+    assert "not root" in str(plain.reason)
+    no_caps = decide_isolation(as_root=True, bwrap=False, netns=(False, "Operation not permitted"), uid_base=100000)
+    assert no_caps.process_network == "host" and "Operation not permitted" in str(no_caps.reason)
+    assert decide_isolation(as_root=True, bwrap=True, netns=(False, "not needed"), uid_base=1).complete
