@@ -27,8 +27,9 @@ class StartupRefused(RuntimeError):
     code = "startup_refused"
 
 
-# Directories that only hold what users and groups made: any entry there means an old install.
-STATE_DIRS = ("users", "groups", "sessions", "runtime", "uploads", "deps", "userskills", "outbox", "share")
+# Directories that only hold what users and groups made through a running service: any entry
+# there means an old install. Not skills/, userskills/ or share/: an operator may seed those.
+STATE_DIRS = ("users", "groups", "sessions", "runtime", "uploads", "deps", "outbox")
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 
