@@ -30,6 +30,10 @@ COPY images/sandbox-entrypoint /usr/local/bin/sandbox-entrypoint
 # uid (base + user id) instead, which needs no passwd entry.
 RUN useradd --system --uid 999 --user-group --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin sandbox
+# No setuid/setgid programs (su, passwd, mount, ...): a sandbox that finds a bug in one must not
+# gain another uid or group. tests/orchestrator/backends/docker/test_image_hardening.py checks none is left.
+RUN find / -xdev -type f -perm /6000 -exec chmod a-s {} + \
+ && test -z "$(find / -xdev -type f -perm /6000 -print -quit)"
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LANG=C.UTF-8
 LABEL org.sandbox-orchestrator.role=sandbox org.sandbox-orchestrator.recipe=${RECIPE} \
       org.sandbox-orchestrator.agent-lock=${AGENT_LOCK}

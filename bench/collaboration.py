@@ -30,7 +30,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.measure import TOKEN, orchestrator_server  # noqa: E402
+from bench.measure import TOKEN, bench_root, orchestrator_server  # noqa: E402
 from orchestrator.collaboration.store import open_mailbox  # noqa: E402
 from orchestrator.identity import Trigger  # noqa: E402
 from orchestrator.runs import RunStatus, StartRun  # noqa: E402
@@ -190,7 +190,7 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=bench_root()) as tmp:
         probe = open_mailbox(Path(tmp) / "probe.sqlite3")  # the same opener the service uses
         mode = probe.connection().execute("PRAGMA synchronous").fetchone()[0]
         probe.close()

@@ -29,7 +29,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import orchestrator_server, pct  # noqa: E402
+from bench.measure import BENCH_ROOT, orchestrator_server, pct  # noqa: E402
 from mounts.plan import plan_mounts  # noqa: E402
 from orchestrator.backends.base import SandboxUser  # noqa: E402
 from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id  # noqa: E402
@@ -42,7 +42,7 @@ WARM_CALLS = 1000
 EXEC_CALLS = 30
 SESSIONS, CALLS_PER_SESSION = 50, 20
 # Not under /tmp: a user's tmp/{uid} is the container's /tmp (see docs/docker.md).
-BASE = Path("/var/tmp/sandbox-orchestrator-bench")
+BASE = BENCH_ROOT / "docker"
 
 
 def remove_containers(engine: docker.DockerClient, data_dir: Path) -> None:

@@ -15,7 +15,6 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import orchestrator_server  # noqa: E402
+from bench.measure import bench_dir, orchestrator_server  # noqa: E402
 from orchestrator.tools.foreign_paths import classify_foreign_path  # noqa: E402
 
 ROUNDS = 40
@@ -52,7 +51,7 @@ def precheck_us() -> float:
 
 def main() -> None:
     print(f"precheck_classify_mean: {precheck_us():.2f} us")
-    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="bench-host-tools-"))
+    base = bench_dir("host-tools-")
     os.chmod(base, 0o711)  # sandbox uids must traverse to the data dir
     settings = {"ORCH_DATA_DIR": str(base / "data"), "ORCH_BACKEND": "process"}
     try:

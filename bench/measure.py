@@ -17,6 +17,24 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
+# Not /tmp or /var/tmp: the orchestrator refuses a data dir inside a directory others can
+# write, and sandbox uids must traverse this one (0711, root's).
+BENCH_ROOT = Path("/var/lib/sandbox-orchestrator-bench") if os.geteuid() == 0 else Path.home() / ".cache/orch-bench"
+
+
+def bench_root() -> Path:
+    BENCH_ROOT.mkdir(mode=0o711, parents=True, exist_ok=True)
+    os.chmod(BENCH_ROOT, 0o711)
+    return BENCH_ROOT
+
+
+def bench_dir(prefix: str) -> Path:
+    """A fresh 0711 directory for one benchmark's data dirs; the caller removes it."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(dir=bench_root(), prefix=prefix))
+    os.chmod(base, 0o711)
+    return base
 TOKEN = "bench-bot-token"
 
 

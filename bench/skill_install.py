@@ -4,7 +4,7 @@ started *during* changes find the skill missing or failed either way.
 
 usage: .venv/bin/python bench/skill_install.py [--files 25] [--kib 512] [--rounds 9]
 Prints `name: value unit` lines. A real server (uvicorn on a loopback port, watchers running)
-on a fresh data dir under /tmp; the two ways of changing a skill alternate in one run so they
+on a fresh data dir under bench.measure.BENCH_ROOT; the two ways of changing a skill alternate in one run so they
 share the machine's noise. "Visible" means: a run started in a session links a view whose
 SKILL.md has the new version. Meanwhile a second client starts runs in its own session
 without pause and counts those that lack a skill that exists before and after every change.
@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.measure import bench_root  # noqa: E402
 from orchestrator.client import OrchestratorClient, SkillFile  # noqa: E402
 from orchestrator.http.app import create_app  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
@@ -104,7 +105,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     rng = random.Random(5)
-    base = Path(tempfile.mkdtemp(prefix="bench-skill-install-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="skill-install-", dir=bench_root()))
     port = free_port()
     settings = Settings(data_dir=base / "data", backend="process", public_base_url=f"http://127.0.0.1:{port}")
     service = OrchestratorService(settings)

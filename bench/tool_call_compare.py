@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import BenchServer, orchestrator_server, pct  # noqa: E402
+from bench.measure import BenchServer, bench_dir, orchestrator_server, pct  # noqa: E402
 from sandbox_agent.client import AgentClient  # noqa: E402
 
 BLOCK = 25
@@ -140,8 +139,7 @@ def main() -> None:
     parser.add_argument("--sends", type=int, default=40, help="1 MiB send_file calls per server")
     args = parser.parse_args()
 
-    # Not under /tmp with docker: a user's tmp/{uid} is the container's /tmp (docs/docker.md).
-    base = Path(tempfile.mkdtemp(dir="/var/tmp" if args.backend == "docker" else "/tmp", prefix="bench-compare-"))
+    base = bench_dir("compare-")
     os.chmod(base, 0o711)  # sandbox uids must traverse to the data dirs
     baseline_tree = export_revision(args.baseline, base)
     docker = args.backend == "docker"

@@ -15,14 +15,13 @@ import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import orchestrator_server, pct  # noqa: E402
+from bench.measure import bench_dir, orchestrator_server, pct  # noqa: E402
 from sandbox_agent.client import AgentClient  # noqa: E402
 
 CALLS = 2000
@@ -30,7 +29,7 @@ SESSIONS, CALLS_PER_SESSION, USERS = 50, 20, 10
 
 
 def main() -> None:
-    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="bench-tool-calls-"))
+    base = bench_dir("tool-calls-")
     os.chmod(base, 0o711)  # sandbox uids must traverse to the data dir
     try:
         with orchestrator_server({"ORCH_DATA_DIR": str(base / "data"), "ORCH_BACKEND": "process"}) as server:

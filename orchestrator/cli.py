@@ -32,6 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from orchestrator.http.server_protocol import bounded_protocol
     from orchestrator.service import OrchestratorService
     from orchestrator.settings import load_settings
+    from orchestrator.startup_checks import StartupRefused
     from orchestrator.state_store import SchemaTooNewError
 
     settings = load_settings()
@@ -52,7 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log.info("ORCH_PUBLIC_BASE_URL is not set: upload URLs use %s", kv(public_base_url=settings.public_base_url))
     try:
         service = OrchestratorService(settings)
-    except SchemaTooNewError as exc:
+    except (SchemaTooNewError, StartupRefused) as exc:
         print(f"orchestrator: {exc}", file=sys.stderr)
         return 2
     log.info("serving %s", kv(host=host, port=args.port, data_dir=settings.layout.root))

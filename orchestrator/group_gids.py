@@ -13,7 +13,10 @@ two orchestrator threads never hand out one gid twice.
 
 from __future__ import annotations
 
+import os
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 from mounts.layout import GroupRef
 from orchestrator.clock import now_iso
@@ -37,17 +40,47 @@ class GroupGidsExhausted(RuntimeError):
     """Every gid of the configured range is taken."""
 
 
-def next_gid(highest: int | None, gid_range: GidRange) -> int | None:
-    """The gid after the highest one allocated in the range (gids are never freed, so there are
-    no gaps to fill); None when the range is used up."""
-    candidate = gid_range.first if highest is None else highest + 1
+def next_gid(highest: int | None, gid_range: GidRange, on_disk: frozenset[int] = frozenset()) -> int | None:
+    """The gid after the highest one allocated in the range or carried by a group directory on
+    disk (gids are never freed, so there are no gaps to fill); None when the range is used up."""
+    found = [gid for gid in on_disk if gid in gid_range]
+    if highest is not None:
+        found.append(highest)
+    candidate = gid_range.first if not found else max(found) + 1
     return candidate if candidate in gid_range else None
 
 
+def gids_on_disk(groups_root: Path) -> frozenset[int]:
+    """The gids of the group workspaces `groups/{channel}/{chat_id}/` (never following a link):
+    a DB that lost its rows must not hand one of them to a new group."""
+    found: set[int] = set()
+    for channel in _directories(groups_root):
+        found.update(st.st_gid for st in _directory_stats(channel))
+    return frozenset(found)
+
+
+def _directories(path: Path) -> list[Path]:
+    return [Path(entry.path) for entry in _scan(path) if entry.is_dir(follow_symlinks=False)]
+
+
+def _directory_stats(path: Path) -> list[os.stat_result]:
+    stats = (entry.stat(follow_symlinks=False) for entry in _scan(path))
+    return [st for st in stats if stat.S_ISDIR(st.st_mode)]
+
+
+def _scan(path: Path) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(path) as entries:
+            return list(entries)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 class GroupGids:
-    def __init__(self, store: StateStore, gid_range: GidRange) -> None:
+    def __init__(self, store: StateStore, gid_range: GidRange, *, groups_root: Path | None = None) -> None:
         self._store = store
         self.range = gid_range
+        self._groups_root = groups_root
 
     def memberships_of(self, user_id: int) -> dict[GroupRef, int]:
         """The groups `user_id` belongs to, each with its gid (allocated here when missing)."""
@@ -78,7 +111,10 @@ class GroupGids:
         highest = tx.one(
             "SELECT MAX(gid) AS gid FROM group_gids WHERE gid BETWEEN ? AND ?", (self.range.first, self.range.last)
         )
-        gid = next_gid(highest["gid"] if highest is not None else None, self.range)
+        # Scanned at each allocation (once per new group, never on a tool call): cheap, and it
+        # also covers workspaces an operator restored from a backup while we ran.
+        on_disk = gids_on_disk(self._groups_root) if self._groups_root is not None else frozenset()
+        gid = next_gid(highest["gid"] if highest is not None else None, self.range, on_disk)
         if gid is None:
             raise GroupGidsExhausted(
                 f"no free group gid in {self.range.first}..{self.range.last}; "

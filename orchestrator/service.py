@@ -33,6 +33,7 @@ from orchestrator.sessions import SessionRepository, SessionService
 from orchestrator.settings import Settings
 from orchestrator.skill_admin import SkillAdmin
 from orchestrator.skills import SkillService
+from orchestrator.startup_checks import check_data_dir_location, check_state_present
 from orchestrator.state_store import StateStore
 from orchestrator.tools.container_tools import register_container_tools
 from orchestrator.tools.conversation_tools import register_conversation_tools
@@ -57,6 +58,8 @@ class OrchestratorService:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.layout = settings.layout
+        check_data_dir_location(settings.data_dir, sandbox_ids=settings.sandbox_id_ranges)
+        check_state_present(self.layout)
         self.store = StateStore(self.layout.state_db)
         self.store.open()
         self.users = UserRepository(self.store)
@@ -93,7 +96,7 @@ class OrchestratorService:
             )
             backends["docker"] = self.docker_backend
         log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
-        self.group_gids = GroupGids(self.store, settings.group_gid_range)
+        self.group_gids = GroupGids(self.store, settings.group_gid_range, groups_root=self.layout.groups_root)
         self.sandboxes = SandboxRouter(
             self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
             process_sandbox=settings.process_sandbox,

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from mounts.ids import MAX_USER_ID
 from mounts.layout import DataLayout
 from orchestrator.group_gids import GidRange
+from orchestrator.startup_checks import IdRange
 
 # Ids stay in 31 bits: some tools (and signed 32-bit fields) mishandle larger ones.
 MAX_ID = 2**31 - 2
@@ -158,6 +159,12 @@ class Settings(BaseSettings):
     @property
     def group_gid_range(self) -> GidRange:
         return GidRange(self.group_gid_base, self.group_gid_count)
+
+    @property
+    def sandbox_id_ranges(self) -> tuple[IdRange, ...]:
+        """Every uid and gid a sandbox may carry: the users' own and the group workspaces'."""
+        groups = self.group_gid_range
+        return (IdRange(self.sandbox_uid_base, self.sandbox_uid_base + MAX_USER_ID), IdRange(groups.first, groups.last))
 
     @property
     def layout(self) -> DataLayout:

@@ -1,9 +1,9 @@
 """Fixtures for tests that start real sandbox agents.
 
 Agents run as unprivileged sandbox uids when the tests run as root, and those uids must be
-able to traverse the data dir: pytest's own tmp dir (/tmp/pytest-of-root) is 0700, so these
-fixtures use a fresh 0711 directory directly under /tmp, removed afterwards. Import the
-fixtures into a conftest.py to use them.
+able to traverse the data dir: pytest's own tmp dirs are 0700, so these fixtures use a fresh
+0711 directory directly under the tests' TEST_ROOT (tests/conftest.py), removed afterwards.
+Import the fixtures into a conftest.py to use them.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from fastapi.testclient import TestClient
 
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
-from tests.conftest import API_TOKEN, make_settings
+from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
 
 
 @pytest.fixture
 def traversable_tmp() -> Iterator[Path]:
-    base = Path(tempfile.mkdtemp(dir="/tmp", prefix="orch-test-"))
+    base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
     os.chmod(base, 0o711)
     try:
         yield base

@@ -1,9 +1,17 @@
 """Shared fixtures. Tests marked `docker` skip without an engine, except when
-ORCH_REQUIRE_DOCKER=1 (CI): then a missing engine is a failure."""
+ORCH_REQUIRE_DOCKER=1 (CI): then a missing engine is a failure.
+
+Every test dir lives under TEST_ROOT, not /tmp: the service refuses a data dir inside a
+directory others can write (orchestrator/startup_checks.py), and agents' sandbox uids must
+traverse it (0711). That is `<repo>/.pytest-tmp` when the checkout's parents allow both, else
+a root-owned /var/lib/sandbox-orchestrator-tests/<checkout hash> (e.g. a CI clone below a 0700
+home)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -14,6 +22,41 @@ from fastapi.testclient import TestClient
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
+from orchestrator.startup_checks import path_chain, unsafe_ancestor_problem
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_TEST_ROOT = Path("/var/lib/sandbox-orchestrator-tests")
+
+
+def _usable_for_tests(path: Path) -> bool:
+    """Safe for a data dir, and (as root) traversable by every sandbox uid."""
+    chain = path_chain(path)
+    if unsafe_ancestor_problem(chain, own_gid=os.getegid(), as_root=os.geteuid() == 0, sandbox_ids=()) is not None:
+        return False
+    return os.geteuid() != 0 or all(entry.is_link or entry.mode & stat.S_IXOTH for entry in chain)
+
+
+def _test_root() -> Path:
+    if _usable_for_tests(REPO):
+        root = REPO / ".pytest-tmp"
+    else:
+        SHARED_TEST_ROOT.mkdir(mode=0o711, parents=True, exist_ok=True)
+        os.chmod(SHARED_TEST_ROOT, 0o711)
+        root = SHARED_TEST_ROOT / hashlib.sha256(str(REPO).encode()).hexdigest()[:12]
+    root.mkdir(mode=0o711, exist_ok=True)
+    os.chmod(root, 0o711)
+    return root
+
+
+TEST_ROOT = _test_root()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    # Before pytest's own tmpdir plugin reads it. Explicit --basetemp still wins.
+    if config.option.basetemp is None:
+        config.option.basetemp = str(TEST_ROOT / "pytest")
+
 
 API_TOKEN = "bot-token-for-tests"
 ADMIN_TOKEN = "admin-token-for-tests"

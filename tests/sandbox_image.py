@@ -4,6 +4,7 @@ code as `orchestrator build-image`, so a fresh CI machine needs no manual step."
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -12,13 +13,17 @@ import docker
 from orchestrator.image.build import BuildResult, BuildSources, ImageBuilder
 from orchestrator.settings import Settings
 
+# Read at import, before the tests' fixtures clear ORCH_* from the environment: a branch that
+# changes the Dockerfile builds and tags its own image instead of re-tagging the shared default.
+IMAGE = os.environ.get("ORCH_SANDBOX_IMAGE") or Settings().sandbox_image
+
 
 @lru_cache(maxsize=1)
 def ensure_sandbox_image() -> BuildResult:
     client = docker.from_env(timeout=900)
     try:
         builder = ImageBuilder(
-            client, BuildSources.from_checkout(), image=Settings().sandbox_image, progress=print
+            client, BuildSources.from_checkout(), image=IMAGE, progress=print
         )
         return builder.build()
     finally:

@@ -11,6 +11,7 @@ from enum import Enum
 from pathlib import Path
 
 from mounts.plan import Access, MountPlan
+from orchestrator.backends.seccomp import seccomp_security_opt
 
 LABEL_PREFIX = "org.sandbox-orchestrator."
 LABEL_MANAGED = LABEL_PREFIX + "managed"
@@ -88,7 +89,7 @@ class ContainerSpec:
             "memswap_limit": f"{self.limits.memory_mb}m",  # no swap beyond the memory limit
             "pids_limit": self.limits.pids,
             "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges"],
+            "security_opt": ["no-new-privileges", seccomp_security_opt()],  # io_uring denied
             "read_only": True,
             "tmpfs": dict(self.tmpfs),
             "init": True,  # reaps the zombies a user's shell commands leave behind

@@ -9,7 +9,8 @@
 - Idle agents are stopped by a reaper thread; all agents are stopped at `close()`.
 - As root, an agent runs as the user's own uid (base + user id) with the shared sandbox
   group and the gids of the user's group workspaces (exactly those of the plan), umask 002,
-  and an interpreter that uid can execute.
+  and an interpreter that uid can execute, in a network namespace of its own with only `lo`
+  (orchestrator/backends/netns.py; bwrap makes its own).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.agent_launch import prepare_agent_launch
 from orchestrator.backends.base import SandboxStatus, SandboxUser, loses_group_access
 from orchestrator.backends.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
+from orchestrator.backends.netns import Isolation, decide_isolation, netns_command, netns_usable
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
 from orchestrator.settings import Settings
@@ -99,6 +101,16 @@ class ProcessBackend:
         self._reaper: threading.Thread | None = None
         self._stopping = threading.Event()
         self._bwrap = BwrapProbe() if settings.process_sandbox == "bwrap" else None
+        netns = netns_usable() if directories.chown and self._bwrap is None else (False, "not needed")
+        self._netns = netns[0]
+        self.isolation: Isolation = decide_isolation(
+            as_root=directories.chown, bwrap=self._bwrap is not None, netns=netns, uid_base=directories.uid_base
+        )
+        if not self.isolation.complete:
+            log.error(
+                "process-backend sandboxes are NOT isolated from each other or the host network %s",
+                kv(reason=self.isolation.reason, network=self.isolation.process_network),
+            )
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -171,6 +183,10 @@ class ProcessBackend:
             # The shared gid opens share/; each group gid one workspace of the plan, no other.
             extra_groups = [self.directories.shared_gid, *user.plan.group_gids]
             identity = {"user": run_as, "group": run_as, "extra_groups": extra_groups}
+            if self._netns:
+                # The namespace needs root: the launcher makes it, then switches to the uid.
+                command = netns_command(command, uid=run_as, gid=run_as, groups=extra_groups)
+                identity = {}
         try:
             proc = subprocess.Popen(
                 command,
@@ -385,6 +401,7 @@ class ProcessBackend:
                 "uid": agent.run_as_uid if agent.run_as_uid is not None else os.geteuid(),
                 "socket": agent.client.socket_path,
                 "namespace": "bwrap" if self._bwrap is not None else "none",
+                "network": self.isolation.process_network,
                 "started_at": agent.started_at,
                 "idle_s": round(time.monotonic() - agent.last_used, 3),
             },

@@ -46,6 +46,8 @@ def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         "runtime_identity_source": state.source,
         "runtime_identity_changed_at": state.changed_at,
         "runtime_identity_invalid_value": state.invalid_value,
+        # Whether process-backend sandboxes are kept apart (own uids, own network namespace).
+        "isolation": service.process_backend.isolation.as_json(),
     }
 
 

@@ -3,6 +3,8 @@ decision table. No engine needed."""
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import pytest
@@ -73,7 +75,10 @@ def test_container_runs_as_the_users_uid_hardened_and_offline() -> None:
     kwargs = spec.create_kwargs()
     assert kwargs["user"] == "100007:100007" and kwargs["group_add"] == ["100000"]
     assert kwargs["network_mode"] == "none"
-    assert kwargs["cap_drop"] == ["ALL"] and kwargs["security_opt"] == ["no-new-privileges"]
+    assert kwargs["cap_drop"] == ["ALL"] and kwargs["security_opt"][0] == "no-new-privileges"
+    profile = json.loads(kwargs["security_opt"][1].removeprefix("seccomp="))
+    denied = {name for rule in profile["syscalls"] if "args" not in rule for name in rule["names"]}
+    assert {"io_uring_setup", "io_uring_enter", "io_uring_register", "unshare", "setns"} <= denied
     assert kwargs["read_only"] is True and kwargs["init"] is True
     assert kwargs["nano_cpus"] == 1_500_000_000 and kwargs["mem_limit"] == "512m" and kwargs["pids_limit"] == 256
     assert "/tmp" not in kwargs["tmpfs"]  # /tmp is the user's persistent tmp/{uid}

@@ -201,6 +201,7 @@ def test_the_storage_check_reports_wrong_modes_links_and_owners(store: ChatStore
 
 
 def test_the_service_reports_wrong_modes_at_start(data_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    OrchestratorService(make_settings(data_dir)).close()  # its state DB: chats without one are refused
     store = ChatStore(DataLayout(data_dir), transcript_turns=3)
     store.init(KEY)
     os.chmod(Path(store.chat_dir(KEY)) / "owner.json", 0o640)

@@ -1,8 +1,8 @@
 """Fixtures for tests against a real Docker engine.
 
 The image is built (or reused) once per session by the same code as `orchestrator build-image`.
-Data dirs live under /var/tmp, not /tmp: a user's `tmp/{uid}` is mounted at /tmp in the
-container, and a data dir under /tmp would nest every other mount inside it. Every container a
+Data dirs live under the tests' TEST_ROOT, not /tmp: a user's `tmp/{uid}` is mounted at /tmp in
+the container, and a data dir under /tmp would nest every other mount inside it. Every container a
 test creates carries its data dir's instance label and is removed afterwards.
 """
 
@@ -22,10 +22,10 @@ from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
-from tests.conftest import API_TOKEN, make_settings
+from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
 from tests.sandbox_image import ensure_sandbox_image, recipe_tag
 
-TEST_BASE = Path("/var/tmp/sandbox-orchestrator-tests")
+TEST_BASE = TEST_ROOT / "docker"
 
 
 def remove_containers(data_dir: Path) -> int:

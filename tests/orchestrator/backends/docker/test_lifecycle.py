@@ -76,7 +76,8 @@ def test_container_is_hardened_runs_as_the_user_and_holds_no_secret(
     attrs = the_container(engine, docker_service).attrs
     host, config = attrs["HostConfig"], attrs["Config"]
     assert host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"]
-    assert host["SecurityOpt"] == ["no-new-privileges"] and host["ReadonlyRootfs"] is True and host["Init"] is True
+    assert host["SecurityOpt"][0] == "no-new-privileges" and host["SecurityOpt"][1].startswith("seccomp=")
+    assert host["ReadonlyRootfs"] is True and host["Init"] is True
     assert host["NanoCpus"] == 1_000_000_000 and host["Memory"] == 1024 * 2**20 and host["PidsLimit"] == 512
     assert config["User"] == f"{100000 + USER}:{100000 + USER}" and host["GroupAdd"] == ["100000"]
     mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in attrs["Mounts"]}
