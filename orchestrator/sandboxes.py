@@ -4,8 +4,10 @@ user's groups, each with its own gid)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
+
+from anyio import from_thread
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
@@ -13,6 +15,7 @@ from orchestrator.backends.base import ContainerBackend, SandboxStatus, SandboxU
 from orchestrator.errors import ToolError
 from orchestrator.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.users import UserRepository
+from sandbox_agent.wire import CallContext
 
 
 @lru_cache(maxsize=4096)
@@ -66,8 +69,20 @@ class SandboxRouter:
             )
         return backend
 
-    def call(self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str) -> Any:
-        return self.backend_for(user_id).call(self.sandbox_user(user_id), tool, arguments, cwd=cwd)
+    async def call(
+        self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        # The user and membership reads are SQLite reads in WAL mode: they never wait for a
+        # writer, so they stay on the loop instead of costing a thread hop.
+        backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        return await backend.call(user, tool, arguments, cwd=cwd, context=context)
+
+    def call_from_thread(
+        self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for code running in a worker thread of the server (host tools): the call runs
+        on the event loop, this thread waits for it (bounded by the call's deadline)."""
+        return from_thread.run(partial(self.call, user_id, tool, arguments, cwd=cwd, context=context))
 
     def status(self) -> list[SandboxStatus]:
         return [status for backend in self.backends.values() for status in backend.status()]

@@ -99,7 +99,11 @@ class BytesResolver:
             if foreign.public_url is not None:
                 details["url"] = foreign.public_url
             raise ToolError(foreign.code, foreign_path_message(foreign, user, tool=tool), **details)
-        result = self._sandboxes.call(user, "read_bytes", {"path": path}, cwd=call.workdir)
+        # This runs in a worker thread (host tools block); the read itself runs on the event
+        # loop under the same deadline and the same per-user cap as the model's own calls.
+        result = self._sandboxes.call_from_thread(
+            user, "read_bytes", {"path": path}, cwd=call.workdir, context=call.context()
+        )
         if not isinstance(result, ReadBytesResult):
             raise ToolError("sandbox_error", f"The sandbox answered read_bytes with a {type(result).__name__}.")
         data, location = result.data, result.path
