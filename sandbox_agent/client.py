@@ -212,7 +212,9 @@ class _UnixConnection(http.client.HTTPConnection):
         return bool(readable)
 
 
-class AgentClient:
+class _AgentClientBase:
+    """What both clients are configured with."""
+
     def __init__(
         self,
         socket_path: str | Path,
@@ -229,9 +231,14 @@ class AgentClient:
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._authorization = f"Bearer {token}"
-        self._idle: list[tuple[_UnixConnection, float]] = []
-        self._lock = threading.Lock()
+        self._head = f"Host: sandbox-agent\r\nAuthorization: {self._authorization}\r\n"  # asyncio: raw HTTP
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()  # the blocking client's pool; the asyncio one stays on its loop
         self._closed = False
+
+
+class AgentClient(_AgentClientBase):
+    """The blocking client (thread-safe)."""
 
     def __enter__(self) -> AgentClient:
         return self
@@ -413,28 +420,10 @@ async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None
     return answer, keep
 
 
-class AsyncAgentClient:
+class AsyncAgentClient(_AgentClientBase):
     """The agent client for the event loop. Not thread-safe: use it from the loop that runs
     the calls (a connection opened on one loop is never reused on another)."""
 
-    def __init__(
-        self,
-        socket_path: str | Path,
-        token: str,
-        *,
-        expected_peer_uid: int | None = None,
-        answer_limits: AnswerLimits = DEFAULT_ANSWER_LIMITS,
-        timeout_s: float = 660.0,
-        connect_timeout_s: float = 5.0,
-    ) -> None:
-        self.socket_path = str(socket_path)
-        self.expected_peer_uid = expected_peer_uid
-        self.answer_limits = answer_limits
-        self._timeout_s = timeout_s
-        self._connect_timeout_s = connect_timeout_s
-        self._head = f"Host: sandbox-agent\r\nAuthorization: Bearer {token}\r\n"
-        self._idle: list[_Stream] = []
-        self._closed = False
 
     def close(self) -> None:
         """Safe from any thread; calls under way end with AgentUnavailable."""

@@ -58,10 +58,8 @@ def timed(fn, *args, **kwargs):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="agents run as their own uids only as root")
-def test_item4_one_users_sleeping_shells_stall_nobody_else(traversable_tmp: Path) -> None:
-    data = traversable_tmp / "data"
-    data.mkdir()
-    with serving(data) as (service, http):
+def test_item4_one_users_sleeping_shells_stall_nobody_else(agent_data_dir: Path) -> None:
+    with serving(agent_data_dir) as (service, http):
         victim, attacker = personal_run(http, OWNER), personal_run(http, ATTACKER)
         assert call(http, victim, "write_file", path="notes.txt", content="mine\n")["ok"]
         assert call(http, attacker, "list_dir")["ok"]
@@ -93,10 +91,8 @@ def test_item4_one_users_sleeping_shells_stall_nobody_else(traversable_tmp: Path
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="agents run as their own uids only as root")
-def test_item4_a_stopped_agent_answers_within_the_short_timeout_and_is_replaced(traversable_tmp: Path) -> None:
-    data = traversable_tmp / "data"
-    data.mkdir()
-    with serving(data, agent_call_timeout_s=2.0) as (service, http):
+def test_item4_a_stopped_agent_answers_within_the_short_timeout_and_is_replaced(agent_data_dir: Path) -> None:
+    with serving(agent_data_dir, agent_call_timeout_s=2.0) as (service, http):
         attacker = personal_run(http, ATTACKER)
         assert call(http, attacker, "write_file", path="a.txt", content="a\n")["ok"]
         stopped = agent_pid(service, ATTACKER)
@@ -117,22 +113,20 @@ def test_item4_a_stopped_agent_answers_within_the_short_timeout_and_is_replaced(
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="agents run as their own uids only as root")
-def test_item4_a_shells_deadline_is_its_own_timeout_plus_a_margin(traversable_tmp: Path) -> None:
-    data = traversable_tmp / "data"
-    data.mkdir()
-    with serving(data, agent_call_timeout_s=1.0) as (_, http):
+def test_item4_a_shells_deadline_is_its_own_timeout_plus_a_margin(agent_data_dir: Path) -> None:
+    with serving(agent_data_dir, agent_call_timeout_s=1.0) as (_, http):
         run = personal_run(http, ATTACKER)
         answer = call(http, run, "shell", command="sleep 2; echo done", timeout_s=5)
     assert answer["ok"] and answer["result"]["stdout"] == "done\n", answer
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the impersonating listener runs as the sandbox uid")
-def test_item6_a_sandbox_lying_on_its_socket_with_300_mib_gets_an_error_and_no_memory(traversable_tmp: Path) -> None:
+def test_item6_a_sandbox_lying_on_its_socket_with_300_mib_gets_an_error_and_no_memory(
+    traversable_tmp: Path, agent_data_dir: Path
+) -> None:
     from tests.sandbox_agent.lying_agent import lying_agent
 
-    data = traversable_tmp / "data"
-    data.mkdir()
-    with serving(data) as (service, http):
+    with serving(agent_data_dir) as (service, http):
         run = personal_run(http, ATTACKER)
         assert call(http, run, "list_dir")["ok"]
         uid = service.directories.sandbox_uid(ATTACKER)
