@@ -116,6 +116,11 @@ class ToolDispatcher:
     ) -> ToolOutcome:
         # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
         with self._in_flight.calling(run_id):
+            spec = self._registry.get(name)
+            if spec is not None and spec.place is ToolPlace.HOST:
+                # A host tool blocks anyway: its checks, its work and its audit in one thread.
+                host_call = partial(self._dispatch_host, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+                return await to_thread.run_sync(host_call, limiter=self._threads)
             admitted = await to_thread.run_sync(
                 partial(self._admit, run_id, name, raw_arguments, actor=actor), limiter=self._threads
             )
@@ -123,15 +128,29 @@ class ToolDispatcher:
                 self._log(admitted, admitted.refused, 0.0)
                 return admitted.refused
             try:
-                outcome = await self._run(admitted, tool_call_id)
+                outcome = await self._run_in_sandbox(admitted)
             finally:
                 self.slots.give_back(admitted.acting_user)
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
-            await to_thread.run_sync(
-                partial(self._complete, admitted, outcome, duration_ms), limiter=self._threads
-            )
+            await to_thread.run_sync(partial(self._complete, admitted, outcome, duration_ms), limiter=self._threads)
             self._log(admitted, outcome, duration_ms)
             return outcome
+
+    def _dispatch_host(
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
+    ) -> ToolOutcome:
+        admitted = self._admit(run_id, name, raw_arguments, actor=actor)
+        if admitted.refused is not None:
+            self._log(admitted, admitted.refused, 0.0)
+            return admitted.refused
+        try:
+            outcome = self._run_on_host(admitted, tool_call_id)
+        finally:
+            self.slots.give_back(admitted.acting_user)
+        duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
+        self._complete(admitted, outcome, duration_ms)
+        self._log(admitted, outcome, duration_ms)
+        return outcome
 
     def _admit(self, run_id: str, name: str, raw_arguments: dict[str, Any], *, actor: str) -> _Admitted:
         """Check the run, its session and the arguments, take a slot of the acting user, and
@@ -179,31 +198,34 @@ class ToolDispatcher:
                 raise
         return _Admitted(run, session, spec, acting_user, workdir, arguments, entry_id, started, refused)
 
-    async def _run(self, call: _Admitted, tool_call_id: str | None) -> ToolOutcome:
+    async def _run_in_sandbox(self, call: _Admitted) -> ToolOutcome:
+        assert call.arguments is not None
         try:
-            assert call.arguments is not None
-            if call.spec.place is ToolPlace.CONTAINER:
-                result = await self._sandboxes.call(
-                    call.acting_user,
-                    call.spec.name,
-                    call.arguments.model_dump(mode="json", exclude_none=True),
-                    cwd=call.workdir,
-                    context=CallContext(run_id=call.run.run_id, session_id=call.run.session_id),
-                )
-                if isinstance(result, BaseModel):  # a typed wire result (read_bytes): its JSON form
-                    result = result.model_dump(mode="json")
-            else:
-                assert call.spec.handler is not None
-                tool_call = ToolCall(
-                    run=call.run,
-                    session=call.session,
-                    acting_user_id=call.acting_user,
-                    workdir=call.workdir,
-                    arguments=call.arguments,
-                    tool_call_id=tool_call_id,
-                )
-                result = await to_thread.run_sync(call.spec.handler, tool_call, limiter=self._threads)
-            return ToolOutcome(ok=True, result=result)
+            result = await self._sandboxes.call(
+                call.acting_user,
+                call.spec.name,
+                call.arguments.model_dump(mode="json", exclude_none=True),
+                cwd=call.workdir,
+                context=CallContext(run_id=call.run.run_id, session_id=call.run.session_id),
+            )
+        except ToolError as exc:
+            return ToolOutcome(ok=False, error=exc.body())
+        if isinstance(result, BaseModel):  # a typed wire result (read_bytes): its JSON form
+            result = result.model_dump(mode="json")
+        return ToolOutcome(ok=True, result=result)
+
+    def _run_on_host(self, call: _Admitted, tool_call_id: str | None) -> ToolOutcome:
+        assert call.arguments is not None and call.spec.handler is not None
+        tool_call = ToolCall(
+            run=call.run,
+            session=call.session,
+            acting_user_id=call.acting_user,
+            workdir=call.workdir,
+            arguments=call.arguments,
+            tool_call_id=tool_call_id,
+        )
+        try:
+            return ToolOutcome(ok=True, result=call.spec.handler(tool_call))
         except ToolError as exc:
             return ToolOutcome(ok=False, error=exc.body())
 
