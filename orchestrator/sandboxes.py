@@ -4,10 +4,8 @@ user's groups, each with its own gid)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import lru_cache, partial
+from functools import lru_cache
 from typing import Any
-
-from anyio import from_thread
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
@@ -77,12 +75,14 @@ class SandboxRouter:
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
         return await backend.call(user, tool, arguments, cwd=cwd, context=context)
 
-    def call_from_thread(
+    def call_blocking(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
     ) -> Any:
-        """`call` for code running in a worker thread of the server (host tools): the call runs
-        on the event loop, this thread waits for it (bounded by the call's deadline)."""
-        return from_thread.run(partial(self.call, user_id, tool, arguments, cwd=cwd, context=context))
+        """`call` for code running in a worker thread (host tools). It blocks that thread on the
+        agent's blocking client instead of hopping back to the loop (`anyio.from_thread`): the
+        hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
+        backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        return backend.call_blocking(user, tool, arguments, cwd=cwd, context=context)
 
     def status(self) -> list[SandboxStatus]:
         return [status for backend in self.backends.values() for status in backend.status()]

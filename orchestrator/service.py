@@ -216,5 +216,6 @@ class OrchestratorService:
             watcher.stop()
         self._watchers.clear()
         self.sandboxes.close()
+        self.dispatcher.close()
         self.mailbox.close()
         self.store.close()

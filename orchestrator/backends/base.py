@@ -44,6 +44,12 @@ class ContainerBackend(Protocol):
         """Run one tool in the user's sandbox, on the event loop and within the call's deadline
         (no thread is held while the agent works); raises `ToolError` for tool-level failures."""
 
+    def call_blocking(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for code that runs in a worker thread anyway (host tools), with the same
+        deadline and failure handling, on the agent's blocking client."""
+
     def stop(self, user_id: int) -> None:
         """Stop the user's sandbox; the next call starts it again."""
 

@@ -226,36 +226,66 @@ class DockerBackend:
         self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
     ) -> Any:
         slot = self._slot(user.user_id)
-        calls = self._warm(slot, user)
-        if calls is None:
-            calls = await to_thread.run_sync(self._checkout_slow, slot, user, limiter=self._slow_threads)
+        clients = self._warm(slot, user) or await to_thread.run_sync(
+            self._checkout_slow, slot, user, limiter=self._slow_threads
+        )
         timeout = call_timeout_s(self.settings, tool, arguments)
         try:
             try:
-                return await calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                return await clients[0].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
             except AgentUnavailable as exc:
                 if exc.delivered:
                     raise
-                # Nothing reached the agent (the container was killed, OOM, engine restart):
-                # recreate it and send the call once more; it cannot have run twice.
-                log.warning("sandbox unreachable; recovering %s", kv(user=user.user_id, error=exc.message))
-                calls = await to_thread.run_sync(self._recover, slot, user, limiter=self._slow_threads)
-                return await calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                self._log_unreachable(user, exc)
+                clients = await to_thread.run_sync(self._recover, slot, user, limiter=self._slow_threads)
+                return await clients[0].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
         except AgentToolError as exc:
             raise tool_error(exc) from None
         except AgentUnavailable as exc:
-            log.warning("sandbox failed during a call %s", kv(user=user.user_id, tool=tool, error=exc.message))
-            stalled = isinstance(exc, AgentTimedOut)
-            await to_thread.run_sync(self._lose_contact, slot, stalled, limiter=self._slow_threads)
-            if stalled:
-                raise unavailable(user.user_id, "it did not answer in time", may_have_run=True) from None
-            if exc.delivered:
-                raise unavailable(user.user_id, "it stopped answering during the call", may_have_run=True) from None
-            raise unavailable(user.user_id, exc.message) from None
+            await to_thread.run_sync(self._lose_contact, slot, tool, exc, limiter=self._slow_threads)
+            raise self._failure(user, exc) from None
         finally:
             slot.count(-1)
 
-    def _warm(self, slot: _Slot, user: SandboxUser) -> AsyncAgentClient | None:
+    def call_blocking(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for a worker thread (host tools): the blocking client, the same deadline."""
+        slot = self._slot(user.user_id)
+        clients = self._warm(slot, user) or self._checkout_slow(slot, user)
+        timeout = call_timeout_s(self.settings, tool, arguments)
+        try:
+            try:
+                return clients[1].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+            except AgentUnavailable as exc:
+                if exc.delivered:
+                    raise
+                self._log_unreachable(user, exc)
+                clients = self._recover(slot, user)
+                return clients[1].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        except AgentToolError as exc:
+            raise tool_error(exc) from None
+        except AgentUnavailable as exc:
+            self._lose_contact(slot, tool, exc)
+            raise self._failure(user, exc) from None
+        finally:
+            slot.count(-1)
+
+    @staticmethod
+    def _log_unreachable(user: SandboxUser, exc: AgentUnavailable) -> None:
+        # Nothing reached the agent (the container was killed, OOM, engine restart): it is
+        # recreated and the call sent once more; it cannot have run twice.
+        log.warning("sandbox unreachable; recovering %s", kv(user=user.user_id, error=exc.message))
+
+    @staticmethod
+    def _failure(user: SandboxUser, exc: AgentUnavailable) -> ToolError:
+        if isinstance(exc, AgentTimedOut):
+            return unavailable(user.user_id, "it did not answer in time", may_have_run=True)
+        if exc.delivered:
+            return unavailable(user.user_id, "it stopped answering during the call", may_have_run=True)
+        return unavailable(user.user_id, exc.message)
+
+    def _warm(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient] | None:
         """The slot's agent when the call can go straight to it: adopted, nothing drifted, and
         no slow path holds the slot (nothing here waits or calls Docker)."""
         image = self._image
@@ -266,6 +296,7 @@ class DockerBackend:
         try:
             if (
                 slot.calls is None
+                or slot.agent is None
                 or slot.stalled
                 or slot.plan_hash != user.plan.plan_hash
                 or slot.image_id != image[0]
@@ -273,29 +304,30 @@ class DockerBackend:
             ):
                 return None
             slot.count(+1)
-            return slot.calls
+            return slot.calls, slot.agent
         finally:
             slot.lock.release()
 
-    def _checkout_slow(self, slot: _Slot, user: SandboxUser) -> AsyncAgentClient:
+    def _checkout_slow(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient]:
         self.adopt()
         with slot.lock:
             self._ensure_locked(slot, user)
-            assert slot.calls is not None
+            assert slot.calls is not None and slot.agent is not None
             slot.count(+1)
-            return slot.calls
+            return slot.calls, slot.agent
 
-    def _recover(self, slot: _Slot, user: SandboxUser) -> AsyncAgentClient:
+    def _recover(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient]:
         with slot.lock:
             slot.forget_agent()
             self._ensure_locked(slot, user)
-            assert slot.calls is not None
-            return slot.calls
+            assert slot.calls is not None and slot.agent is not None
+            return slot.calls, slot.agent
 
-    def _lose_contact(self, slot: _Slot, stalled: bool) -> None:
+    def _lose_contact(self, slot: _Slot, tool: str, exc: AgentUnavailable) -> None:
+        log.warning("sandbox failed during a call %s", kv(user=slot.user_id, tool=tool, error=exc.message))
         with slot.lock:
             slot.forget_agent()  # the next call inspects the container and recovers
-            slot.stalled = slot.stalled or stalled
+            slot.stalled = slot.stalled or isinstance(exc, AgentTimedOut)
 
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)

@@ -317,22 +317,47 @@ class ProcessBackend:
         try:
             return await self._call_on(agent, tool, arguments, cwd, context)
         except AgentUnavailable as exc:
-            if isinstance(exc, AgentTimedOut):
-                log.warning("agent missed a deadline; it is replaced %s", kv(user=user.user_id, tool=tool, error=exc.message))
-                agent.stalled = True
-                raise unavailable(user.user_id, "it did not answer in time", may_have_run=True) from exc
-            if exc.delivered:
-                log.warning("agent failed during a call %s", kv(user=user.user_id, tool=tool, error=exc.message))
-                raise unavailable(user.user_id, "the agent failed during the call", may_have_run=True) from exc
-            log.warning("agent unreachable; restarting it %s", kv(user=user.user_id, error=exc.message))
+            self._judge_failure(agent, tool, exc)
             await to_thread.run_sync(self._replace_unreachable, agent, exc, limiter=self._start_threads)
         # It never received the call: safe to run it on a new agent.
         agent = await to_thread.run_sync(self._ready, user, limiter=self._start_threads)
         try:
             return await self._call_on(agent, tool, arguments, cwd, context)
         except AgentUnavailable as exc:
-            agent.stalled = agent.stalled or isinstance(exc, AgentTimedOut)
-            raise unavailable(user.user_id, exc.message, may_have_run=exc.delivered) from exc
+            raise self._final_failure(agent, exc) from exc
+
+    def call_blocking(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for a worker thread (host tools): the blocking client, the same deadline."""
+        agent = self._warm(user) or self._ready(user)
+        try:
+            return self._call_on_blocking(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            self._judge_failure(agent, tool, exc)
+            self._replace_unreachable(agent, exc)
+        agent = self._ready(user)
+        try:
+            return self._call_on_blocking(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            raise self._final_failure(agent, exc) from exc
+
+    def _judge_failure(self, agent: _Agent, tool: str, exc: AgentUnavailable) -> None:
+        """Raise the tool error for a call that may have run; return when it certainly did not
+        reach the agent (the caller replaces the agent and sends it once more)."""
+        user_id = agent.user_id
+        if isinstance(exc, AgentTimedOut):
+            log.warning("agent missed a deadline; it is replaced %s", kv(user=user_id, tool=tool, error=exc.message))
+            agent.stalled = True
+            raise unavailable(user_id, "it did not answer in time", may_have_run=True) from exc
+        if exc.delivered:
+            log.warning("agent failed during a call %s", kv(user=user_id, tool=tool, error=exc.message))
+            raise unavailable(user_id, "the agent failed during the call", may_have_run=True) from exc
+        log.warning("agent unreachable; restarting it %s", kv(user=user_id, error=exc.message))
+
+    def _final_failure(self, agent: _Agent, exc: AgentUnavailable) -> ToolError:
+        agent.stalled = agent.stalled or isinstance(exc, AgentTimedOut)
+        return unavailable(agent.user_id, exc.message, may_have_run=exc.delivered)
 
     def _warm(self, user: SandboxUser) -> _Agent | None:
         """The user's agent when it can take the call as it is (no start, no lock to wait for)."""
@@ -360,6 +385,22 @@ class ProcessBackend:
             agent.inflight += 1
         try:
             return await agent.calls.call(
+                tool, arguments, cwd=cwd, context=context, timeout_s=call_timeout_s(self.settings, tool, arguments)
+            )
+        except AgentToolError as exc:
+            raise tool_error(exc) from None
+        finally:
+            with self._lock:
+                agent.inflight -= 1
+                agent.last_used = time.monotonic()
+
+    def _call_on_blocking(
+        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
+    ) -> Any:
+        with self._lock:
+            agent.inflight += 1
+        try:
+            return agent.client.call(
                 tool, arguments, cwd=cwd, context=context, timeout_s=call_timeout_s(self.settings, tool, arguments)
             )
         except AgentToolError as exc:

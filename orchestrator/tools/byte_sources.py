@@ -99,9 +99,9 @@ class BytesResolver:
             if foreign.public_url is not None:
                 details["url"] = foreign.public_url
             raise ToolError(foreign.code, foreign_path_message(foreign, user, tool=tool), **details)
-        # This runs in a worker thread (host tools block); the read itself runs on the event
-        # loop under the same deadline and the same per-user cap as the model's own calls.
-        result = self._sandboxes.call_from_thread(
+        # A worker thread (host tools block): the same deadline and per-user cap as the
+        # model's own calls, on the agent's blocking client.
+        result = self._sandboxes.call_blocking(
             user, "read_bytes", {"path": path}, cwd=call.workdir, context=call.context()
         )
         if not isinstance(result, ReadBytesResult):

@@ -12,14 +12,16 @@ leaves the row of every call that ran.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import anyio
-from anyio import to_thread
 from pydantic import BaseModel, ValidationError
 
 from mounts.layout import DataLayout
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 # many hostile users at once could make another user's call wait for one.
 TOOL_THREADS = 64
 STARTED = "started"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,11 @@ class ToolDispatcher:
         self._sandboxes = sandboxes
         self._in_flight = in_flight
         self.slots = UserCallSlots(user_max_concurrent_calls)
-        self._threads = anyio.CapacityLimiter(TOOL_THREADS)
+        # A plain executor: its hop costs ~25 us against ~40 us for anyio's to_thread.
+        self._threads = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
+
+    def close(self) -> None:
+        self._threads.shutdown(wait=False)
 
     def dispatch(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
@@ -120,10 +127,8 @@ class ToolDispatcher:
             if spec is not None and spec.place is ToolPlace.HOST:
                 # A host tool blocks anyway: its checks, its work and its audit in one thread.
                 host_call = partial(self._dispatch_host, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
-                return await to_thread.run_sync(host_call, limiter=self._threads)
-            admitted = await to_thread.run_sync(
-                partial(self._admit, run_id, name, raw_arguments, actor=actor), limiter=self._threads
-            )
+                return await self._in_thread(host_call)
+            admitted = await self._in_thread(partial(self._admit, run_id, name, raw_arguments, actor=actor))
             if admitted.refused is not None:
                 self._log(admitted, admitted.refused, 0.0)
                 return admitted.refused
@@ -132,9 +137,12 @@ class ToolDispatcher:
             finally:
                 self.slots.give_back(admitted.acting_user)
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
-            await to_thread.run_sync(partial(self._complete, admitted, outcome, duration_ms), limiter=self._threads)
+            await self._in_thread(partial(self._complete, admitted, outcome, duration_ms))
             self._log(admitted, outcome, duration_ms)
             return outcome
+
+    def _in_thread(self, work: Callable[[], _T]) -> asyncio.Future[_T]:
+        return asyncio.get_running_loop().run_in_executor(self._threads, work)
 
     def _dispatch_host(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str

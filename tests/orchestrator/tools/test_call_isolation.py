@@ -95,7 +95,7 @@ def test_item4_a_stopped_agent_answers_within_the_short_timeout_and_is_replaced(
     with serving(agent_data_dir, agent_call_timeout_s=2.0) as (service, http):
         attacker = personal_run(http, ATTACKER)
         assert call(http, attacker, "write_file", path="a.txt", content="a\n")["ok"]
-        stopped = agent_pid(service, ATTACKER)
+        stopped = replaced = agent_pid(service, ATTACKER)
         os.kill(stopped, signal.SIGSTOP)  # what the user's own shell can do to its agent
         try:
             answer, seconds = timed(call, http, attacker, "read_file", timeout=20, path="a.txt")
@@ -105,11 +105,18 @@ def test_item4_a_stopped_agent_answers_within_the_short_timeout_and_is_replaced(
             assert again["ok"] and again["result"]["content"] == "a\n", again
             assert agent_pid(service, ATTACKER) != stopped
             assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == psutil.STATUS_ZOMBIE
+            # A host tool reading from the sandbox is bounded the same way.
+            replaced = agent_pid(service, ATTACKER)
+            os.kill(replaced, signal.SIGSTOP)
+            sent, sent_s = timed(call, http, attacker, "send_file", timeout=20, path_or_url="a.txt")
+            assert sent["ok"] is False and sent["error"]["code"] == "sandbox_unavailable" and sent_s < 4.0, (sent, sent_s)
+            assert call(http, attacker, "send_file", timeout=20, path_or_url="a.txt")["ok"]
         finally:
-            try:
-                os.kill(stopped, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            for pid in {stopped, replaced}:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="agents run as their own uids only as root")
