@@ -25,6 +25,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,15 +380,14 @@ class ProcessBackend:
                     raise unavailable(agent.user_id, "its agent stopped accepting connections") from exc
                 self._terminate(agent)
 
-    async def _call_on(
-        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
-    ) -> Any:
+    @contextmanager
+    def _counted(self, agent: _Agent) -> Iterator[None]:
+        """A call in flight on `agent` (an agent is restarted only when none is); its tool
+        errors as `ToolError`."""
         with self._lock:
             agent.inflight += 1
         try:
-            return await agent.calls.call(
-                tool, arguments, cwd=cwd, context=context, timeout_s=call_timeout_s(self.settings, tool, arguments)
-            )
+            yield
         except AgentToolError as exc:
             raise tool_error(exc) from None
         finally:
@@ -394,21 +395,19 @@ class ProcessBackend:
                 agent.inflight -= 1
                 agent.last_used = time.monotonic()
 
+    async def _call_on(
+        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
+    ) -> Any:
+        with self._counted(agent):
+            timeout = call_timeout_s(self.settings, tool, arguments)
+            return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+
     def _call_on_blocking(
         self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
     ) -> Any:
-        with self._lock:
-            agent.inflight += 1
-        try:
-            return agent.client.call(
-                tool, arguments, cwd=cwd, context=context, timeout_s=call_timeout_s(self.settings, tool, arguments)
-            )
-        except AgentToolError as exc:
-            raise tool_error(exc) from None
-        finally:
-            with self._lock:
-                agent.inflight -= 1
-                agent.last_used = time.monotonic()
+        with self._counted(agent):
+            timeout = call_timeout_s(self.settings, tool, arguments)
+            return agent.client.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
 
     # --- idleness ---------------------------------------------------------------------------
 

@@ -108,7 +108,9 @@ class ToolDispatcher:
         self._threads = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
 
     def close(self) -> None:
-        self._threads.shutdown(wait=False)
+        """Let the idle worker threads go; a service used after close() (tests do) gets new ones."""
+        threads, self._threads = self._threads, ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
+        threads.shutdown(wait=False)
 
     def dispatch(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
