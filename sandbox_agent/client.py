@@ -6,7 +6,7 @@ Two transports share one protocol (requests built and answers judged by the same
   of keep-alive connections, so a call waiting for its sandbox holds no thread (one user's
   slow or stopped agent cannot fill the server's thread pool), and every call has a deadline.
   Its own header parsing is cheaper than `http.client`'s (which goes through `email.parser`).
-- `AgentClient`, blocking, for code that runs in threads (agent starts waiting for
+- `AgentClient`, blocking, for code that runs in threads (host tools, agent starts waiting for
   `/health`, cancels from sync routes, tests): the standard library's `http.client` on a
   keep-alive pool (an httpx client spent 0.70 ms of CPU per small call, httpcore 0.39 ms,
   `http.client` 0.22 ms: docs/performance.md). Thread-safe.

@@ -2,7 +2,7 @@
 the table, run it in the sandbox or on the host, audit it.
 
 A call is awaited on the event loop. Its blocking parts (SQLite, host tools) run in worker
-threads of the dispatcher's own limiter, never in the server's default pool, so health and
+threads of the dispatcher's own executor, never in the server's default pool, so health and
 admin routes never queue behind tool calls; a container tool holds no thread while its sandbox
 works. Each acting user may have `ORCH_USER_MAX_CONCURRENT_CALLS` calls running; more answer
 `busy` at once. The audit row is written before the call runs (outcome `started`) and
