@@ -31,12 +31,20 @@ def record(
     owner_user_id: int | None = None,
     runtime_user_id: int | None = None,
     **detail: Any,
-) -> None:
-    tx.execute(
+) -> int:
+    """Append one entry; returns its id (for `complete`)."""
+    cursor = tx.execute(
         "INSERT INTO audit_log (at, actor, action, session_id, owner_user_id, runtime_user_id, detail)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (now_iso(), actor, action, session_id, owner_user_id, runtime_user_id, json.dumps(detail, sort_keys=True)),
     )
+    return int(cursor.lastrowid or 0)
+
+
+def complete(tx: Transaction, entry_id: int, **detail: Any) -> None:
+    """Replace the detail of an entry written before its outcome was known (a tool call is
+    audited before it runs, so a crash mid-call still leaves its row)."""
+    tx.execute("UPDATE audit_log SET detail = ? WHERE id = ?", (json.dumps(detail, sort_keys=True), entry_id))
 
 
 def entries(store: StateStore, *, action: str | None = None, session_id: str | None = None, limit: int = 100) -> list[AuditEntry]:

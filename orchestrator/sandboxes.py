@@ -13,6 +13,7 @@ from orchestrator.backends.base import ContainerBackend, SandboxStatus, SandboxU
 from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.users import UserRepository
+from sandbox_agent.wire import CallContext
 
 
 @lru_cache(maxsize=4096)
@@ -106,8 +107,22 @@ class SandboxRouter:
             )
         return backend
 
-    def call(self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str) -> Any:
-        return self.backend_for(user_id).call(self.sandbox_user(user_id), tool, arguments, cwd=cwd)
+    async def call(
+        self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        # The user and membership reads are SQLite reads in WAL mode: they never wait for a
+        # writer, so they stay on the loop instead of costing a thread hop.
+        backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        return await backend.call(user, tool, arguments, cwd=cwd, context=context)
+
+    def call_blocking(
+        self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for code running in a worker thread (host tools). It blocks that thread on the
+        agent's blocking client instead of hopping back to the loop (`anyio.from_thread`): the
+        hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
+        backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        return backend.call_blocking(user, tool, arguments, cwd=cwd, context=context)
 
     def status(self) -> list[SandboxStatus]:
         return [status for backend in self.backends.values() for status in backend.status()]

@@ -163,6 +163,7 @@ class OrchestratorService:
             sessions=self.session_repo,
             sandboxes=self.sandboxes,
             in_flight=self.calls_in_flight,
+            user_max_concurrent_calls=settings.user_max_concurrent_calls,
         )
         self.idle_runs = IdleRunSweeper(
             repo=self.run_repo, runs=self.runs, in_flight=self.calls_in_flight, max_idle_s=settings.run_max_idle_s
@@ -225,5 +226,6 @@ class OrchestratorService:
             watcher.stop()
         self._watchers.clear()
         self.sandboxes.close()
+        self.dispatcher.close()
         self.mailbox.close()
         self.store.close()

@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     grep_timeout_s: float = Field(
         10.0, gt=0, description="Time limit of one grep_search (catastrophic regexes answer `timeout`)."
     )
+    agent_call_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Deadline of a sandbox call other than shell (whose deadline is its timeout_s plus a margin); "
+        "an agent that misses it is replaced before the next call.",
+    )
+    user_max_concurrent_calls: int = Field(
+        8, gt=0, description="Tool calls one user may have running at once; more answer `busy`."
+    )
     output_cap_bytes: int = Field(256 * 1024, gt=0, description="Cap on a tool's text output.")
     read_bytes_max: int = Field(20 * 1024 * 1024, gt=0, description="Cap on read_bytes / send_file size.")
     url_fetch_timeout_s: float = Field(15.0, gt=0, description="Timeout when the host fetches an http(s) URL.")

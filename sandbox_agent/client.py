@@ -1,9 +1,20 @@
-"""The orchestrator's client of one agent: HTTP/1.1 over the agent's Unix socket.
+"""The orchestrator's clients of one agent: HTTP/1.1 over the agent's Unix socket.
 
-It is on the hot path of every tool call, so it uses the standard library's `http.client`
-on a small pool of keep-alive connections: measured against the same agent, an httpx client
-spent 0.70 ms of CPU per small call, httpcore 0.39 ms and `http.client` 0.22 ms
-(docs/performance.md). Thread-safe: each call takes an idle connection or opens one.
+Two transports share one protocol (requests built and answers judged by the same functions):
+
+- `AsyncAgentClient`, on the hot path of every tool call: asyncio streams with a small pool
+  of keep-alive connections, so a call waiting for its sandbox holds no thread (one user's
+  slow or stopped agent cannot fill the server's thread pool), and every call has a deadline.
+  Its own header parsing is cheaper than `http.client`'s (which goes through `email.parser`).
+- `AgentClient`, blocking, for code that runs in threads (host tools, agent starts waiting for
+  `/health`, cancels from sync routes, tests): the standard library's `http.client` on a
+  keep-alive pool (an httpx client spent 0.70 ms of CPU per small call, httpcore 0.39 ms,
+  `http.client` 0.22 ms: docs/performance.md). Thread-safe.
+
+Both distrust the agent: with `expected_peer_uid` every new connection's peer (SO_PEERCRED)
+must be that uid, and an answer is read only up to a bound derived from the agent's limits
+(`AnswerLimits`): its Content-Length is read first and a larger (or unannounced) body is
+refused without being read; text fields longer than the output cap are cut again here.
 
 `read_bytes` answers arrive as raw bytes (`Accept: application/octet-stream`; the other
 fields in the `X-Tool-Result` header), not as base64 in JSON.
@@ -11,6 +22,7 @@ fields in the `X-Tool-Result` header), not as base64 in JSON.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import select
@@ -18,26 +30,165 @@ import socket
 import struct
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from sandbox_agent.errors import AgentToolError, AgentUnavailable
-from sandbox_agent.wire import RAW_RESULT_HEADER, Health, ReadBytesResult
+from sandbox_agent.answer_limits import DEFAULT_ANSWER_LIMITS, HEADER_MAX_BYTES, AnswerLimits, cap_text_fields
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.wire import RAW_RESULT_HEADER, CallContext, Health, ReadBytesResult
 
 OCTET_STREAM = "application/octet-stream"
 # The agent closes connections idle for 5 s (uvicorn timeout_keep_alive); one idle for longer
 # than this is not reused, so a request never races the agent's close.
 REUSE_IDLE_S = 3.0
 MAX_IDLE_CONNECTIONS = 8
-
-
+CANCEL_PATH = "/v1/calls/cancel"
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# The asyncio stream's buffer: its reading pauses at twice this, and a smaller one made a
+# 1 MiB read_bytes 45 % slower than http.client (a pause and resume every 128 KiB).
+STREAM_BUFFER_BYTES = 2 * 1024 * 1024
+
+
+# --- what both transports share -------------------------------------------------------------
+
+
+def peer_uid(sock: socket.socket) -> int:
+    _, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+    return uid
+
+
+def check_peer(sock: socket.socket, expected_uid: int | None, socket_path: str) -> None:
+    """Refuse a connection whose listener is not the sandbox's uid (nothing was sent yet)."""
+    if expected_uid is None:
+        return
+    uid = peer_uid(sock)
+    if uid != expected_uid:
+        raise AgentUnavailable(
+            f"the listener on {socket_path} runs as uid {uid}, not the sandbox uid {expected_uid}: refused",
+            delivered=False,
+        )
+
+
+@dataclass(frozen=True)
+class _Answer:
+    status: int
+    content_type: str
+    raw_header: str  # X-Tool-Result
+    content: bytes
+
+
+def _content_type(value: str | None) -> str:
+    return (value or "").split(";", 1)[0].strip().lower()
+
+
+def body_limit(limits: AnswerLimits, accept: str | None) -> int:
+    return limits.max_raw_bytes if accept == OCTET_STREAM else limits.max_json_bytes
+
+
+def answer_length(content_length: str | None, chunked: bool, limit: int, socket_path: str) -> int:
+    """The body's announced length, or the tool error for an answer that is too large or does
+    not say how large it is (the agent always sends Content-Length)."""
+    if chunked or content_length is None:
+        raise AgentToolError(
+            "output_too_large", f"The sandbox agent at {socket_path} answered without a length; refused unread."
+        )
+    try:
+        length = int(content_length)
+    except ValueError:
+        raise AgentToolError("agent_error", f"The sandbox agent answered a bad Content-Length {content_length!r}.") from None
+    if length < 0:
+        raise AgentToolError("agent_error", f"The sandbox agent answered a bad Content-Length {content_length!r}.")
+    if length > limit:
+        raise AgentToolError(
+            "output_too_large",
+            f"The sandbox agent's answer is {length} bytes; the orchestrator accepts at most {limit}. "
+            "Nothing of it was used; narrow the request (a smaller file, path or pattern, less output).",
+        )
+    return length
+
+
+def tool_request(arguments: dict[str, Any], cwd: str, context: CallContext | None) -> bytes:
+    body: dict[str, Any] = {"arguments": arguments, "cwd": cwd}
+    if context is not None:
+        body["context"] = context.model_dump()
+    return json.dumps(body).encode()
+
+
+def cancel_request(run_id: str | None, session_id: str | None) -> bytes:
+    if run_id is None and session_id is None:
+        raise ValueError("cancel needs a run_id or a session_id")
+    return json.dumps({"run_id": run_id, "session_id": session_id}).encode()
+
+
+def health_of(answer: _Answer) -> Health:
+    if answer.status != 200:
+        raise AgentUnavailable(f"agent health answered {answer.status}", delivered=True)
+    try:
+        return Health.model_validate_json(answer.content)
+    except ValidationError as exc:
+        raise AgentUnavailable(f"agent health answered something else: {exc}", delivered=True) from None
+
+
+def cancelled_of(answer: _Answer) -> int:
+    if answer.status == 404:  # an agent without cancel: nothing of ours to cancel there
+        return 0
+    try:
+        count = json.loads(answer.content)["cancelled"] if answer.status == 200 else None
+    except (ValueError, TypeError, KeyError):
+        count = None
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise AgentUnavailable(f"agent cancel answered {answer.status} without a count", delivered=True)
+    return count
+
+
+def tool_result(tool: str, answer: _Answer, limits: AnswerLimits) -> Any:
+    """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
+    tool-level failure and `AgentUnavailable` for an answer that is not the protocol."""
+    raw_bytes = tool == "read_bytes"
+    if answer.status == 200 and answer.content_type == OCTET_STREAM and raw_bytes:
+        try:
+            return ReadBytesResult.from_raw(answer.raw_header, answer.content)
+        except ValueError as exc:
+            raise AgentToolError("agent_error", f"The sandbox agent answered read_bytes without usable fields: {exc}") from None
+    try:
+        payload = json.loads(answer.content)
+    except ValueError:
+        raise AgentUnavailable(f"agent answered {answer.status} with a body that is not JSON", delivered=True) from None
+    if answer.status == 200 and isinstance(payload, dict) and "ok" in payload:
+        if payload["ok"]:
+            result = payload.get("result")
+            if raw_bytes:
+                try:  # an agent of an earlier BUILD (it serves until idle) answers in JSON
+                    return ReadBytesResult.from_json_result(result)
+                except ValueError as exc:
+                    raise AgentToolError("agent_error", f"The sandbox agent {exc}") from None
+            if len(answer.content) > limits.output_cap_bytes:  # else no field can be over it
+                result, _ = cap_text_fields(result, limits.output_cap_bytes)
+            return result
+        error = dict(payload.get("error") or {})
+        code = str(error.pop("code", "agent_error"))
+        message = str(error.pop("message", "the sandbox agent reported an error"))
+        path = error.pop("path", None)
+        raise AgentToolError(code, message, path, **error)
+    error = payload.get("error", {}) if isinstance(payload, dict) else {}
+    if answer.status == 401:
+        raise AgentUnavailable("the agent rejected the token", delivered=False)
+    if answer.status == 404:
+        raise AgentToolError("unknown_tool", f"The sandbox agent has no tool {tool}.")
+    if answer.status == 422:
+        raise AgentToolError("invalid_arguments", f"The sandbox agent refused the request: {error or payload}")
+    message = error.get("message", payload) if isinstance(error, dict) else payload
+    raise AgentToolError("agent_error", f"The sandbox agent answered {answer.status}: {message}")
+
+
+# --- the blocking client (http.client) ------------------------------------------------------
 
 
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, socket_path: str, connect_timeout_s: float, expected_peer_uid: int | None = None) -> None:
+    def __init__(self, socket_path: str, connect_timeout_s: float, expected_peer_uid: int | None) -> None:
         super().__init__("sandbox-agent", timeout=connect_timeout_s)
         self._socket_path = socket_path
         self._expected_peer_uid = expected_peer_uid
@@ -47,17 +198,7 @@ class _UnixConnection(http.client.HTTPConnection):
         try:
             sock.settimeout(self.timeout)
             sock.connect(self._socket_path)
-            if self._expected_peer_uid is not None:
-                # The socket's directory is the sandbox's: whatever listens at that name (a link
-                # to another user's agent, to a host service) must be the user's own uid before
-                # a byte (the token) is sent. The kernel's answer, not a path check: no race.
-                _, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-                if uid != self._expected_peer_uid:
-                    raise AgentUnavailable(
-                        f"agent socket {self._socket_path} is served by uid {uid}, not the sandbox uid "
-                        f"{self._expected_peer_uid}; nothing was sent",
-                        delivered=False,
-                    )
+            check_peer(sock, self._expected_peer_uid, self._socket_path)
         except BaseException:
             sock.close()
             raise
@@ -74,34 +215,33 @@ class _UnixConnection(http.client.HTTPConnection):
         return bool(readable)
 
 
-class _Response:
-    __slots__ = ("status", "content_type", "headers", "content")
+class _AgentClientBase:
+    """What both clients are configured with."""
 
-    def __init__(self, raw: http.client.HTTPResponse, content: bytes) -> None:
-        self.status = raw.status
-        self.headers = raw.headers
-        self.content_type = (raw.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
-        self.content = content
-
-
-class AgentClient:
     def __init__(
         self,
         socket_path: str | Path,
         token: str,
         *,
+        expected_peer_uid: int | None = None,
+        answer_limits: AnswerLimits = DEFAULT_ANSWER_LIMITS,
         timeout_s: float = 660.0,
         connect_timeout_s: float = 5.0,
-        expected_peer_uid: int | None = None,
     ) -> None:
         self.socket_path = str(socket_path)
         self.expected_peer_uid = expected_peer_uid
+        self.answer_limits = answer_limits
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._authorization = f"Bearer {token}"
-        self._idle: list[tuple[_UnixConnection, float]] = []
-        self._lock = threading.Lock()
+        self._head = f"Host: sandbox-agent\r\nAuthorization: {self._authorization}\r\n"  # asyncio: raw HTTP
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()  # the blocking client's pool; the asyncio one stays on its loop
         self._closed = False
+
+
+class AgentClient(_AgentClientBase):
+    """The blocking client (thread-safe)."""
 
     def __enter__(self) -> AgentClient:
         return self
@@ -138,6 +278,9 @@ class AgentClient:
         except OSError as exc:  # refused, no socket, timeout, permission
             conn.close()
             raise AgentUnavailable(f"agent socket {self.socket_path} does not answer: {exc!r}", delivered=False) from exc
+        except AgentUnavailable:
+            conn.close()
+            raise
         return conn, False
 
     def _checkin(self, conn: _UnixConnection) -> None:
@@ -155,7 +298,7 @@ class AgentClient:
         body: bytes | None = None,
         accept: str | None = None,
         timeout_s: float | None = None,
-    ) -> _Response:
+    ) -> _Answer:
         timeout = self._timeout_s if timeout_s is None else timeout_s
         conn, reused = self._checkout(min(timeout, self._connect_timeout_s))
         headers = {"Authorization": self._authorization}
@@ -168,7 +311,16 @@ class AgentClient:
             conn.sock.settimeout(timeout)
             conn.request(method, url, body=body, headers=headers)
             raw = conn.getresponse()
-            content = raw.read()
+            length = answer_length(
+                raw.getheader("Content-Length"), raw.chunked, body_limit(self.answer_limits, accept), self.socket_path
+            )
+            content = raw.read(length)
+        except AgentToolError:
+            conn.close()  # the rest of the answer stays unread
+            raise
+        except TimeoutError as exc:
+            conn.close()
+            raise AgentTimedOut(f"agent at {self.socket_path} did not answer within {timeout:g} s") from exc
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             # Once bytes may have left, the tool may have run: never "certainly not delivered".
@@ -176,67 +328,204 @@ class AgentClient:
             raise AgentUnavailable(
                 f"agent at {self.socket_path} failed mid-request on {kind} connection: {exc!r}", delivered=True
             ) from exc
-        if raw.will_close:
+        if raw.will_close or len(content) != length:
             conn.close()
         else:
             self._checkin(conn)
-        return _Response(raw, content)
+        return _Answer(
+            raw.status, _content_type(raw.getheader("Content-Type")), raw.getheader(RAW_RESULT_HEADER) or "", content
+        )
 
     # --- the API ----------------------------------------------------------------------------
 
     def health(self, *, timeout_s: float | None = None) -> Health:
-        response = self._send("GET", "/health", timeout_s=timeout_s)
-        if response.status != 200:
-            raise AgentUnavailable(f"agent health answered {response.status}", delivered=True)
-        try:
-            return Health.model_validate_json(response.content)
-        except ValidationError as exc:
-            raise AgentUnavailable(f"agent health answered something else: {exc}", delivered=True) from None
+        return health_of(self._send("GET", "/health", timeout_s=timeout_s))
 
-    def call(self, tool: str, arguments: dict[str, Any], *, cwd: str, timeout_s: float | None = None) -> Any:
+    def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        cwd: str,
+        context: CallContext | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
         """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
         tool-level failure and `AgentUnavailable` when the agent could not be reached."""
-        body = json.dumps({"arguments": arguments, "cwd": cwd}).encode()
-        raw_bytes = tool == "read_bytes"
-        response = self._send(
-            "POST", f"/v1/tools/{tool}", body=body, accept=OCTET_STREAM if raw_bytes else None, timeout_s=timeout_s
+        accept = OCTET_STREAM if tool == "read_bytes" else None
+        body = tool_request(arguments, cwd, context)
+        answer = self._send("POST", f"/v1/tools/{tool}", body=body, accept=accept, timeout_s=timeout_s)
+        return tool_result(tool, answer, self.answer_limits)
+
+    def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float | None = None) -> int:
+        """Kill the matching in-flight calls' process trees; how many calls were cancelled."""
+        body = cancel_request(run_id, session_id)
+        return cancelled_of(self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
+
+
+# --- the asyncio client ---------------------------------------------------------------------
+
+
+@dataclass
+class _Stream:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    loop: asyncio.AbstractEventLoop
+    since: float = 0.0
+
+    def usable(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
+        # A connection belongs to the loop it was opened on; an idle one the agent closed has
+        # seen its EOF (the loop ran since), so it is never sent a request that would have to
+        # be reported as "may have run".
+        return (
+            self.loop is loop
+            and now - self.since <= REUSE_IDLE_S
+            and not self.reader.at_eof()
+            and not self.writer.is_closing()
         )
-        if response.status == 200 and response.content_type == OCTET_STREAM and raw_bytes:
-            return _raw_result(response)
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
         try:
-            payload = json.loads(response.content)
-        except ValueError:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            self.writer.close()
+        else:  # from another thread (an agent stopped by a worker): on its own loop
+            try:
+                self.loop.call_soon_threadsafe(self.writer.close)
+            except RuntimeError:
+                pass
+
+
+async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None, socket_path: str) -> tuple[_Answer, bool]:
+    """One answer, read to its announced length at most; and whether the agent keeps the
+    connection open."""
+    head = await stream.reader.readuntil(b"\r\n\r\n")  # LimitOverrunError past the stream's buffer
+    if len(head) > HEADER_MAX_BYTES:
+        raise ValueError(f"the answer's headers are {len(head)} bytes, more than {HEADER_MAX_BYTES}")
+    lines = head[:-4].decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"not an HTTP/1 status line: {lines[0][:80]!r}")
+    status = int(rest[:3])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep:
+            raise ValueError(f"not a header line: {line[:80]!r}")
+        headers[name.strip().lower()] = value.strip()
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    length = answer_length(headers.get("content-length"), chunked, body_limit(limits, accept), socket_path)
+    content = await stream.reader.readexactly(length) if length else b""
+    keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
+    answer = _Answer(status, _content_type(headers.get("content-type")), headers.get(RAW_RESULT_HEADER.lower(), ""), content)
+    return answer, keep
+
+
+class AsyncAgentClient(_AgentClientBase):
+    """The agent client for the event loop. Not thread-safe: use it from the loop that runs
+    the calls (a connection opened on one loop is never reused on another)."""
+
+
+    def close(self) -> None:
+        """Safe from any thread; calls under way end with AgentUnavailable."""
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for stream in idle:
+            stream.close()
+
+    async def _checkout(self) -> tuple[_Stream, bool]:
+        if self._closed:
+            raise AgentUnavailable(f"the client of {self.socket_path} is closed", delivered=False)
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        while self._idle:
+            stream = self._idle.pop()
+            if stream.usable(loop, now):
+                return stream, True
+            stream.close()
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=STREAM_BUFFER_BYTES)
+        except (OSError, TimeoutError) as exc:  # refused, no socket, permission, backlog full
+            raise AgentUnavailable(f"agent socket {self.socket_path} does not answer: {exc!r}", delivered=False) from exc
+        stream = _Stream(reader, writer, loop)
+        try:
+            check_peer(writer.get_extra_info("socket"), self.expected_peer_uid, self.socket_path)
+        except BaseException:
+            writer.close()
+            raise
+        return stream, False
+
+    def _checkin(self, stream: _Stream) -> None:
+        if self._closed or len(self._idle) >= MAX_IDLE_CONNECTIONS:
+            stream.close()
+            return
+        stream.since = time.monotonic()
+        self._idle.append(stream)
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        body: bytes | None = None,
+        accept: str | None = None,
+        timeout_s: float | None = None,
+    ) -> _Answer:
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        stream, reused = await self._checkout()
+        head = f"{method} {url} HTTP/1.1\r\n{self._head}"
+        if accept is not None:
+            head += f"Accept: {accept}\r\n"
+        if body is not None:
+            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        keep = False
+        try:
+            async with asyncio.timeout(timeout):
+                stream.writer.write(head.encode("latin-1") + b"\r\n" + (body or b""))
+                answer, keep = await _read_answer(stream, self.answer_limits, accept, self.socket_path)
+        except AgentToolError:
+            raise  # an answer refused unread: the connection is closed below
+        except TimeoutError as exc:
+            raise AgentTimedOut(f"agent at {self.socket_path} did not answer within {timeout:g} s") from exc
+        except (OSError, EOFError, ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError) as exc:
+            # Once bytes may have left, the tool may have run: never "certainly not delivered".
+            kind = "a reused" if reused else "a new"
             raise AgentUnavailable(
-                f"agent answered {response.status} with a body that is not JSON", delivered=True
-            ) from None
-        if response.status == 200 and isinstance(payload, dict) and "ok" in payload:
-            if payload["ok"]:
-                result = payload.get("result")
-                if not raw_bytes:
-                    return result
-                try:  # an agent of an earlier BUILD (it serves until idle) answers in JSON
-                    return ReadBytesResult.from_json_result(result)
-                except ValueError as exc:
-                    raise AgentToolError("agent_error", f"The sandbox agent {exc}") from None
-            error = dict(payload.get("error") or {})
-            code = str(error.pop("code", "agent_error"))
-            message = str(error.pop("message", "the sandbox agent reported an error"))
-            path = error.pop("path", None)
-            raise AgentToolError(code, message, path, **error)
-        error = payload.get("error", {}) if isinstance(payload, dict) else {}
-        if response.status == 401:
-            raise AgentUnavailable("the agent rejected the token", delivered=False)
-        if response.status == 404:
-            raise AgentToolError("unknown_tool", f"The sandbox agent has no tool {tool}.")
-        if response.status == 422:
-            raise AgentToolError("invalid_arguments", f"The sandbox agent refused the request: {error or payload}")
-        raise AgentToolError(
-            "agent_error", f"The sandbox agent answered {response.status}: {error.get('message', payload)}"
-        )
+                f"agent at {self.socket_path} failed mid-request on {kind} connection: {exc!r}", delivered=True
+            ) from exc
+        finally:
+            if keep:
+                self._checkin(stream)
+            else:  # also on cancellation: a half-read answer must never meet the next request
+                stream.close()
+        return answer
 
+    # --- the API ----------------------------------------------------------------------------
 
-def _raw_result(response: _Response) -> ReadBytesResult:
-    try:
-        return ReadBytesResult.from_raw(response.headers.get(RAW_RESULT_HEADER) or "", response.content)
-    except ValueError as exc:
-        raise AgentToolError("agent_error", f"The sandbox agent answered read_bytes without usable fields: {exc}") from None
+    async def health(self, *, timeout_s: float | None = None) -> Health:
+        return health_of(await self._send("GET", "/health", timeout_s=timeout_s))
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        cwd: str,
+        context: CallContext | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """As `AgentClient.call`, without holding a thread while the agent works."""
+        accept = OCTET_STREAM if tool == "read_bytes" else None
+        body = tool_request(arguments, cwd, context)
+        answer = await self._send("POST", f"/v1/tools/{tool}", body=body, accept=accept, timeout_s=timeout_s)
+        return tool_result(tool, answer, self.answer_limits)
+
+    async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float | None = None) -> int:
+        body = cancel_request(run_id, session_id)
+        return cancelled_of(await self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
+

@@ -32,3 +32,11 @@ class AgentUnavailable(Exception):
         super().__init__(message)
         self.message = message
         self.delivered = delivered
+
+
+class AgentTimedOut(AgentUnavailable):
+    """The agent accepted the call but did not answer in time: it may have run, and an agent
+    that stalls on a short call (stopped, hung) is replaced before the next one."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, delivered=True)

@@ -156,11 +156,21 @@ class AgentConfig(BaseModel):
 # --- envelopes ------------------------------------------------------------------------------
 
 
+class CallContext(BaseModel):
+    """Which run and session a call belongs to, so their in-flight calls can be cancelled."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str | None = None
+    session_id: str | None = None
+
+
 class ToolRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     arguments: dict[str, Any] = Field(default_factory=dict)
     cwd: str = Field(..., description="Absolute working directory of the run; relative paths start here.")
+    context: CallContext | None = None
 
 
 class ErrorBody(BaseModel):

@@ -52,3 +52,12 @@ def agent_service(agent_data_dir: Path) -> Iterator[OrchestratorService]:
 def agent_client(agent_service: OrchestratorService) -> Iterator[TestClient]:
     with TestClient(create_app(agent_service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
         yield client
+
+
+def blocking_call(backend, user, tool: str, arguments: dict, *, cwd: str, context=None):  # type: ignore[no-untyped-def]
+    """A backend's (async) call from a test thread: on an event loop of its own."""
+    import functools
+
+    import anyio
+
+    return anyio.run(functools.partial(backend.call, user, tool, arguments, cwd=cwd, context=context))

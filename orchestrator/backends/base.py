@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mounts.plan import MountPlan
+from sandbox_agent.wire import CallContext
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,17 @@ class ContainerBackend(Protocol):
     def ensure(self, user: SandboxUser) -> SandboxStatus:
         """Start (or adopt, or recreate) the user's sandbox and wait until its agent answers."""
 
-    def call(self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str) -> dict[str, Any]:
-        """Run one tool in the user's sandbox; raises `ToolError` for tool-level failures."""
+    async def call(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """Run one tool in the user's sandbox, on the event loop and within the call's deadline
+        (no thread is held while the agent works); raises `ToolError` for tool-level failures."""
+
+    def call_blocking(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for code that runs in a worker thread anyway (host tools), with the same
+        deadline and failure handling, on the agent's blocking client."""
 
     def stop(self, user_id: int) -> None:
         """Stop the user's sandbox; the next call starts it again."""

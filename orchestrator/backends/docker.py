@@ -9,6 +9,9 @@ talked to over the agent's Unix socket (never over the container's IP).
   those of users it does not know are removed.
 - A call that never reached the agent (connection refused: killed container) is sent once
   more after the container is recreated; one that may have run is not.
+- Calls are awaited on the event loop (`AsyncAgentClient`), each with a deadline; a container
+  whose agent misses one (paused, stopped, hung) is replaced by the next call. The slow path
+  (Docker API, starts) runs in worker threads of its own.
 - Idle containers are stopped by a reaper thread; containers outlive the orchestrator.
 """
 
@@ -22,11 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import anyio
+from anyio import to_thread
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
 from orchestrator.agent_deploy import AgentDeployment
+from orchestrator.backends.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
 from orchestrator.backends.agent_launch import prepare_agent_launch, read_agent_token
 from orchestrator.backends.base import SandboxStatus, SandboxUser, loses_group_access
 from orchestrator.backends.docker_spec import (
@@ -50,8 +56,9 @@ from orchestrator.image.compat import ImageFit, expected_agent_lock, image_fit, 
 from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
-from sandbox_agent.client import AgentClient
-from sandbox_agent.errors import AgentToolError, AgentUnavailable
+from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
 
@@ -107,16 +114,26 @@ class _Slot:
     plan_hash: str | None = None
     image_id: str | None = None
     running_build: str | None = None
-    agent: AgentClient | None = None
-    in_flight: int = 0
+    agent: AgentClient | None = None  # blocking: health, cancels from threads
+    calls: AsyncAgentClient | None = None  # tool calls, on the event loop
+    in_flight: int = 0  # changed under `count_lock` (never held for long), read under both
+    count_lock: threading.Lock = field(default_factory=threading.Lock)
     last_used: float = 0.0
     stopped: bool = False  # stopped by us (idle, or asked); the next call starts it again
+    stalled: bool = False  # its agent missed a call's deadline: the next call replaces the container
 
     def forget_agent(self) -> None:
         if self.agent is not None:
             self.agent.close()
-        self.agent = None
+        if self.calls is not None:
+            self.calls.close()
+        self.agent = self.calls = None
         self.running_build = None
+
+    def count(self, delta: int) -> None:
+        with self.count_lock:
+            self.in_flight += delta
+            self.last_used = time.monotonic()
 
 
 class DockerBackend:
@@ -142,6 +159,9 @@ class DockerBackend:
         self._slots: dict[int, _Slot] = {}
         self._slots_lock = threading.Lock()
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
+        # Callers waiting for a slow path wait in these threads, never in the server's pool.
+        self._slow_threads = anyio.CapacityLimiter(2 * PARALLEL_STARTS)
+        self._answer_limits = answer_limits(settings)
         self._image: tuple[str, float] | None = None  # (id, when resolved)
         self._expected_lock = expected_agent_lock()
         self._adopted = False
@@ -202,42 +222,112 @@ class DockerBackend:
             slot.last_used = time.monotonic()
             return self._slot_status(slot)
 
-    def call(self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str) -> Any:
-        self.adopt()
+    async def call(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
         slot = self._slot(user.user_id)
-        with slot.lock:
-            self._ensure_locked(slot, user)
-            agent = slot.agent
-            slot.in_flight += 1
+        clients = self._warm(slot, user) or await to_thread.run_sync(
+            self._checkout_slow, slot, user, limiter=self._slow_threads
+        )
+        timeout = call_timeout_s(self.settings, tool, arguments)
         try:
-            assert agent is not None
             try:
-                return agent.call(tool, arguments, cwd=cwd)
+                return await clients[0].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
             except AgentUnavailable as exc:
                 if exc.delivered:
                     raise
-                # Nothing reached the agent (the container was killed, OOM, engine restart):
-                # recreate it and send the call once more; it cannot have run twice.
-                log.warning("sandbox unreachable; recovering %s", kv(user=user.user_id, error=exc.message))
-                with slot.lock:
-                    slot.forget_agent()
-                    self._ensure_locked(slot, user)
-                    agent = slot.agent
-                assert agent is not None
-                return agent.call(tool, arguments, cwd=cwd)
+                self._log_unreachable(user, exc)
+                clients = await to_thread.run_sync(self._recover, slot, user, limiter=self._slow_threads)
+                return await clients[0].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
         except AgentToolError as exc:
-            raise ToolError(exc.code, exc.message, path=exc.path, **exc.details) from None
+            raise tool_error(exc) from None
         except AgentUnavailable as exc:
-            log.warning("sandbox failed during a call %s", kv(user=user.user_id, tool=tool, error=exc.message))
-            with slot.lock:
-                slot.forget_agent()  # the next call inspects the container and recovers
-            if exc.delivered:
-                raise unavailable(user.user_id, "it stopped answering during the call", may_have_run=True) from None
-            raise unavailable(user.user_id, exc.message) from None
+            await to_thread.run_sync(self._lose_contact, slot, tool, exc, limiter=self._slow_threads)
+            raise self._failure(user, exc) from None
         finally:
-            with slot.lock:
-                slot.in_flight -= 1
-                slot.last_used = time.monotonic()
+            slot.count(-1)
+
+    def call_blocking(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for a worker thread (host tools): the blocking client, the same deadline."""
+        slot = self._slot(user.user_id)
+        clients = self._warm(slot, user) or self._checkout_slow(slot, user)
+        timeout = call_timeout_s(self.settings, tool, arguments)
+        try:
+            try:
+                return clients[1].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+            except AgentUnavailable as exc:
+                if exc.delivered:
+                    raise
+                self._log_unreachable(user, exc)
+                clients = self._recover(slot, user)
+                return clients[1].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        except AgentToolError as exc:
+            raise tool_error(exc) from None
+        except AgentUnavailable as exc:
+            self._lose_contact(slot, tool, exc)
+            raise self._failure(user, exc) from None
+        finally:
+            slot.count(-1)
+
+    @staticmethod
+    def _log_unreachable(user: SandboxUser, exc: AgentUnavailable) -> None:
+        # Nothing reached the agent (the container was killed, OOM, engine restart): it is
+        # recreated and the call sent once more; it cannot have run twice.
+        log.warning("sandbox unreachable; recovering %s", kv(user=user.user_id, error=exc.message))
+
+    @staticmethod
+    def _failure(user: SandboxUser, exc: AgentUnavailable) -> ToolError:
+        if isinstance(exc, AgentTimedOut):
+            return unavailable(user.user_id, "it did not answer in time", may_have_run=True)
+        if exc.delivered:
+            return unavailable(user.user_id, "it stopped answering during the call", may_have_run=True)
+        return unavailable(user.user_id, exc.message)
+
+    def _warm(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient] | None:
+        """The slot's agent when the call can go straight to it: adopted, nothing drifted, and
+        no slow path holds the slot (nothing here waits or calls Docker)."""
+        image = self._image
+        if not self._adopted or image is None or time.monotonic() - image[1] >= IMAGE_RECHECK_S:
+            return None
+        if not slot.lock.acquire(blocking=False):
+            return None
+        try:
+            if (
+                slot.calls is None
+                or slot.agent is None
+                or slot.stalled
+                or slot.plan_hash != user.plan.plan_hash
+                or slot.image_id != image[0]
+                or slot.running_build != self.deployment.build
+            ):
+                return None
+            slot.count(+1)
+            return slot.calls, slot.agent
+        finally:
+            slot.lock.release()
+
+    def _checkout_slow(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient]:
+        self.adopt()
+        with slot.lock:
+            self._ensure_locked(slot, user)
+            assert slot.calls is not None and slot.agent is not None
+            slot.count(+1)
+            return slot.calls, slot.agent
+
+    def _recover(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient]:
+        with slot.lock:
+            slot.forget_agent()
+            self._ensure_locked(slot, user)
+            assert slot.calls is not None and slot.agent is not None
+            return slot.calls, slot.agent
+
+    def _lose_contact(self, slot: _Slot, tool: str, exc: AgentUnavailable) -> None:
+        log.warning("sandbox failed during a call %s", kv(user=slot.user_id, tool=tool, error=exc.message))
+        with slot.lock:
+            slot.forget_agent()  # the next call inspects the container and recovers
+            slot.stalled = slot.stalled or isinstance(exc, AgentTimedOut)
 
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)
@@ -267,6 +357,8 @@ class DockerBackend:
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
         desired = Desired(user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build)
+        if slot.stalled:
+            self._remove_stalled(slot)
         if (
             slot.agent is not None
             and slot.plan_hash == desired.plan_hash
@@ -324,7 +416,7 @@ class DockerBackend:
             slot.image_id = desired.image_id
             slot.stopped = False
             agent = self._agent_client(user.user_id, launch.token)
-            self._wait_ready(slot, container, agent, launch.config.instance_id)
+            self._wait_ready(slot, container, agent, launch.config.instance_id, launch.token)
             log.info(
                 "sandbox ready %s",
                 kv(user=user.user_id, container=container.short_id, action=action.value,
@@ -374,7 +466,7 @@ class DockerBackend:
             return False
         agent = self._agent_client(slot.user_id, token)
         try:
-            health = agent.health(timeout_s=2.0)
+            health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
         except AgentUnavailable as exc:
             log.warning("the adopted sandbox's agent does not answer %s", kv(user=slot.user_id, error=exc.message))
             agent.close()
@@ -384,18 +476,37 @@ class DockerBackend:
             agent.close()
             return False
         slot.agent, slot.running_build, slot.container_id = agent, health.build, container.id
+        slot.calls = self._calls_client(slot.user_id, agent, token)
         return True
+
+    def _peer_uid(self, user_id: int) -> int | None:
+        return self.directories.sandbox_uid(user_id) if self.directories.chown else None
 
     def _agent_client(self, user_id: int, token: str) -> AgentClient:
         """The client of the user's agent; as root it only talks to a socket served by the
         user's own sandbox uid (SO_PEERCRED), whatever the socket's path leads to."""
-        peer = self.directories.sandbox_uid(user_id) if self.directories.chown else None
         return AgentClient(
-            self.layout.socket_path(user_id), token, timeout_s=self.settings.tool_timeout_max_s + 60,
-            expected_peer_uid=peer,
+            self.layout.socket_path(user_id), token, expected_peer_uid=self._peer_uid(user_id),
+            answer_limits=self._answer_limits,
         )  # fmt: skip
 
-    def _wait_ready(self, slot: _Slot, container: Container, agent: AgentClient, instance: str) -> None:
+    def _calls_client(self, user_id: int, agent: AgentClient, token: str) -> AsyncAgentClient:
+        return AsyncAgentClient(
+            agent.socket_path, token, expected_peer_uid=agent.expected_peer_uid, answer_limits=self._answer_limits
+        )
+
+    def _remove_stalled(self, slot: _Slot) -> None:
+        """A container whose agent missed a deadline (paused, stopped, hung) is removed, so the
+        slow path creates a fresh one; `docker rm -f` also takes a paused container."""
+        container = self._find(slot)
+        log.warning("replacing a stalled sandbox %s", kv(user=slot.user_id, container=container.short_id if container else None))
+        slot.forget_agent()
+        if container is not None:
+            self._remove(container)
+        slot.container_id = None
+        slot.stalled = False
+
+    def _wait_ready(self, slot: _Slot, container: Container, agent: AgentClient, instance: str, token: str) -> None:
         """Ready = our agent (the instance id we wrote) answers /health on the socket."""
         timeout = self.settings.sandbox_ready_timeout_s
         deadline = time.monotonic() + timeout
@@ -403,9 +514,10 @@ class DockerBackend:
         delay = 0.005
         while True:
             try:
-                health = agent.health(timeout_s=2.0)
+                health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
                 if health.instance_id == instance:
                     slot.agent, slot.running_build = agent, health.build
+                    slot.calls = self._calls_client(slot.user_id, agent, token)
                     return
             except AgentUnavailable:
                 pass

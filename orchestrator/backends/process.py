@@ -5,6 +5,9 @@
 - Readiness is the agent's own `/health` answering with the instance id we gave it.
 - A dead agent is restarted on the next call; a call that never reached the agent (the
   connection was refused) is retried once on the new agent — it cannot have run.
+- Calls are awaited on the event loop (`AsyncAgentClient`), each with a deadline; an agent that
+  misses one (stopped, hung) is marked stalled, the call answers that it may have run, and the
+  next call kills that agent and starts a new one. Starts run in worker threads of their own.
 - An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
 - Idle agents are stopped by a reaper thread; all agents are stopped at `close()`.
 - As root, an agent runs as the user's own uid (base + user id) with the shared sandbox
@@ -23,14 +26,19 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+from anyio import to_thread
 import psutil
 
 from mounts.layout import DataLayout
 from orchestrator.agent_deploy import AgentDeployment
+from orchestrator.backends.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
 from orchestrator.backends.agent_launch import prepare_agent_launch
 from orchestrator.backends.base import SandboxStatus, SandboxUser, loses_group_access
 from orchestrator.backends.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
@@ -39,12 +47,14 @@ from orchestrator.errors import ToolError
 from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
-from sandbox_agent.client import AgentClient
-from sandbox_agent.errors import AgentToolError, AgentUnavailable
+from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
+PARALLEL_STARTS = 8  # worker threads for agent starts, apart from the server's own pool
 STOP_GRACE_S = 3.0
 STDERR_LINE_MAX = 4096  # bytes of one forwarded agent stderr line
 _AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -54,7 +64,8 @@ _AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 class _Agent:
     user_id: int
     proc: subprocess.Popen[bytes]
-    client: AgentClient
+    client: AgentClient  # blocking: health while starting, cancels from threads
+    calls: AsyncAgentClient  # tool calls, on the event loop
     plan_hash: str
     build: str
     instance_id: str
@@ -63,6 +74,7 @@ class _Agent:
     last_used: float = field(default_factory=time.monotonic)
     inflight: int = 0
     group_gids: tuple[int, ...] = ()  # of the plan it was started with
+    stalled: bool = False  # missed a call's deadline: replaced before the next call
     stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
 
     @property
@@ -70,12 +82,14 @@ class _Agent:
         return self.proc.poll() is None
 
 
-def unavailable(user_id: int, why: str) -> ToolError:
-    return ToolError(
-        "sandbox_unavailable",
-        f"The sandbox of user {user_id} is not available ({why}). The tool did not run; try again, "
-        "and tell the user if it keeps failing.",
+def unavailable(user_id: int, why: str, *, may_have_run: bool = False) -> ToolError:
+    outcome = (
+        "The tool may have run partly: check its effects before repeating it. The sandbox is "
+        "restarted on the next call."
+        if may_have_run
+        else "The tool did not run; try again, and tell the user if it keeps failing."
     )
+    return ToolError("sandbox_unavailable", f"The sandbox of user {user_id} is not available ({why}). {outcome}")
 
 
 class ProcessBackend:
@@ -111,6 +125,8 @@ class ProcessBackend:
                 "process-backend sandboxes are NOT isolated from each other or the host network %s",
                 kv(reason=self.isolation.reason, network=self.isolation.process_network),
             )
+        self._answer_limits = answer_limits(settings)
+        self._start_threads = anyio.CapacityLimiter(PARALLEL_STARTS)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -125,7 +141,9 @@ class ProcessBackend:
         with self._user_lock(user.user_id):
             agent = self._agents.get(user.user_id)
             if agent is not None:
-                if agent.alive:
+                if agent.stalled:
+                    log.warning("replacing a stalled agent %s", kv(user=user.user_id, pid=agent.proc.pid))
+                elif agent.alive:
                     stale = self._staleness(agent, user)
                     lost = loses_group_access(agent.group_gids, user.plan.group_gids)
                     if stale is None or (agent.inflight > 0 and not lost):
@@ -207,8 +225,10 @@ class ProcessBackend:
             # As root, only a socket served by the user's own uid is spoken to (SO_PEERCRED):
             # the socket dir is the user's, and a link there could lead anywhere.
             client=AgentClient(
-                launch.socket_path, launch.token, timeout_s=self.settings.tool_timeout_max_s + 60,
-                expected_peer_uid=run_as,
+                launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
+            ),
+            calls=AsyncAgentClient(
+                launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
             ),
             plan_hash=user.plan.plan_hash,
             group_gids=user.plan.group_gids,
@@ -253,7 +273,7 @@ class ProcessBackend:
                     f"the agent exited with code {agent.proc.returncode}: {' | '.join(agent.stderr_tail)[-500:]}",
                 )
             try:
-                health = agent.client.health(timeout_s=2.0)
+                health = agent.client.health(timeout_s=HEALTH_TIMEOUT_S)
                 if health.instance_id == agent.instance_id:
                     return
             except AgentUnavailable:
@@ -285,7 +305,9 @@ class ProcessBackend:
             tree = psutil.Process(agent.proc.pid).children(recursive=True)
         except psutil.Error:
             tree = []
-        if agent.alive:
+        if agent.alive and agent.stalled:
+            agent.proc.kill()  # a stopped agent would not see SIGTERM; SIGKILL needs no cooperation
+        elif agent.alive:
             try:
                 if self._bwrap is not None:
                     # bwrap does not forward signals: the agent (its child) shuts down gracefully
@@ -306,6 +328,7 @@ class ProcessBackend:
             except psutil.Error:
                 pass
         agent.client.close()
+        agent.calls.close()
 
     def stop(self, user_id: int) -> None:
         with self._user_lock(user_id):
@@ -316,39 +339,104 @@ class ProcessBackend:
 
     # --- calls ------------------------------------------------------------------------------
 
-    def call(self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str) -> Any:
+    async def call(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        agent = self._warm(user)
+        if agent is None:
+            agent = await to_thread.run_sync(self._ready, user, limiter=self._start_threads)
+        try:
+            return await self._call_on(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            self._judge_failure(agent, tool, exc)
+            await to_thread.run_sync(self._replace_unreachable, agent, exc, limiter=self._start_threads)
+        # It never received the call: safe to run it on a new agent.
+        agent = await to_thread.run_sync(self._ready, user, limiter=self._start_threads)
+        try:
+            return await self._call_on(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            raise self._final_failure(agent, exc) from exc
+
+    def call_blocking(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for a worker thread (host tools): the blocking client, the same deadline."""
+        agent = self._warm(user) or self._ready(user)
+        try:
+            return self._call_on_blocking(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            self._judge_failure(agent, tool, exc)
+            self._replace_unreachable(agent, exc)
         agent = self._ready(user)
         try:
-            return self._call_on(agent, tool, arguments, cwd)
+            return self._call_on_blocking(agent, tool, arguments, cwd, context)
         except AgentUnavailable as exc:
-            if exc.delivered:
-                log.warning("agent failed during a call %s", kv(user=user.user_id, tool=tool, error=exc.message))
-                raise unavailable(user.user_id, "the agent failed during the call; it may have run partly") from exc
-            log.warning("agent unreachable; restarting it %s", kv(user=user.user_id, error=exc.message))
-            # Alive but unreachable (e.g. the user's shell removed the socket): replace it,
-            # unless other calls still run on it through open connections.
-            with self._user_lock(user.user_id):
-                if self._agents.get(user.user_id) is agent:
-                    if agent.inflight > 0:
-                        raise unavailable(user.user_id, "its agent stopped accepting connections") from exc
-                    self._terminate(agent)
-        agent = self._ready(user)  # it never received the call: safe to run it on a new agent
-        try:
-            return self._call_on(agent, tool, arguments, cwd)
-        except AgentUnavailable as exc:
-            raise unavailable(user.user_id, exc.message) from exc
+            raise self._final_failure(agent, exc) from exc
 
-    def _call_on(self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str) -> Any:
+    def _judge_failure(self, agent: _Agent, tool: str, exc: AgentUnavailable) -> None:
+        """Raise the tool error for a call that may have run; return when it certainly did not
+        reach the agent (the caller replaces the agent and sends it once more)."""
+        user_id = agent.user_id
+        if isinstance(exc, AgentTimedOut):
+            log.warning("agent missed a deadline; it is replaced %s", kv(user=user_id, tool=tool, error=exc.message))
+            agent.stalled = True
+            raise unavailable(user_id, "it did not answer in time", may_have_run=True) from exc
+        if exc.delivered:
+            log.warning("agent failed during a call %s", kv(user=user_id, tool=tool, error=exc.message))
+            raise unavailable(user_id, "the agent failed during the call", may_have_run=True) from exc
+        log.warning("agent unreachable; restarting it %s", kv(user=user_id, error=exc.message))
+
+    def _final_failure(self, agent: _Agent, exc: AgentUnavailable) -> ToolError:
+        agent.stalled = agent.stalled or isinstance(exc, AgentTimedOut)
+        return unavailable(agent.user_id, exc.message, may_have_run=exc.delivered)
+
+    def _warm(self, user: SandboxUser) -> _Agent | None:
+        """The user's agent when it can take the call as it is (no start, no lock to wait for)."""
+        with self._lock:
+            agent = self._agents.get(user.user_id)
+        if agent is None or agent.stalled or not agent.alive:
+            return None
+        if self._staleness(agent, user) is not None and agent.inflight == 0:
+            return None  # outdated and idle: restarted on the slow path
+        return agent
+
+    def _replace_unreachable(self, agent: _Agent, exc: AgentUnavailable) -> None:
+        # Alive but unreachable (e.g. the user's shell removed the socket): replace it,
+        # unless other calls still run on it through open connections.
+        with self._user_lock(agent.user_id):
+            if self._agents.get(agent.user_id) is agent:
+                if agent.inflight > 0:
+                    raise unavailable(agent.user_id, "its agent stopped accepting connections") from exc
+                self._terminate(agent)
+
+    @contextmanager
+    def _counted(self, agent: _Agent) -> Iterator[None]:
+        """A call in flight on `agent` (an agent is restarted only when none is); its tool
+        errors as `ToolError`."""
         with self._lock:
             agent.inflight += 1
         try:
-            return agent.client.call(tool, arguments, cwd=cwd)
+            yield
         except AgentToolError as exc:
-            raise ToolError(exc.code, exc.message, path=exc.path, **exc.details) from None
+            raise tool_error(exc) from None
         finally:
             with self._lock:
                 agent.inflight -= 1
                 agent.last_used = time.monotonic()
+
+    async def _call_on(
+        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
+    ) -> Any:
+        with self._counted(agent):
+            timeout = call_timeout_s(self.settings, tool, arguments)
+            return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+
+    def _call_on_blocking(
+        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
+    ) -> Any:
+        with self._counted(agent):
+            timeout = call_timeout_s(self.settings, tool, arguments)
+            return agent.client.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
 
     # --- idleness ---------------------------------------------------------------------------
 

@@ -34,7 +34,8 @@ def _mode_out(state: IdentityModeState) -> IdentityModeOut:
 
 
 @router.get("/healthz", tags=["health"])
-def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
+async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
+    # In memory only: answered on the loop, never queued behind the thread pool.
     state = service.switch.state()
     return {
         "status": "ok",

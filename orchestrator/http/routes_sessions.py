@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from mounts import ids
 from orchestrator.errors import InvalidInput
@@ -211,9 +210,10 @@ async def call_tool(
 ) -> Response:
     if acting is not None:  # costs one run read, and only with the header
         await run_in_threadpool(own_run, service, run_id, acting)
-    # The hot path (SPEC §14): the dispatcher blocks (SQLite, the sandbox), so it runs in the
-    # thread pool; its outcome is plain JSON already, so it skips FastAPI's response validation.
-    outcome = await run_in_threadpool(
-        service.dispatcher.dispatch, run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor
+    # The hot path (SPEC §14): the dispatcher awaits the sandbox on the loop and does its
+    # blocking work in threads of its own, never in the default pool; its outcome is plain
+    # JSON already, so it skips FastAPI's response validation.
+    outcome = await service.dispatcher.dispatch_async(
+        run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor
     )
     return JSONResponse(outcome.body())

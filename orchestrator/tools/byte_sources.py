@@ -106,7 +106,11 @@ class BytesResolver:
             if foreign.public_url is not None:
                 details["url"] = foreign.public_url
             raise ToolError(foreign.code, foreign_path_message(foreign, user, tool=tool), **details)
-        result = self._sandboxes.call(user, "read_bytes", {"path": path}, cwd=call.workdir)
+        # A worker thread (host tools block): the same deadline and per-user cap as the
+        # model's own calls, on the agent's blocking client.
+        result = self._sandboxes.call_blocking(
+            user, "read_bytes", {"path": path}, cwd=call.workdir, context=call.context()
+        )
         if not isinstance(result, ReadBytesResult):
             raise ToolError("sandbox_error", f"The sandbox answered read_bytes with a {type(result).__name__}.")
         data, location = result.data, result.path

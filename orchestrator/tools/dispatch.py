@@ -1,13 +1,27 @@
 """Dispatching one tool call of a run (SPEC §7, §12): validate, pick the acting identity from
-the table, run it in the sandbox or on the host, audit it."""
+the table, run it in the sandbox or on the host, audit it.
+
+A call is awaited on the event loop. Its blocking parts (SQLite, host tools) run in worker
+threads of the dispatcher's own executor, never in the server's default pool, so health and
+admin routes never queue behind tool calls; a container tool holds no thread while its sandbox
+works. Each acting user may have `ORCH_USER_MAX_CONCURRENT_CALLS` calls running; more answer
+`busy` at once. The audit row is written before the call runs (outcome `started`) and
+completed, with the run's last activity, in the transaction after it: a crash mid-call still
+leaves the row of every call that ran.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import anyio
 from pydantic import BaseModel, ValidationError
 
 from mounts.layout import DataLayout
@@ -16,14 +30,23 @@ from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict, NotFound, ToolError
 from orchestrator.idle_runs import CallsInFlight
 from orchestrator.log import kv, run_logger
-from orchestrator.runs import RunRepository, RunStatus
+from orchestrator.runs import RunRecord, RunRepository, RunStatus
 from orchestrator.sandboxes import SandboxRouter
-from orchestrator.sessions import SessionRepository
+from orchestrator.sessions import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore
 from orchestrator.tools.identity_table import acting_user_for
-from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry
+from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
+from orchestrator.tools.user_slots import UserCallSlots
+from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
+
+# Worker threads for the dispatcher's SQLite work and host tools. A user holds at most
+# `user_max_concurrent_calls` of them for long (a host tool waiting for its sandbox), so only
+# many hostile users at once could make another user's call wait for one.
+TOOL_THREADS = 64
+STARTED = "started"
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -45,6 +68,21 @@ def invalid_arguments(exc: ValidationError) -> ToolError:
     return ToolError("invalid_arguments", f"Invalid tool arguments: {problems}", field=field)
 
 
+@dataclass(frozen=True)
+class _Admitted:
+    """A call past its checks: what it runs as, and its audit row."""
+
+    run: RunRecord
+    session: SessionRecord
+    spec: ToolSpec
+    acting_user: int
+    workdir: str
+    arguments: BaseModel | None
+    entry_id: int
+    started: float
+    refused: ToolOutcome | None = None  # answered without running (invalid, busy): audited already
+
+
 class ToolDispatcher:
     def __init__(
         self,
@@ -56,6 +94,7 @@ class ToolDispatcher:
         sessions: SessionRepository,
         sandboxes: SandboxRouter,
         in_flight: CallsInFlight,
+        user_max_concurrent_calls: int = 8,
     ) -> None:
         self._layout = layout
         self._store = store
@@ -64,78 +103,158 @@ class ToolDispatcher:
         self._sessions = sessions
         self._sandboxes = sandboxes
         self._in_flight = in_flight
+        self.slots = UserCallSlots(user_max_concurrent_calls)
+        # A plain executor: its hop costs ~25 us against ~40 us for anyio's to_thread.
+        self._threads = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
+
+    def close(self) -> None:
+        """Let the idle worker threads go; a service used after close() (tests do) gets new ones."""
+        threads, self._threads = self._threads, ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
+        threads.shutdown(wait=False)
 
     def dispatch(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
     ) -> ToolOutcome:
-        # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
-        with self._in_flight.calling(run_id):
-            return self._dispatch(run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+        """The blocking form, for in-process callers without an event loop (benches, tests)."""
+        return anyio.run(
+            partial(self.dispatch_async, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+        )
 
-    def _dispatch(
+    async def dispatch_async(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
     ) -> ToolOutcome:
-        # The run and its session from one snapshot, read live on every call: an ended run or
-        # a deleted session refuses at once.
-        with self._store.read() as tx:
+        # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
+        with self._in_flight.calling(run_id):
+            spec = self._registry.get(name)
+            if spec is not None and spec.place is ToolPlace.HOST:
+                # A host tool blocks anyway: its checks, its work and its audit in one thread.
+                host_call = partial(self._dispatch_host, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+                return await self._in_thread(host_call)
+            admitted = await self._in_thread(partial(self._admit, run_id, name, raw_arguments, actor=actor))
+            if admitted.refused is not None:
+                self._log(admitted, admitted.refused, 0.0)
+                return admitted.refused
+            try:
+                outcome = await self._run_in_sandbox(admitted)
+            finally:
+                self.slots.give_back(admitted.acting_user)
+            duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
+            await self._in_thread(partial(self._complete, admitted, outcome, duration_ms))
+            self._log(admitted, outcome, duration_ms)
+            return outcome
+
+    def _in_thread(self, work: Callable[[], _T]) -> asyncio.Future[_T]:
+        return asyncio.get_running_loop().run_in_executor(self._threads, work)
+
+    def _dispatch_host(
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
+    ) -> ToolOutcome:
+        admitted = self._admit(run_id, name, raw_arguments, actor=actor)
+        if admitted.refused is not None:
+            self._log(admitted, admitted.refused, 0.0)
+            return admitted.refused
+        try:
+            outcome = self._run_on_host(admitted, tool_call_id)
+        finally:
+            self.slots.give_back(admitted.acting_user)
+        duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
+        self._complete(admitted, outcome, duration_ms)
+        self._log(admitted, outcome, duration_ms)
+        return outcome
+
+    def _admit(self, run_id: str, name: str, raw_arguments: dict[str, Any], *, actor: str) -> _Admitted:
+        """Check the run, its session and the arguments, take a slot of the acting user, and
+        write the audit row, in one transaction (a worker thread)."""
+        started = time.perf_counter()
+        with self._store.write() as tx:
+            # The run and its session read live on every call: an ended run or a deleted
+            # session refuses at once (an HTTP error, not audited, as before).
             run = RunRepository.get_in(tx, run_id)
             session = SessionRepository.get_in(tx, run.session_id) if run is not None else None
-        if run is None:
-            raise NotFound(f"run {run_id} not found")
-        if run.status is not RunStatus.RUNNING:
-            raise Conflict(f"run {run_id} has ended ({run.status.value}); start a new run to call tools")
-        if session is None or session.deleted:
-            raise NotFound(f"session {run.session_id} not found")
-        spec = self._registry.get(name)
-        if spec is None:
-            raise NotFound(f"unknown tool {name}; GET /v1/tools lists them")
-        acting_user = acting_user_for(name, run.identity)
-        workdir = str(self._layout.runtime_dir(run.runtime_user_id, run.session_id))
-        started = time.perf_counter()
-        try:
+            if run is None:
+                raise NotFound(f"run {run_id} not found")
+            if run.status is not RunStatus.RUNNING:
+                raise Conflict(f"run {run_id} has ended ({run.status.value}); start a new run to call tools")
+            if session is None or session.deleted:
+                raise NotFound(f"session {run.session_id} not found")
+            spec = self._registry.get(name)
+            if spec is None:
+                raise NotFound(f"unknown tool {name}; GET /v1/tools lists them")
+            acting_user = acting_user_for(name, run.identity)
+            workdir = str(self._layout.runtime_dir(run.runtime_user_id, run.session_id))
+            arguments: BaseModel | None = None
+            refused: ToolOutcome | None = None
             try:
                 arguments = spec.arguments.model_validate(raw_arguments)
             except ValidationError as exc:
-                raise invalid_arguments(exc) from None
-            if spec.place is ToolPlace.CONTAINER:
-                result = self._sandboxes.call(
-                    acting_user, name, arguments.model_dump(mode="json", exclude_none=True), cwd=workdir
+                refused = ToolOutcome(ok=False, error=invalid_arguments(exc).body())
+            if refused is None and not self.slots.try_take(acting_user):
+                refused = ToolOutcome(ok=False, error=self.slots.busy_error(acting_user).body())
+            try:
+                entry_id = audit.record(
+                    tx,
+                    actor=actor,
+                    action="tool.call",
+                    session_id=run.session_id,
+                    owner_user_id=run.owner_user_id,
+                    runtime_user_id=run.runtime_user_id,
+                    **_detail(run, name, acting_user, STARTED if refused is None else _code(refused), 0.0),
                 )
-                if isinstance(result, BaseModel):  # a typed wire result (read_bytes): its JSON form
-                    result = result.model_dump(mode="json")
-            else:
-                assert spec.handler is not None
-                result = spec.handler(
-                    ToolCall(
-                        run=run,
-                        session=session,
-                        acting_user_id=acting_user,
-                        workdir=workdir,
-                        arguments=arguments,
-                        tool_call_id=tool_call_id,
-                    )
-                )
-            outcome = ToolOutcome(ok=True, result=result)
-        except ToolError as exc:
-            outcome = ToolOutcome(ok=False, error=exc.body())
-        duration_ms = round((time.perf_counter() - started) * 1000, 3)
-        code = None if outcome.ok else outcome.error["code"]  # type: ignore[index]
-        with self._store.write() as tx:
-            audit.record(
-                tx,
-                actor=actor,
-                action="tool.call",
-                session_id=run.session_id,
-                owner_user_id=run.owner_user_id,
-                runtime_user_id=run.runtime_user_id,
-                run_id=run.run_id,
-                tool=name,
-                acting_user_id=acting_user,
-                outcome="ok" if outcome.ok else code,
-                duration_ms=duration_ms,
+                if refused is not None:  # its only row: the run's activity goes with it
+                    RunRepository.touch_in(tx, run.run_id, now_iso())
+            except BaseException:
+                if refused is None:
+                    self.slots.give_back(acting_user)
+                raise
+        return _Admitted(run, session, spec, acting_user, workdir, arguments, entry_id, started, refused)
+
+    async def _run_in_sandbox(self, call: _Admitted) -> ToolOutcome:
+        assert call.arguments is not None
+        try:
+            result = await self._sandboxes.call(
+                call.acting_user,
+                call.spec.name,
+                call.arguments.model_dump(mode="json", exclude_none=True),
+                cwd=call.workdir,
+                context=CallContext(run_id=call.run.run_id, session_id=call.run.session_id),
             )
-            RunRepository.touch_in(tx, run.run_id, now_iso())  # the run's last activity, same write
-        run_logger(log, session=run.session_id, owner=run.owner_user_id, runtime_user=run.runtime_user_id).info(
-            "tool call %s", kv(run=run.run_id, tool=name, acting_user=acting_user, outcome=code or "ok", ms=duration_ms)
+        except ToolError as exc:
+            return ToolOutcome(ok=False, error=exc.body())
+        if isinstance(result, BaseModel):  # a typed wire result (read_bytes): its JSON form
+            result = result.model_dump(mode="json")
+        return ToolOutcome(ok=True, result=result)
+
+    def _run_on_host(self, call: _Admitted, tool_call_id: str | None) -> ToolOutcome:
+        assert call.arguments is not None and call.spec.handler is not None
+        tool_call = ToolCall(
+            run=call.run,
+            session=call.session,
+            acting_user_id=call.acting_user,
+            workdir=call.workdir,
+            arguments=call.arguments,
+            tool_call_id=tool_call_id,
         )
-        return outcome
+        try:
+            return ToolOutcome(ok=True, result=call.spec.handler(tool_call))
+        except ToolError as exc:
+            return ToolOutcome(ok=False, error=exc.body())
+
+    def _complete(self, call: _Admitted, outcome: ToolOutcome, duration_ms: float) -> None:
+        with self._store.write() as tx:
+            audit.complete(tx, call.entry_id, **_detail(call.run, call.spec.name, call.acting_user, _code(outcome), duration_ms))
+            RunRepository.touch_in(tx, call.run.run_id, now_iso())  # the run's last activity, same write
+
+    def _log(self, call: _Admitted, outcome: ToolOutcome, duration_ms: float) -> None:
+        run = call.run
+        run_logger(log, session=run.session_id, owner=run.owner_user_id, runtime_user=run.runtime_user_id).info(
+            "tool call %s",
+            kv(run=run.run_id, tool=call.spec.name, acting_user=call.acting_user, outcome=_code(outcome), ms=duration_ms),
+        )
+
+
+def _code(outcome: ToolOutcome) -> str:
+    return "ok" if outcome.ok else outcome.error["code"]  # type: ignore[index]
+
+
+def _detail(run: RunRecord, tool: str, acting_user: int, outcome: str, duration_ms: float) -> dict[str, Any]:
+    return {"run_id": run.run_id, "tool": tool, "acting_user_id": acting_user, "outcome": outcome, "duration_ms": duration_ms}

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from orchestrator.runs import RunRecord
 from orchestrator.sessions import SessionRecord
 from orchestrator.tools.identity_table import CONTAINER_TOOLS, TOOL_IDENTITY
+from sandbox_agent.wire import CallContext
 
 
 class ToolPlace(str, Enum):
@@ -29,6 +30,9 @@ class ToolCall:
     workdir: str
     arguments: BaseModel
     tool_call_id: str | None
+
+    def context(self) -> CallContext:
+        return CallContext(run_id=self.run.run_id, session_id=self.run.session_id)
 
 
 HostHandler = Callable[[ToolCall], Any]

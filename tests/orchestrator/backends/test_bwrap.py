@@ -12,6 +12,7 @@ import pytest
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import plan_mounts
+from tests.agent_env import blocking_call
 from orchestrator.backends.base import SandboxUser
 from orchestrator.backends.bwrap import BwrapProbe, HostSystem, bwrap_command
 from orchestrator.service import OrchestratorService
@@ -61,7 +62,7 @@ def call(service: OrchestratorService, user_id: int, tool: str, groups: tuple[Gr
     cwd = str(service.directories.ensure_session_runtime(user_id, "s1", is_owner=True))
     gids = {group: service.group_gids.gid_of(group) for group in groups}
     user = SandboxUser(user_id, plan_mounts(service.layout, user_id, groups, gids))
-    return service.process_backend.call(user, tool, dict(arguments), cwd=cwd)
+    return blocking_call(service.process_backend, user, tool, dict(arguments), cwd=cwd)
 
 
 def test_tools_work_and_the_shell_sees_only_the_plan(bwrap_service: OrchestratorService) -> None:

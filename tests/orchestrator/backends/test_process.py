@@ -14,6 +14,7 @@ import pytest
 
 from mounts.layout import GroupRef
 from mounts.plan import plan_mounts
+from tests.agent_env import blocking_call
 from orchestrator.backends.base import SandboxUser
 from orchestrator.errors import ToolError
 from orchestrator.service import OrchestratorService
@@ -44,7 +45,7 @@ def test_concurrent_first_calls_start_exactly_one_agent(agent_service: Orchestra
 
     def first_call() -> None:
         barrier.wait()
-        results.append(backend.call(user, "list_dir", {"path": "."}, cwd=cwd))
+        results.append(blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd))
 
     threads = [threading.Thread(target=first_call) for _ in range(8)]
     for t in threads:
@@ -61,11 +62,11 @@ def test_a_dead_agent_is_restarted_on_the_next_call(agent_service: OrchestratorS
     backend = agent_service.process_backend
     cwd = workdir(agent_service)
     user = sandbox_user(agent_service)
-    backend.call(user, "write_file", {"path": "a.txt", "content": "a"}, cwd=cwd)
+    blocking_call(backend, user, "write_file", {"path": "a.txt", "content": "a"}, cwd=cwd)
     first = agent_pids(agent_service)[USER]
     os.kill(first, signal.SIGKILL)
     psutil.Process(first).wait(5) if psutil.pid_exists(first) else None
-    assert backend.call(user, "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "a"
+    assert blocking_call(backend, user, "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "a"
     second = agent_pids(agent_service)[USER]
     assert second != first
 
@@ -74,14 +75,14 @@ def test_idle_agents_are_stopped(agent_service: OrchestratorService) -> None:
     backend = agent_service.process_backend
     cwd = workdir(agent_service)
     user = sandbox_user(agent_service)
-    backend.call(user, "list_dir", {"path": "."}, cwd=cwd)
+    blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)
     pid = agent_pids(agent_service)[USER]
     assert backend.reap_idle() == []  # just used
     assert backend.reap_idle(now=time.monotonic() + agent_service.settings.idle_timeout_s + 1) == [USER]
     assert backend.status() == []
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert not agent_service.layout.socket_path(USER).exists()
-    backend.call(user, "list_dir", {"path": "."}, cwd=cwd)  # and comes back on demand
+    blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)  # and comes back on demand
     assert USER in agent_pids(agent_service)
 
 
@@ -91,7 +92,7 @@ def test_the_idle_reaper_thread_runs_after_start(agent_data_dir: Path) -> None:
     service = OrchestratorService(make_settings(agent_data_dir, idle_timeout_s=0.5))
     try:
         service.start()
-        service.process_backend.call(sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
+        blocking_call(service.process_backend, sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
         deadline = time.monotonic() + 10
         while service.process_backend.status():
             assert time.monotonic() < deadline, "idle agent was not reaped"
@@ -104,13 +105,13 @@ def test_a_changed_plan_restarts_the_agent_with_the_new_roots(agent_service: Orc
     backend = agent_service.process_backend
     cwd = workdir(agent_service)
     group = GroupRef("feishu", "chat1")
-    backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=cwd)
+    blocking_call(backend, sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=cwd)
     first = agent_pids(agent_service)[USER]
     workspace = agent_service.layout.group_dir(group)
     with pytest.raises(ToolError) as info:
-        backend.call(sandbox_user(agent_service), "list_dir", {"path": str(workspace)}, cwd=cwd)
+        blocking_call(backend, sandbox_user(agent_service), "list_dir", {"path": str(workspace)}, cwd=cwd)
     assert info.value.code == "path_escape"
-    listed = backend.call(sandbox_user(agent_service, groups=(group,)), "list_dir", {"path": str(workspace)}, cwd=cwd)
+    listed = blocking_call(backend, sandbox_user(agent_service, groups=(group,)), "list_dir", {"path": str(workspace)}, cwd=cwd)
     assert listed["path"] == str(workspace)
     assert agent_pids(agent_service)[USER] != first
 
@@ -120,11 +121,11 @@ def test_close_stops_every_agent_and_its_processes(agent_data_dir: Path) -> None
 
     service = OrchestratorService(make_settings(agent_data_dir))
     for user_id in (17, 18):
-        service.process_backend.call(sandbox_user(service, user_id), "list_dir", {"path": "."}, cwd=workdir(service, user_id))
+        blocking_call(service.process_backend, sandbox_user(service, user_id), "list_dir", {"path": "."}, cwd=workdir(service, user_id))
     pids = list(agent_pids(service).values())
     sleeper = threading.Thread(
         target=lambda: pytest.raises(
-            ToolError, service.process_backend.call, sandbox_user(service, 17), "shell", {"command": "sleep 60"}, cwd=workdir(service, 17)
+            ToolError, blocking_call, service.process_backend, sandbox_user(service, 17), "shell", {"command": "sleep 60"}, cwd=workdir(service, 17)
         )
     )
     sleeper.start()
@@ -142,7 +143,7 @@ def test_agents_run_as_the_users_own_uid_with_private_dirs(agent_service: Orches
     backend = agent_service.process_backend
     layout = agent_service.layout
     cwd = workdir(agent_service)
-    backend.call(sandbox_user(agent_service), "write_file", {"path": "f.txt", "content": "x"}, cwd=cwd)
+    blocking_call(backend, sandbox_user(agent_service), "write_file", {"path": "f.txt", "content": "x"}, cwd=cwd)
     uid = agent_service.settings.sandbox_uid_base + USER
     proc = psutil.Process(agent_pids(agent_service)[USER])
     assert proc.uids().real == uid and proc.uids().effective == uid
@@ -166,7 +167,7 @@ def test_the_os_keeps_users_apart_even_for_the_shell(agent_service: Orchestrator
     other = workdir(agent_service, 18)
     Path(other, "private.txt").write_text("18 only")
     os.chown(Path(other, "private.txt"), agent_service.settings.sandbox_uid_base + 18, agent_service.settings.sandbox_uid_base + 18)
-    answer = backend.call(sandbox_user(agent_service), "shell", {"command": f"cat {other}/private.txt; ls {agent_service.layout.runtime_root}"}, cwd=workdir(agent_service))
+    answer = blocking_call(backend, sandbox_user(agent_service), "shell", {"command": f"cat {other}/private.txt; ls {agent_service.layout.runtime_root}"}, cwd=workdir(agent_service))
     assert answer["exit_code"] != 0
     assert "18 only" not in answer["stdout"]
     assert "Permission denied" in answer["stderr"]
@@ -174,7 +175,7 @@ def test_the_os_keeps_users_apart_even_for_the_shell(agent_service: Orchestrator
 
 def test_the_token_is_a_private_file_and_never_in_argv_or_environment(agent_service: OrchestratorService) -> None:
     backend = agent_service.process_backend
-    backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
+    blocking_call(backend, sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
     token_path = agent_service.layout.token_path(USER)
     st = token_path.stat()
     if AS_ROOT:  # root writes it where the sandbox can read, not write (agent-secrets/{uid}/)
@@ -198,7 +199,7 @@ def test_a_planted_symlink_in_the_socket_dir_is_replaced_not_followed(agent_serv
     # where the token and the config lived before they moved out of the user's socket dir
     os.symlink(victim, layout.socket_dir(USER) / "token")
     os.symlink(victim, layout.socket_dir(USER) / "agent.json")
-    agent_service.process_backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
+    blocking_call(agent_service.process_backend, sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
     assert victim.read_text() == "keep me"
     assert not layout.token_path(USER).is_symlink() and layout.token_path(USER).is_file()
 
@@ -208,12 +209,12 @@ def test_an_agent_whose_socket_was_removed_is_replaced(agent_service: Orchestrat
     backend = agent_service.process_backend
     cwd = workdir(agent_service)
     user = sandbox_user(agent_service)
-    answer = backend.call(user, "shell", {"command": f"rm {agent_service.layout.socket_path(USER)}"}, cwd=cwd)
+    answer = blocking_call(backend, user, "shell", {"command": f"rm {agent_service.layout.socket_path(USER)}"}, cwd=cwd)
     assert answer["exit_code"] == 0
     first = agent_pids(agent_service)[USER]
-    assert backend.call(user, "list_dir", {"path": "."}, cwd=cwd)["path"] == cwd  # a pooled connection
+    assert blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)["path"] == cwd  # a pooled connection
     time.sleep(5.5)  # the agent closes idle connections after 5 s; the next call must connect anew
-    assert backend.call(user, "list_dir", {"path": "."}, cwd=cwd)["path"] == cwd
+    assert blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)["path"] == cwd
     assert agent_pids(agent_service)[USER] != first
     assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
 
@@ -222,7 +223,7 @@ def test_junk_at_the_socket_name_does_not_keep_the_agent_down(agent_service: Orc
     agent_service.directories.ensure_socket_dir(USER)
     blocker = agent_service.layout.socket_path(USER)
     (blocker / "inner").mkdir(parents=True)
-    assert agent_service.process_backend.call(sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
+    assert blocking_call(agent_service.process_backend, sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
 
 
 def test_an_agent_stderr_line_without_an_end_is_forwarded_in_bounded_pieces(agent_service: OrchestratorService) -> None:
@@ -231,13 +232,15 @@ def test_an_agent_stderr_line_without_an_end_is_forwarded_in_bounded_pieces(agen
     import sys
 
     from orchestrator.backends.process import STDERR_LINE_MAX, _Agent
-    from sandbox_agent.client import AgentClient
+    from sandbox_agent.client import AgentClient, AsyncAgentClient
 
     writer = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stderr.write('x' * 1_000_000); sys.stderr.flush()"],
         stderr=subprocess.PIPE,
     )
-    agent = _Agent(USER, writer, AgentClient("/nonexistent", "t"), "plan", "build", "instance", None)
+    agent = _Agent(
+        USER, writer, AgentClient("/nonexistent", "t"), AsyncAgentClient("/nonexistent", "t"), "plan", "build", "instance", None
+    )
     agent_service.process_backend._forward_stderr(agent)
     writer.wait()
     assert agent.stderr_tail and all(len(line) <= STDERR_LINE_MAX for line in agent.stderr_tail)

@@ -16,6 +16,7 @@ import pytest
 
 from mounts.layout import GroupRef
 from mounts.plan import plan_mounts
+from tests.agent_env import blocking_call
 from orchestrator.agent_deploy import AgentDeployment
 from orchestrator.backends.base import SandboxUser
 from orchestrator.backends.docker import IMAGE_RECHECK_S, DockerBackend
@@ -57,7 +58,7 @@ def containers_of(engine: docker.DockerClient, service: OrchestratorService, use
 def in_background(backend: DockerBackend, user: SandboxUser, command: str, cwd: str) -> tuple[threading.Thread, list]:
     """A long `shell` call on another thread; its result lands in the returned list."""
     results: list = []
-    thread = threading.Thread(target=lambda: results.append(backend.call(user, "shell", {"command": command}, cwd=cwd)))
+    thread = threading.Thread(target=lambda: results.append(blocking_call(backend, user, "shell", {"command": command}, cwd=cwd)))
     thread.start()
     return thread, results
 
@@ -72,7 +73,7 @@ def test_container_is_hardened_runs_as_the_user_and_holds_no_secret(
     docker_service: OrchestratorService, engine: docker.DockerClient
 ) -> None:
     user = sandbox_user(docker_service)
-    backend_of(docker_service).call(user, "list_dir", {"path": "."}, cwd=workdir(docker_service))
+    blocking_call(backend_of(docker_service), user, "list_dir", {"path": "."}, cwd=workdir(docker_service))
     attrs = the_container(engine, docker_service).attrs
     host, config = attrs["HostConfig"], attrs["Config"]
     assert host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"]
@@ -104,7 +105,7 @@ def test_concurrent_first_calls_create_exactly_one_container(
 
     def first_call() -> None:
         barrier.wait()
-        results.append(backend.call(user, "list_dir", {"path": "."}, cwd=cwd))
+        results.append(blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd))
 
     threads = [threading.Thread(target=first_call) for _ in range(8)]
     for t in threads:
@@ -121,10 +122,10 @@ def test_a_killed_container_is_recreated_and_the_next_call_succeeds(
     backend = backend_of(docker_service)
     user = sandbox_user(docker_service)
     cwd = workdir(docker_service)
-    backend.call(user, "write_file", {"path": "a.txt", "content": "kept"}, cwd=cwd)
+    blocking_call(backend, user, "write_file", {"path": "a.txt", "content": "kept"}, cwd=cwd)
     first = the_container(engine, docker_service)
     first.kill()  # `docker kill`
-    assert backend.call(user, "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "kept"
+    assert blocking_call(backend, user, "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "kept"
     second = the_container(engine, docker_service)
     assert second.id != first.id and second.status == "running"
 
@@ -135,13 +136,13 @@ def test_a_crash_during_a_call_is_reported_and_the_next_call_recovers(
     backend = backend_of(docker_service)
     user = sandbox_user(docker_service)
     cwd = workdir(docker_service)
-    backend.call(user, "list_dir", {"path": "."}, cwd=cwd)
+    blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)
     first = the_container(engine, docker_service)
     with pytest.raises(ToolError) as crashed:
-        backend.call(user, "shell", {"command": "kill -9 $PPID; sleep 5"}, cwd=cwd)  # the agent dies
+        blocking_call(backend, user, "shell", {"command": "kill -9 $PPID; sleep 5"}, cwd=cwd)  # the agent dies
     assert crashed.value.code == "sandbox_unavailable" and "may have run partly" in crashed.value.message
     assert "did not run" not in crashed.value.message
-    assert backend.call(user, "shell", {"command": "echo back"}, cwd=cwd)["stdout"] == "back\n"
+    assert blocking_call(backend, user, "shell", {"command": "echo back"}, cwd=cwd)["stdout"] == "back\n"
     assert the_container(engine, docker_service).id != first.id
 
 
@@ -153,7 +154,7 @@ def test_an_orchestrator_restart_adopts_containers_and_removes_unknown_users(
     try:
         user = sandbox_user(first)
         cwd = workdir(first)
-        backend_of(first).call(user, "write_file", {"path": "a.txt", "content": "x"}, cwd=cwd)
+        blocking_call(backend_of(first), user, "write_file", {"path": "a.txt", "content": "x"}, cwd=cwd)
         # a container of a user this orchestrator's state does not know (e.g. a restored backup)
         stranger = SandboxUser(55, plan_mounts(first.layout, 55))
         backend_of(first).ensure(stranger)
@@ -168,7 +169,7 @@ def test_an_orchestrator_restart_adopts_containers_and_removes_unknown_users(
         backend = backend_of(second)
         backend.start()
         assert containers_of(engine, second, 55) == []
-        assert backend.call(sandbox_user(second), "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "x"
+        assert blocking_call(backend, sandbox_user(second), "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "x"
         after = the_container(engine, second)
         assert after.id == before.id and after.attrs["State"]["StartedAt"] == started_at  # adopted, not restarted
     finally:
@@ -181,7 +182,7 @@ def test_a_changed_plan_recreates_the_container_once_it_is_idle(
     backend = backend_of(docker_service)
     cwd = workdir(docker_service)
     before = sandbox_user(docker_service)
-    backend.call(before, "list_dir", {"path": "."}, cwd=cwd)
+    blocking_call(backend, before, "list_dir", {"path": "."}, cwd=cwd)
     first = the_container(engine, docker_service)
 
     after = sandbox_user(docker_service, groups=(GROUP,))  # the user joined a group chat
@@ -190,13 +191,13 @@ def test_a_changed_plan_recreates_the_container_once_it_is_idle(
     time.sleep(0.5)
     # busy: the running call finishes in the old container, and this one is served there too
     with pytest.raises(ToolError) as missing:
-        backend.call(after, "list_dir", {"path": group_dir}, cwd=cwd)
+        blocking_call(backend, after, "list_dir", {"path": group_dir}, cwd=cwd)
     assert missing.value.code in ("not_found", "path_escape")
     assert the_container(engine, docker_service).id == first.id
     slow.join()
     assert slow_result[0]["stdout"] == "slept\n"  # not cut off by the drift
     # idle now: recreated with the group workspace mounted
-    assert backend.call(after, "list_dir", {"path": group_dir}, cwd=cwd) is not None
+    assert blocking_call(backend, after, "list_dir", {"path": group_dir}, cwd=cwd) is not None
     second = the_container(engine, docker_service)
     assert second.id != first.id
     assert group_dir in {m["Destination"] for m in second.attrs["Mounts"]}
@@ -212,12 +213,12 @@ def test_a_new_image_recreates_the_container_on_the_next_idle_call(
         backend = backend_of(service)
         user = sandbox_user(service)
         cwd = workdir(service)
-        backend.call(user, "list_dir", {"path": "."}, cwd=cwd)
+        blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)
         first = the_container(engine, service)
         # An operator builds a new image under the same tag.
         newer = derived_image(engine, sandbox_image, f"{repository}:{tag}", {"org.sandbox-orchestrator.test": "newer"})
         time.sleep(IMAGE_RECHECK_S + 0.1)  # the warm path re-resolves the tag this often
-        assert backend.call(user, "shell", {"command": "echo new"}, cwd=cwd)["stdout"] == "new\n"
+        assert blocking_call(backend, user, "shell", {"command": "echo new"}, cwd=cwd)["stdout"] == "new\n"
         second = the_container(engine, service)
         assert second.id != first.id and second.image.id == newer
     finally:
@@ -258,14 +259,14 @@ def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
         new_build = new_release()
         assert deployment.refresh() == new_build != old_build
         # busy: the old agent keeps serving, the running call is not cut off
-        assert backend.call(user, "shell", {"command": "echo busy"}, cwd=cwd)["stdout"] == "busy\n"
+        assert blocking_call(backend, user, "shell", {"command": "echo busy"}, cwd=cwd)["stdout"] == "busy\n"
         assert backend.ensure(user).agent_build == old_build
         slow.join()
         assert slow_result[0]["stdout"] == "slept\n"
         assert backend.ensure(user).agent_build == new_build  # idle: restarted
         after = the_container(engine, docker_service)
         assert after.id == first.id and after.attrs["State"]["StartedAt"] != started_at
-        assert backend.call(user, "shell", {"command": "echo ok"}, cwd=cwd)["stdout"] == "ok\n"
+        assert blocking_call(backend, user, "shell", {"command": "echo ok"}, cwd=cwd)["stdout"] == "ok\n"
     finally:
         backend.close()
 
@@ -289,7 +290,7 @@ def test_idle_containers_are_stopped_and_start_again_on_the_next_call(
         backend.start()  # the reaper
         user = sandbox_user(service)
         cwd = workdir(service)
-        backend.call(user, "list_dir", {"path": "."}, cwd=cwd)
+        blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)
         container = the_container(engine, service)
         deadline = time.monotonic() + 15
         while container.status == "running" and time.monotonic() < deadline:
@@ -298,7 +299,7 @@ def test_idle_containers_are_stopped_and_start_again_on_the_next_call(
         assert container.status == "exited"
         assert container.attrs["State"]["ExitCode"] in (0, 143)  # a clean stop, not a kill
         assert [s.state for s in backend.status()] == ["stopped"]
-        assert backend.call(user, "shell", {"command": "echo again"}, cwd=cwd)["stdout"] == "again\n"
+        assert blocking_call(backend, user, "shell", {"command": "echo again"}, cwd=cwd)["stdout"] == "again\n"
         assert the_container(engine, service).id == container.id  # the same container, started again
     finally:
         service.close()
@@ -313,7 +314,7 @@ def test_a_sandbox_that_cannot_start_gives_a_clear_error(docker_data_dir: Path, 
     service = OrchestratorService(docker_settings(docker_data_dir, broken, sandbox_ready_timeout_s=10))
     try:
         with pytest.raises(ToolError) as failed:
-            backend_of(service).call(sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
+            blocking_call(backend_of(service), sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
         assert failed.value.code == "sandbox_unavailable"
         assert f"sandbox of user {USER} is not available" in failed.value.message
         assert "did not start" in failed.value.message or "docker refused" in failed.value.message

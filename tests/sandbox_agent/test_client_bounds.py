@@ -1,0 +1,74 @@
+"""Issue 12 item 6 and the peer check: the clients against a real Unix-socket server that lies
+like a hostile sandbox could (tests/sandbox_agent/lying_agent.py), not a mock."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.errors import AgentToolError, AgentUnavailable
+from sandbox_agent.tools.output import truncation_marker
+from tests.sandbox_agent.lying_agent import lying_agent
+
+AS_ROOT = os.geteuid() == 0
+SANDBOX_UID = 100067
+OTHER_UID = 100068
+
+
+def call_with(kind: str, path: str, tool: str, **client_args: object):  # type: ignore[no-untyped-def]
+    arguments = {"command": "x"} if tool == "shell" else {"path": "x"}
+    if kind == "sync":
+        with AgentClient(path, "t", **client_args) as client:  # type: ignore[arg-type]
+            return client.call(tool, arguments, cwd="/", timeout_s=30)
+
+    async def run():  # type: ignore[no-untyped-def]
+        client = AsyncAgentClient(path, "t", **client_args)  # type: ignore[arg-type]
+        try:
+            return await client.call(tool, arguments, cwd="/", timeout_s=30)
+        finally:
+            client.close()
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["huge", "unannounced"])
+def test_item6_a_300_mib_answer_is_refused_unread(traversable_tmp: Path, kind: str, mode: str) -> None:
+    rss_before = psutil.Process().memory_info().rss
+    with lying_agent(traversable_tmp, mode) as path:
+        started = time.monotonic()
+        with pytest.raises(AgentToolError) as info:
+            call_with(kind, path, "shell")
+        seconds = time.monotonic() - started
+    grown_mib = (psutil.Process().memory_info().rss - rss_before) / 2**20
+    assert info.value.code == "output_too_large", info.value.message
+    assert grown_mib < 32 and seconds < 5, (grown_mib, seconds)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_item6_text_over_the_output_cap_is_cut_again_on_the_host(traversable_tmp: Path, kind: str) -> None:
+    from sandbox_agent.answer_limits import DEFAULT_ANSWER_LIMITS
+
+    cap = DEFAULT_ANSWER_LIMITS.output_cap_bytes
+    with lying_agent(traversable_tmp, "overcap") as path:
+        result = call_with(kind, path, "shell")
+    assert result["stdout"] == "B" * cap + truncation_marker(1024 * 1024 - cap)
+    assert result["truncated"] is True and result["stderr"] == ""
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="a listener of another uid needs root")
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_listener_of_another_uid_is_refused_before_anything_is_sent(traversable_tmp: Path, kind: str) -> None:
+    with lying_agent(traversable_tmp, "health", uid=OTHER_UID) as path:
+        with pytest.raises(AgentUnavailable) as info:
+            call_with(kind, path, "read_file", expected_peer_uid=SANDBOX_UID)
+        assert info.value.delivered is False
+        assert str(OTHER_UID) in info.value.message and str(SANDBOX_UID) in info.value.message
+        with AgentClient(path, "t", expected_peer_uid=OTHER_UID) as client:  # the right uid: served
+            assert client.health(timeout_s=5).build == "x"
