@@ -136,6 +136,10 @@ class AgentConfig(BaseModel):
     # bomb cannot take the host's process table (None: the agent runs as the orchestrator's
     # own uid, which must not be limited).
     max_processes: int | None = Field(None, gt=0)
+    # The agent's uid is this sandbox's alone (a sandbox uid): after the last call in flight
+    # ends, every process of the uid that is not the agent's is a leftover and is killed. With
+    # a uid it shares (the orchestrator's own, not root), only its adopted orphans are.
+    sweep_uid: bool = False
 
 
 # --- envelopes ------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ def prepare_agent_launch(
         parent_pid=parent_pid,
         # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.
         max_processes=settings.sandbox_pids if owner is not None else None,
+        sweep_uid=owner is not None,  # a uid of its own: every process of it is this sandbox's
     )
     config_path = layout.agent_config_path(user_id)
     write_private_file(config_path, config.model_dump_json(indent=2), owner=owner)
