@@ -23,9 +23,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
-from sandbox_agent.wire import RAW_RESULT_HEADER, Health, ReadBytesResult
+from sandbox_agent.wire import RAW_RESULT_HEADER, CallContext, CancelRequest, CancelResult, Health, ReadBytesResult
 
 OCTET_STREAM = "application/octet-stream"
+CANCEL_TIMEOUT_S = 30.0  # the agent answers once the cancelled calls ended (it waits up to 10 s)
 # The agent closes connections idle for 5 s (uvicorn timeout_keep_alive); one idle for longer
 # than this is not reused, so a request never races the agent's close.
 REUSE_IDLE_S = 3.0
@@ -175,10 +176,33 @@ class AgentClient:
         except ValidationError as exc:
             raise AgentUnavailable(f"agent health answered something else: {exc}", delivered=True) from None
 
-    def call(self, tool: str, arguments: dict[str, Any], *, cwd: str, timeout_s: float | None = None) -> Any:
+    def cancel(self, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        """Kill the calls in flight for this run or session (whole process trees); returns how
+        many there were, once they have ended. `AgentUnavailable` when the agent cannot say."""
+        body = CancelRequest(run_id=run_id, session_id=session_id).model_dump_json().encode()
+        response = self._send("POST", "/v1/calls/cancel", body=body, timeout_s=CANCEL_TIMEOUT_S)
+        if response.status != 200:
+            raise AgentUnavailable(f"agent cancel answered {response.status}", delivered=True)
+        try:
+            return CancelResult.model_validate_json(response.content).cancelled
+        except ValidationError as exc:
+            raise AgentUnavailable(f"agent cancel answered something else: {exc}", delivered=True) from None
+
+    def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        cwd: str,
+        timeout_s: float | None = None,
+        context: CallContext | None = None,
+    ) -> Any:
         """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
         tool-level failure and `AgentUnavailable` when the agent could not be reached."""
-        body = json.dumps({"arguments": arguments, "cwd": cwd}).encode()
+        request: dict[str, Any] = {"arguments": arguments, "cwd": cwd}
+        if context is not None:
+            request["context"] = context.model_dump()
+        body = json.dumps(request).encode()
         raw_bytes = tool == "read_bytes"
         response = self._send(
             "POST", f"/v1/tools/{tool}", body=body, accept=OCTET_STREAM if raw_bytes else None, timeout_s=timeout_s

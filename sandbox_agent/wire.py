@@ -11,7 +11,7 @@ import binascii
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
 TOOL_PATH_MAX = 4096  # bytes, like Linux PATH_MAX: longer arguments are refused up front
 
@@ -145,11 +145,38 @@ class AgentConfig(BaseModel):
 # --- envelopes ------------------------------------------------------------------------------
 
 
+_CONTEXT_ID = Field(None, min_length=1, max_length=200)
+
+
+class CallContext(BaseModel):
+    """What a call was made for: ending the run or deleting the session cancels it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str | None = _CONTEXT_ID
+    session_id: str | None = _CONTEXT_ID
+
+
 class ToolRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     arguments: dict[str, Any] = Field(default_factory=dict)
     cwd: str = Field(..., description="Absolute working directory of the run; relative paths start here.")
+    context: CallContext | None = None
+
+
+class CancelRequest(CallContext):
+    """`POST /v1/calls/cancel`: the calls of this run, or of this session (at least one)."""
+
+    @model_validator(mode="after")
+    def _one_set(self) -> CancelRequest:
+        if self.run_id is None and self.session_id is None:
+            raise ValueError("name a run_id or a session_id")
+        return self
+
+
+class CancelResult(BaseModel):
+    cancelled: int = Field(..., ge=0)
 
 
 class ErrorBody(BaseModel):

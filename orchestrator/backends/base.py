@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mounts.plan import MountPlan
+from sandbox_agent.wire import CallContext
 
 
 @dataclass(frozen=True)
@@ -37,8 +38,15 @@ class ContainerBackend(Protocol):
     def ensure(self, user: SandboxUser) -> SandboxStatus:
         """Start (or adopt, or recreate) the user's sandbox and wait until its agent answers."""
 
-    def call(self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str) -> dict[str, Any]:
+    def call(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> dict[str, Any]:
         """Run one tool in the user's sandbox; raises `ToolError` for tool-level failures."""
+
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        """Kill the user's calls in flight for this run or session (whole process trees) and
+        return how many there were once they ended; 0 when the user has no live sandbox
+        (never starts one)."""
 
     def stop(self, user_id: int) -> None:
         """Stop the user's sandbox; the next call starts it again."""

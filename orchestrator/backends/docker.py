@@ -52,6 +52,7 @@ from orchestrator.settings import Settings
 from orchestrator.user_dirs import UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
+from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +203,9 @@ class DockerBackend:
             slot.last_used = time.monotonic()
             return self._slot_status(slot)
 
-    def call(self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str) -> Any:
+    def call(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
         self.adopt()
         slot = self._slot(user.user_id)
         with slot.lock:
@@ -212,7 +215,7 @@ class DockerBackend:
         try:
             assert agent is not None
             try:
-                return agent.call(tool, arguments, cwd=cwd)
+                return agent.call(tool, arguments, cwd=cwd, context=context)
             except AgentUnavailable as exc:
                 if exc.delivered:
                     raise
@@ -224,7 +227,7 @@ class DockerBackend:
                     self._ensure_locked(slot, user)
                     agent = slot.agent
                 assert agent is not None
-                return agent.call(tool, arguments, cwd=cwd)
+                return agent.call(tool, arguments, cwd=cwd, context=context)
         except AgentToolError as exc:
             raise ToolError(exc.code, exc.message, path=exc.path, **exc.details) from None
         except AgentUnavailable as exc:
@@ -238,6 +241,21 @@ class DockerBackend:
             with slot.lock:
                 slot.in_flight -= 1
                 slot.last_used = time.monotonic()
+
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        # Not under the slot's lock: a container start holds it for seconds. A call still
+        # starting its container has not reached the agent: the router's next cancel does.
+        with self._slots_lock:
+            slot = self._slots.get(user_id)
+        agent = slot.agent if slot is not None else None
+        if agent is None:
+            return 0
+        try:
+            return agent.cancel(run_id=run_id, session_id=session_id)
+        except AgentUnavailable as exc:
+            log.warning("sandbox did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
+            self.stop(user_id)
+            return 0
 
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)

@@ -39,6 +39,7 @@ from orchestrator.settings import Settings
 from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
+from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
 
@@ -286,10 +287,12 @@ class ProcessBackend:
 
     # --- calls ------------------------------------------------------------------------------
 
-    def call(self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str) -> Any:
+    def call(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
         agent = self._ready(user)
         try:
-            return self._call_on(agent, tool, arguments, cwd)
+            return self._call_on(agent, tool, arguments, cwd, context)
         except AgentUnavailable as exc:
             if exc.delivered:
                 log.warning("agent failed during a call %s", kv(user=user.user_id, tool=tool, error=exc.message))
@@ -304,21 +307,36 @@ class ProcessBackend:
                     self._terminate(agent)
         agent = self._ready(user)  # it never received the call: safe to run it on a new agent
         try:
-            return self._call_on(agent, tool, arguments, cwd)
+            return self._call_on(agent, tool, arguments, cwd, context)
         except AgentUnavailable as exc:
             raise unavailable(user.user_id, exc.message) from exc
 
-    def _call_on(self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str) -> Any:
+    def _call_on(
+        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
+    ) -> Any:
         with self._lock:
             agent.inflight += 1
         try:
-            return agent.client.call(tool, arguments, cwd=cwd)
+            return agent.client.call(tool, arguments, cwd=cwd, context=context)
         except AgentToolError as exc:
             raise ToolError(exc.code, exc.message, path=exc.path, **exc.details) from None
         finally:
             with self._lock:
                 agent.inflight -= 1
                 agent.last_used = time.monotonic()
+
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        with self._lock:
+            agent = self._agents.get(user_id)
+        if agent is None or not agent.alive:
+            return 0  # no agent, no call of it in flight (its shells died with it)
+        try:
+            return agent.client.cancel(run_id=run_id, session_id=session_id)
+        except AgentUnavailable as exc:
+            # It cannot say what it stopped: stop it whole rather than leave calls running.
+            log.warning("agent did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
+            self.stop(user_id)
+            return 0
 
     # --- idleness ---------------------------------------------------------------------------
 

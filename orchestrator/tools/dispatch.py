@@ -22,6 +22,7 @@ from orchestrator.sessions import SessionRepository
 from orchestrator.state_store import StateStore
 from orchestrator.tools.identity_table import acting_user_for
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry
+from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,11 @@ class ToolDispatcher:
                 raise invalid_arguments(exc) from None
             if spec.place is ToolPlace.CONTAINER:
                 result = self._sandboxes.call(
-                    acting_user, name, arguments.model_dump(mode="json", exclude_none=True), cwd=workdir
+                    acting_user,
+                    name,
+                    arguments.model_dump(mode="json", exclude_none=True),
+                    cwd=workdir,
+                    context=CallContext(run_id=run.run_id, session_id=run.session_id),  # ending either stops it
                 )
                 if isinstance(result, BaseModel):  # a typed wire result (read_bytes): its JSON form
                     result = result.model_dump(mode="json")

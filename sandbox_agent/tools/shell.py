@@ -104,6 +104,8 @@ def shell(ctx: ToolContext, args: ShellArgs) -> dict[str, Any]:
     assert proc.stdout is not None and proc.stderr is not None
     readers = [_CappedReader(proc.stdout, limits.output_cap_bytes), _CappedReader(proc.stderr, limits.output_cap_bytes)]
     try:
+        if ctx.call is not None and not ctx.call.attach(leader):
+            process_tree.kill_call(leader)  # cancelled while it was starting
         for reader in readers:
             reader.start()
         timed_out = False
@@ -118,6 +120,8 @@ def shell(ctx: ToolContext, args: ShellArgs) -> dict[str, Any]:
         for reader in readers:
             reader.join(_PIPE_GRACE_S)
     finally:
+        if ctx.call is not None:
+            ctx.call.detach()
         process_tree.unregister(leader)
     for reader in readers:
         if not reader.is_alive():  # closing under a blocked reader would wait for it

@@ -20,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import Settings
 from tests.api_calls import MEMBER, group_session, start_run, tool
 from tests.conftest import API_TOKEN, make_settings
 
@@ -45,6 +46,7 @@ ESCAPES = {
     "ignores_sigterm": "sh -c 'trap \"\" TERM HUP INT; exec sleep 1000' >/dev/null 2>&1 &",
     "own_process_group": "python3 -c 'import os, time; os.setpgid(0, 0); time.sleep(1000)' >/dev/null 2>&1 &",
 }
+LOOP = "while true; do mkdir -p $PWD/x; echo hi > $PWD/x/f; sleep 0.05; done"
 
 
 def _proc_text(pid: int, name: str) -> str:
@@ -139,19 +141,79 @@ def a_call_ending_spares_a_concurrent_call(client: TestClient, service: Orchestr
     assert settled_strays(sandbox_uid(service, MEMBER)) == []
 
 
-@pytest.fixture
-def contained_service(agent_data_dir: Path) -> Iterator[OrchestratorService]:
-    svc = OrchestratorService(make_settings(agent_data_dir, sandbox_uid_base=UID_BASE))
+@contextmanager
+def looping_call(client: TestClient, run_id: str) -> Iterator[dict]:
+    """Runs LOOP as a `shell` call in a thread; yields the dict its answer lands in."""
+    answer: dict = {}
+    thread = threading.Thread(target=lambda: answer.update(shell(client, run_id, LOOP, timeout_s=120)), daemon=True)
+    thread.start()
     try:
-        yield svc
+        yield answer
     finally:
-        svc.close()
+        thread.join(30)
+        assert not thread.is_alive(), "the looping call did not end"
+
+
+def wait_for(path: Path, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def stays_absent(path: Path, seconds: float = 2.0) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert not path.exists(), f"{path} came back after the cleanup"
+        time.sleep(0.05)
+
+
+def deleting_the_session_stops_its_calls(client: TestClient, service: OrchestratorService) -> None:
+    sid, run = member_run(client)
+    runtime = Path(run["workdir"])
+    with looping_call(client, run["run_id"]) as answer:
+        wait_for(runtime / "x" / "f")
+        deleted = client.delete(f"/v1/sessions/{sid}")
+        assert deleted.status_code == 200 and deleted.json()["cleanup_done"] is True, deleted.text
+        assert not runtime.exists()
+        stays_absent(runtime)
+        assert settled_strays(sandbox_uid(service, MEMBER)) == []
+    assert answer["ok"] is False and answer["error"]["code"] == "cancelled", answer
+    late = client.post(f"/v1/runs/{run['run_id']}/tools/shell", json={"arguments": {"command": "mkdir -p x"}})
+    assert late.status_code in (404, 409), late.text
+    stays_absent(runtime, 0.3)
+
+
+def ending_the_run_stops_its_calls(client: TestClient, service: OrchestratorService) -> None:
+    _, run = member_run(client)
+    marker = Path(run["workdir"]) / "x" / "f"
+    with looping_call(client, run["run_id"]) as answer:
+        wait_for(marker)
+        ended = client.post(f"/v1/runs/{run['run_id']}/end", json={"status": "cancelled"})
+        assert ended.status_code == 200, ended.text
+        marker.unlink()
+        stays_absent(marker)
+        assert settled_strays(sandbox_uid(service, MEMBER)) == []
+    assert answer["ok"] is False and answer["error"]["code"] == "cancelled", answer
+
+
+Served = tuple[TestClient, OrchestratorService]
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[Served]:
+    service = OrchestratorService(settings)
+    try:
+        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
+            yield client, service
+    finally:
+        service.close()
 
 
 @pytest.fixture
-def contained_client(contained_service: OrchestratorService) -> Iterator[TestClient]:
-    with TestClient(create_app(contained_service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
-        yield client
+def contained(agent_data_dir: Path) -> Iterator[Served]:
+    with serving(make_settings(agent_data_dir, sandbox_uid_base=UID_BASE)) as served:
+        yield served
 
 
 root_only = pytest.mark.skipif(not AS_ROOT, reason="a sandbox uid of its own needs a root orchestrator")
@@ -159,14 +221,20 @@ root_only = pytest.mark.skipif(not AS_ROOT, reason="a sandbox uid of its own nee
 
 @root_only
 @pytest.mark.parametrize("escape", sorted(ESCAPES))
-def test_item3_processes_do_not_outlive_their_call(
-    contained_client: TestClient, contained_service: OrchestratorService, escape: str
-) -> None:
-    escape_leaves_nothing(contained_client, contained_service, escape)
+def test_item3_processes_do_not_outlive_their_call(contained: Served, escape: str) -> None:
+    escape_leaves_nothing(*contained, escape)
 
 
 @root_only
-def test_item3_the_sweep_after_a_call_spares_a_concurrent_call(
-    contained_client: TestClient, contained_service: OrchestratorService
-) -> None:
-    a_call_ending_spares_a_concurrent_call(contained_client, contained_service)
+def test_item3_the_sweep_after_a_call_spares_a_concurrent_call(contained: Served) -> None:
+    a_call_ending_spares_a_concurrent_call(*contained)
+
+
+@root_only
+def test_item13_deleting_a_session_kills_its_calls_before_cleanup(contained: Served) -> None:
+    deleting_the_session_stops_its_calls(*contained)
+
+
+@root_only
+def test_item13_ending_a_run_kills_its_calls(contained: Served) -> None:
+    ending_the_run_stops_its_calls(*contained)
