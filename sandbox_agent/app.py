@@ -104,7 +104,8 @@ def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, An
     try:
         result = function(ToolContext(state.sandbox, state.config, request.cwd, call), arguments)
         if call.cancelled:  # what it did before it was stopped is not a result
-            return {"ok": False, "error": {"code": "cancelled", "message": cancelled_message(call.context), "path": None}}
+            message = cancelled_message(call.context)
+            return {"ok": False, "error": {"code": "cancelled", "message": message, "path": None}}
         return {"ok": True, "result": result}
     except AgentToolError as exc:
         return {"ok": False, "error": exc.body()}
@@ -180,7 +181,9 @@ def create_app(state: AgentState) -> Starlette:
             body = CancelRequest.model_validate_json(raw)
         except ValidationError as exc:
             return _json({"error": {"code": "invalid_request", "message": str(exc)}}, 422)
-        count = await anyio.to_thread.run_sync(state.calls.cancel, body.run_id, body.session_id, limiter=_CANCEL_THREADS)
+        count = await anyio.to_thread.run_sync(
+            state.calls.cancel, body.run_id, body.session_id, limiter=_CANCEL_THREADS
+        )
         log.info("calls cancelled run=%s session=%s count=%d", body.run_id, body.session_id, count)
         return Response(CancelResult(cancelled=count).model_dump_json(), media_type="application/json")
 

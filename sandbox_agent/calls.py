@@ -99,7 +99,8 @@ class CallRegistry:
         call.done.set()
 
     def _was_cancelled(self, context: CallContext) -> bool:
-        return ("run", context.run_id or "") in self._cancelled or ("session", context.session_id or "") in self._cancelled
+        keys = (("run", context.run_id), ("session", context.session_id))
+        return any(value is not None and (kind, value) in self._cancelled for kind, value in keys)
 
     def _remember(self, kind: str, value: str | None) -> None:
         if value is None:

@@ -29,8 +29,8 @@ BASE = (proc(1, 0, uid=OTHER_UID, start=0), proc(5, 1, start=1), proc(ME, 5, sta
 
 
 def victims(procs: dict[int, ProcInfo], leader: Leader, **kw: object) -> set[int]:
-    options: dict[object, object] = dict(me=ME, my_uid=UID, others=[], kept=[], whole_uid=True, has_marker=lambda pid: False)
-    options.update(kw)
+    options: dict[str, object] = {"me": ME, "my_uid": UID, "others": [], "kept": [], "whole_uid": True}
+    options.update({"has_marker": lambda pid: False, **kw})
     return select_victims(procs, leader, **options)  # type: ignore[arg-type]
 
 

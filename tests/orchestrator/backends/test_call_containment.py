@@ -40,7 +40,9 @@ ZOMBIE_LEADER = (
 )
 ESCAPES = {
     "zombie_leader_with_a_live_thread": f"python3 -c '{ZOMBIE_LEADER}' >/dev/null 2>&1 &",
-    "zombie_leader_in_its_own_session_without_env": f"env -i setsid /usr/bin/python3 -c '{ZOMBIE_LEADER}' >/dev/null 2>&1 &",
+    "zombie_leader_in_its_own_session_without_env": (
+        f"env -i setsid /usr/bin/python3 -c '{ZOMBIE_LEADER}' >/dev/null 2>&1 &"
+    ),
     "setsid_nohup_sleep": "setsid nohup sleep 1000 >/dev/null 2>&1 &",
     "double_fork_without_env": "env -i setsid sh -c 'sleep 1000 >/dev/null 2>&1 & exit 0' &",
     "ignores_sigterm": "sh -c 'trap \"\" TERM HUP INT; exec sleep 1000' >/dev/null 2>&1 &",
@@ -238,3 +240,19 @@ def test_item13_deleting_a_session_kills_its_calls_before_cleanup(contained: Ser
 @root_only
 def test_item13_ending_a_run_kills_its_calls(contained: Served) -> None:
     ending_the_run_stops_its_calls(*contained)
+
+
+@root_only
+@pytest.mark.parametrize("escape", ["zombie_leader_in_its_own_session_without_env", "double_fork_without_env"])
+def test_item3_under_bwrap_the_sweep_spares_the_agents_ancestors(agent_data_dir: Path, escape: str) -> None:
+    """bwrap runs as the sandbox uid too, as the agent's parent: the sweep must not take it."""
+    from tests.orchestrator.backends.test_bwrap import bwrap_problem
+
+    if (problem := bwrap_problem()) is not None:
+        pytest.skip(problem)
+    settings = make_settings(agent_data_dir, sandbox_uid_base=UID_BASE, process_sandbox="bwrap")
+    with serving(settings) as (client, service):
+        escape_leaves_nothing(client, service, escape)
+        (status,) = service.process_backend.status()
+        assert status.state == "running"  # bwrap (and the agent under it) survived the sweeps
+        assert shell(client, start_run(client, group_session(client), trigger="web")["run_id"], "echo ok")["ok"]
