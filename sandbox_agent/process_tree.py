@@ -24,6 +24,7 @@ next round.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
@@ -244,8 +245,10 @@ def _signal(pid: int, start: int) -> None:
     """SIGKILL `pid` if it is still the process that started at `start` (a pidfd pins it)."""
     try:
         fd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        try:
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            return  # gone already
+        try:  # a kernel before 5.3
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
@@ -299,10 +302,14 @@ def kill_call(leader: Leader, *, rounds: int = 50) -> int:
         )
         if not victims:
             break
-        try:
-            os.killpg(leader.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        head = table.get(leader.pid)
+        if head is not None and head.start == leader.start:
+            # Unreaped, so its pid (and process group id) cannot be anyone else's yet: the
+            # whole group at once, forks racing this round included.
+            try:
+                os.killpg(leader.pid, signal.SIGKILL)
+            except OSError:
+                pass
         for pid in victims:
             _signal(pid, table[pid].start)
         killed |= victims - {leader.pid}
