@@ -1,9 +1,15 @@
 """Routing a user to their sandbox: the backend that runs it and the plan it runs with (the
-user's groups, each with its own gid)."""
+user's groups, each with its own gid); and stopping the calls of an ended run or a deleted
+session (`cancel_calls`), which no call for it may outrun."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any
 
@@ -12,8 +18,15 @@ from mounts.plan import MountPlan, plan_mounts
 from orchestrator.backends.base import ContainerBackend, SandboxStatus, SandboxUser
 from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.group_gids import GroupGids, GroupGidsExhausted
+from orchestrator.log import kv
 from orchestrator.users import UserRepository
 from sandbox_agent.wire import CallContext
+
+log = logging.getLogger(__name__)
+
+REMEMBERED_CANCELS = 10_000
+CANCEL_DRAIN_S = 30.0  # how long a cancel waits for the calls it stopped to come back
+_CANCEL_RETRY_S = 0.05
 
 
 @lru_cache(maxsize=4096)
@@ -49,6 +62,63 @@ class BelowIsolationFloor(InvalidInput):
     code = "below_isolation_floor"
 
 
+def _keys(context: CallContext) -> list[tuple[str, str]]:
+    return [(kind, value) for kind, value in (("run", context.run_id), ("session", context.session_id)) if value]
+
+
+class SandboxCalls:
+    """The router's calls in flight by (user, run, session), and the runs and sessions whose
+    calls were cancelled: a call for one of them is refused before it reaches a sandbox, so
+    none can start after its cancel looked for it. Remembered in memory only (bounded): after
+    a restart the state DB (an ended run, a deleted session) refuses them at dispatch."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: Counter[tuple[int, tuple[str, str]]] = Counter()
+        self._cancelled: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    @contextmanager
+    def calling(self, user_id: int, context: CallContext | None) -> Iterator[None]:
+        keys = _keys(context) if context is not None else []
+        with self._lock:
+            refused = next((key for key in keys if key in self._cancelled), None)
+            if refused is None:
+                for key in keys:
+                    self._calls[(user_id, key)] += 1
+        if refused is not None:
+            raise ToolError(
+                "cancelled",
+                f"The {refused[0]} {refused[1]} ended or was deleted: the tool did not run.",
+            )
+        try:
+            yield
+        finally:
+            with self._lock:
+                for key in keys:
+                    self._calls[(user_id, key)] -= 1
+                    if self._calls[(user_id, key)] <= 0:
+                        del self._calls[(user_id, key)]
+
+    def cancel(self, run_id: str | None, session_id: str | None) -> None:
+        with self._lock:
+            for key in _keys(CallContext(run_id=run_id, session_id=session_id)):
+                self._cancelled[key] = None
+                self._cancelled.move_to_end(key)
+            while len(self._cancelled) > REMEMBERED_CANCELS:
+                self._cancelled.popitem(last=False)
+
+    def users(self, run_id: str | None, session_id: str | None) -> set[int]:
+        """The users with calls in flight for this run or session."""
+        keys = set(_keys(CallContext(run_id=run_id, session_id=session_id)))
+        with self._lock:
+            return {user_id for user_id, key in self._calls if key in keys}
+
+    def count(self, user_id: int, run_id: str | None, session_id: str | None) -> int:
+        keys = _keys(CallContext(run_id=run_id, session_id=session_id))
+        with self._lock:
+            return sum(self._calls.get((user_id, key), 0) for key in keys)
+
+
 class SandboxRouter:
     def __init__(
         self,
@@ -66,6 +136,7 @@ class SandboxRouter:
         self.backends = dict(backends)
         self.default_backend = default_backend
         self.process_sandbox = process_sandbox
+        self.in_flight = SandboxCalls()
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
         try:
@@ -113,7 +184,8 @@ class SandboxRouter:
         # The user and membership reads are SQLite reads in WAL mode: they never wait for a
         # writer, so they stay on the loop instead of costing a thread hop.
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
-        return await backend.call(user, tool, arguments, cwd=cwd, context=context)
+        with self.in_flight.calling(user_id, context):
+            return await backend.call(user, tool, arguments, cwd=cwd, context=context)
 
     def call_blocking(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
@@ -122,7 +194,33 @@ class SandboxRouter:
         agent's blocking client instead of hopping back to the loop (`anyio.from_thread`): the
         hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
-        return backend.call_blocking(user, tool, arguments, cwd=cwd, context=context)
+        with self.in_flight.calling(user_id, context):
+            return backend.call_blocking(user, tool, arguments, cwd=cwd, context=context)
+
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        """Stop the user's calls for this run or session (whole process trees) and return how
+        many the sandbox stopped, once every such call of this router came back. From now on a
+        call for them is refused here. No-op (0) when the user has no live sandbox."""
+        if run_id is None and session_id is None:
+            raise ValueError("cancel_calls needs a run_id or a session_id")
+        self.in_flight.cancel(run_id, session_id)
+        stopped = self._cancel_everywhere(user_id, run_id, session_id)
+        # A call that was on its way (starting the sandbox, or on the wire) when the agent
+        # answered: ask again until every such call came back, so none outlives the cancel.
+        deadline = time.monotonic() + CANCEL_DRAIN_S
+        while self.in_flight.count(user_id, run_id, session_id):
+            if time.monotonic() > deadline:
+                log.warning("calls still in flight after a cancel %s", kv(user=user_id, run=run_id, session=session_id))
+                break
+            time.sleep(_CANCEL_RETRY_S)
+            stopped += self._cancel_everywhere(user_id, run_id, session_id)
+        if stopped:
+            log.info("calls cancelled %s", kv(user=user_id, run=run_id, session=session_id, count=stopped))
+        return stopped
+
+    def _cancel_everywhere(self, user_id: int, run_id: str | None, session_id: str | None) -> int:
+        # Every backend: the user's may have changed since the call started (an override).
+        return sum(b.cancel_calls(user_id, run_id=run_id, session_id=session_id) for b in self.backends.values())
 
     def status(self) -> list[SandboxStatus]:
         return [status for backend in self.backends.values() for status in backend.status()]

@@ -25,9 +25,9 @@ from orchestrator.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
 from orchestrator.projects import ProjectRepository
-from orchestrator.runs import RunRepository, RunService, RunStatus
+from orchestrator.runs import RunRecord, RunRepository, RunService, RunStatus
 from orchestrator.sandboxes import SandboxRouter
-from orchestrator.session_cleanup import CleanupPhase
+from orchestrator.session_cleanup import CleanupPhase, stop_calls
 from orchestrator.session_upkeep import SessionUpkeep
 from orchestrator.sessions import SessionRepository, SessionService
 from orchestrator.settings import Settings
@@ -112,6 +112,9 @@ class OrchestratorService:
             skills=self.skills,
         )
         self.sessions.register_cleanup_step("runs", self.runs.cancel_running_of_deleted, phase=CleanupPhase.STOP)
+        # Ending a run or deleting a session kills its calls in flight (whole process trees).
+        self.runs.end_listeners.append(self._stop_calls_of_run)
+        self.sessions.register_cleanup_step("calls", stop_calls(self._stop_calls_of_session), phase=CleanupPhase.STOP)
         self.tools = ToolRegistry()
         register_conversation_tools(self.tools, self.store, self.session_repo, self.projects, self.chat, settings)
         register_container_tools(self.tools)
@@ -171,6 +174,15 @@ class OrchestratorService:
         self._watchers: list[FileWatcher] = []
         self._tasks: list[PeriodicTask] = []
         self.skills_watcher: FileWatcher | None = None
+
+    def _stop_calls_of_run(self, run: RunRecord) -> None:
+        # Its runtime user's sandbox runs its container tools; any other that has one in flight too.
+        for user_id in {run.runtime_user_id, *self.sandboxes.in_flight.users(run.run_id, None)}:
+            self.sandboxes.cancel_calls(user_id, run_id=run.run_id)
+
+    def _stop_calls_of_session(self, user_id: int, session_id: str) -> None:
+        for user in {user_id, *self.sandboxes.in_flight.users(None, session_id)}:
+            self.sandboxes.cancel_calls(user, session_id=session_id)
 
     def start(self) -> None:
         """Background work: the settings-file watcher (SPEC §8), session storage upkeep (§9),

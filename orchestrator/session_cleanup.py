@@ -6,7 +6,8 @@ that fails (or a process killed halfway) leaves the cleanup pending: the next DE
 every step again, which is why each step must be idempotent (removing what is already gone
 is a no-op).
 
-Phases run in order: STOP ends activity that could write again (running runs), REMOVE
+Phases run in order: STOP ends activity that could write again (running runs, then every
+call in flight for the session, whole process trees, in every sandbox that may run one), REMOVE
 deletes data (chat records, then every runtime user's `runtime/{uid}/{sid}/` with its skill
 links, then registered steps such as the collaboration mailbox).
 """
@@ -87,6 +88,18 @@ class SessionCleanup:
                 step.action(deleted)
             except Exception as exc:
                 raise CleanupFailed(step.name, exc) from exc
+
+
+def stop_calls(cancel: Callable[[int, str], object]) -> CleanupAction:
+    """Kill the session's calls in flight in each of its runtime users' sandboxes before any
+    file is removed: `cancel(user_id, session_id)` returns once they ended (and refuses later
+    ones), so none can write into a directory after it was removed."""
+
+    def stop(deleted: DeletedSession) -> None:
+        for user_id in deleted.runtime_user_ids:
+            cancel(user_id, deleted.session_id)
+
+    return stop
 
 
 def chat_records_step(chat: ChatStore) -> CleanupStep:

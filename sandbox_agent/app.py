@@ -5,7 +5,10 @@
 - `POST /v1/tools/{name}` with `{"arguments": {...}, "cwd": "/abs/workdir"}` and
   `Authorization: Bearer <token>` answers 200 `{"ok": true, "result": ...}` or
   200 `{"ok": false, "error": {"code", "message", "path"}}`. A missing or wrong token is 401,
-  an unknown tool 404.
+  an unknown tool 404. An optional `"context": {"run_id", "session_id"}` names what the call
+  is for; a call whose run or session was cancelled answers the error code `cancelled`.
+- `POST /v1/calls/cancel` with `{"run_id": ..., "session_id": ...}` (token required) kills the
+  process trees of the matching calls in flight and answers `{"cancelled": n}` once they ended.
 """
 
 from __future__ import annotations
@@ -26,14 +29,26 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sandbox_agent.build import own_build_id
+from sandbox_agent.calls import CallCancelled, CallRegistry, cancelled_message
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.names import escape_names
 from sandbox_agent.path_sandbox import PathSandbox, os_error
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.registry import TOOLS
-from sandbox_agent.wire import RAW_RESULT_HEADER, AgentConfig, Health, ReadBytesResult, ToolRequest
+from sandbox_agent.wire import (
+    RAW_RESULT_HEADER,
+    AgentConfig,
+    CancelRequest,
+    CancelResult,
+    Health,
+    ReadBytesResult,
+    ToolRequest,
+)
 
 OCTET_STREAM = "application/octet-stream"
+CANCEL_BODY_MAX = 4096
+# Cancels wait for calls to end: their own small pool, never queued behind the tools they stop.
+_CANCEL_THREADS = anyio.CapacityLimiter(4)
 
 log = logging.getLogger("sandbox_agent")
 
@@ -46,6 +61,7 @@ class AgentState:
         self.started = time.monotonic()
         self._busy = 0
         self._lock = threading.Lock()
+        self.calls = CallRegistry()
 
     def token_ok(self, header: str | None) -> bool:
         if not header or not header.startswith("Bearer "):
@@ -81,9 +97,16 @@ def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, An
         arguments = model.model_validate(request.arguments)
     except ValidationError as exc:
         return {"ok": False, "error": _invalid_arguments(exc)}
+    try:
+        call = state.calls.begin(request.context)
+    except CallCancelled as exc:
+        return {"ok": False, "error": {"code": "cancelled", "message": str(exc), "path": None}}
     state.enter()
     try:
-        result = function(ToolContext(state.sandbox, state.config, request.cwd), arguments)
+        result = function(ToolContext(state.sandbox, state.config, request.cwd, call), arguments)
+        if call.cancelled:  # what it did before it was stopped is not a result
+            message = cancelled_message(call.context)
+            return {"ok": False, "error": {"code": "cancelled", "message": message, "path": None}}
         return {"ok": True, "result": result}
     except AgentToolError as exc:
         return {"ok": False, "error": exc.body()}
@@ -97,6 +120,7 @@ def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, An
         }
     finally:
         state.leave()
+        state.calls.end(call)
 
 
 def _json(payload: dict[str, Any], status_code: int = 200) -> Response:
@@ -149,6 +173,22 @@ def create_app(state: AgentState) -> Starlette:
             envelope["result"] = result.model_dump(mode="json")
         return _json(envelope)
 
+    async def cancel_calls(request: Request) -> Response:
+        if not state.token_ok(request.headers.get("authorization")):
+            return _json({"error": {"code": "unauthorized", "message": "missing or wrong agent token"}}, 401)
+        raw = await request.body()
+        if len(raw) > CANCEL_BODY_MAX:
+            return _json({"error": {"code": "invalid_request", "message": "the body is too large"}}, 413)
+        try:
+            body = CancelRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            return _json({"error": {"code": "invalid_request", "message": str(exc)}}, 422)
+        count = await anyio.to_thread.run_sync(
+            state.calls.cancel, body.run_id, body.session_id, limiter=_CANCEL_THREADS
+        )
+        log.info("calls cancelled run=%s session=%s count=%d", body.run_id, body.session_id, count)
+        return Response(CancelResult(cancelled=count).model_dump_json(), media_type="application/json")
+
     async def unexpected(_: Request, exc: Exception) -> Response:
         log.exception("unexpected agent error")
         return _json({"error": {"code": "internal_error", "message": str(exc)}}, 500)
@@ -157,6 +197,7 @@ def create_app(state: AgentState) -> Starlette:
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/v1/tools/{name}", call_tool, methods=["POST"]),
+            Route("/v1/calls/cancel", cancel_calls, methods=["POST"]),
         ],
         exception_handlers={Exception: unexpected},
     )

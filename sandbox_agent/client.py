@@ -41,6 +41,7 @@ from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 from sandbox_agent.wire import RAW_RESULT_HEADER, CallContext, Health, ReadBytesResult
 
 OCTET_STREAM = "application/octet-stream"
+CANCEL_TIMEOUT_S = 30.0  # the agent answers once the cancelled calls ended (it waits up to 10 s)
 # The agent closes connections idle for 5 s (uvicorn timeout_keep_alive); one idle for longer
 # than this is not reused, so a request never races the agent's close.
 REUSE_IDLE_S = 3.0
@@ -115,6 +116,12 @@ def tool_request(arguments: dict[str, Any], cwd: str, context: CallContext | Non
     if context is not None:
         body["context"] = context.model_dump()
     return json.dumps(body).encode()
+
+
+def refused_context(answer: _Answer, context: CallContext | None) -> bool:
+    """An agent of an earlier BUILD (it serves until idle) refuses the `context` field with a
+    422 before running anything: the call is then sent as that agent knows it."""
+    return context is not None and answer.status == 422
 
 
 def cancel_request(run_id: str | None, session_id: str | None) -> bytes:
@@ -353,11 +360,13 @@ class AgentClient(_AgentClientBase):
         """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
         tool-level failure and `AgentUnavailable` when the agent could not be reached."""
         accept = OCTET_STREAM if tool == "read_bytes" else None
-        body = tool_request(arguments, cwd, context)
-        answer = self._send("POST", f"/v1/tools/{tool}", body=body, accept=accept, timeout_s=timeout_s)
+        url = f"/v1/tools/{tool}"
+        answer = self._send("POST", url, body=tool_request(arguments, cwd, context), accept=accept, timeout_s=timeout_s)
+        if refused_context(answer, context):
+            answer = self._send("POST", url, body=tool_request(arguments, cwd, None), accept=accept, timeout_s=timeout_s)
         return tool_result(tool, answer, self.answer_limits)
 
-    def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float | None = None) -> int:
+    def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
         """Kill the matching in-flight calls' process trees; how many calls were cancelled."""
         body = cancel_request(run_id, session_id)
         return cancelled_of(self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
@@ -521,11 +530,13 @@ class AsyncAgentClient(_AgentClientBase):
     ) -> Any:
         """As `AgentClient.call`, without holding a thread while the agent works."""
         accept = OCTET_STREAM if tool == "read_bytes" else None
-        body = tool_request(arguments, cwd, context)
-        answer = await self._send("POST", f"/v1/tools/{tool}", body=body, accept=accept, timeout_s=timeout_s)
+        url = f"/v1/tools/{tool}"
+        answer = await self._send("POST", url, body=tool_request(arguments, cwd, context), accept=accept, timeout_s=timeout_s)
+        if refused_context(answer, context):
+            answer = await self._send("POST", url, body=tool_request(arguments, cwd, None), accept=accept, timeout_s=timeout_s)
         return tool_result(tool, answer, self.answer_limits)
 
-    async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float | None = None) -> int:
+    async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
         body = cancel_request(run_id, session_id)
         return cancelled_of(await self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
 

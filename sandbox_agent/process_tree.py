@@ -1,31 +1,70 @@
-"""Finding and killing every process a shell call started (SPEC §6: no grandchild survives).
+"""Finding and killing every process a shell call started: nothing a call started outlives it.
 
-A call's processes are found three ways, because each alone can be dodged:
-- descendants of the call's shell (psutil, recursive) — lost once a parent exits;
+A call's own processes are found three ways, because each alone can be dodged:
+- descendants of the call's shell — lost once a parent exits;
 - members of the call's session (the shell is started with `start_new_session`) — lost by
   a descendant that calls setsid();
-- processes carrying the call's marker in their environment — lost only by one that also
-  wipes its environment, and such an orphan is reparented to the agent (a child subreaper)
-  and killed as an unknown orphan.
+- processes carrying the call's marker in their environment — lost by one that also wipes
+  its environment.
+What dodges all three is caught by the leftover sweep: every process of the sandbox's uid
+(when the uid is the sandbox's alone; otherwise the agent's own children, adopted orphans as
+the agent is a child subreaper) that is not the agent, one of its ancestors (bwrap, the
+container's init) or a kept long-lived process. While other calls are in flight the sweep
+spares whatever started after the oldest of them (it may be theirs); the sweep after the
+last call ends takes everything.
+
+Processes are read from /proc directly, not through psutil: psutil answers ZombieProcess for
+a zombie leader whose other threads still run (`pthread_exit` of the main thread), which is
+how such a process used to count as dead and keep running. Here a process runs while any of
+its threads is not a zombie, and zombies are signalled like everything else.
+
 Killing repeats until nothing is left, so a process forked during a sweep is caught by the
-next one.
+next round.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import threading
-
-import psutil
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from subprocess import Popen
+from typing import Any
 
 from sandbox_agent import syscalls
 
 MARKER_ENV = "SANDBOX_AGENT_CALL"
 
-_active_lock = threading.Lock()
-_active_leaders: set[int] = set()  # shells of calls in flight: reaped by their own Popen
+_lock = threading.Lock()  # spawning + registering a leader, and reaping, are atomic w.r.t. each other
+_active: set[Leader] = set()  # shells of calls in flight: reaped by their own Popen
+# The hook for long-lived processes the agent owns (a future "background processes" feature
+# registers them with `keep`): they and their descendants are never swept.
+_kept: set[int] = set()
 _adopting = False  # set once the agent became a child subreaper
+_sweep_uid = False  # every process of this uid belongs to this sandbox (a uid of its own)
+
+
+@dataclass(frozen=True)
+class Leader:
+    """A call's shell: its pid, its start time (clock ticks since boot, which tells it from a
+    later process that reuses the pid) and the marker in its environment."""
+
+    pid: int
+    start: int
+    marker: str
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    pid: int
+    ppid: int
+    sid: int
+    start: int
+    uid: int
+    running: bool  # some thread is not a zombie
 
 
 def adopt_orphans() -> bool:
@@ -37,100 +76,258 @@ def adopt_orphans() -> bool:
     return _adopting
 
 
-def register_leader(pid: int) -> None:
-    with _active_lock:
-        _active_leaders.add(pid)
+def sweep_uid(enabled: bool) -> None:
+    """Whether the leftover sweep takes every process of this uid (the agent runs as a uid no
+    one else uses: a sandbox uid) or only the agent's own children."""
+    global _sweep_uid
+    _sweep_uid = enabled
 
 
-def unregister_leader(pid: int) -> None:
-    with _active_lock:
-        _active_leaders.discard(pid)
+def keep(pid: int) -> None:
+    with _lock:
+        _kept.add(pid)
 
 
-def _alive(proc: psutil.Process) -> bool:
+def release(pid: int) -> None:
+    with _lock:
+        _kept.discard(pid)
+
+
+# --- reading /proc ----------------------------------------------------------------------------
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def _stat_fields(path: str) -> list[bytes]:
+    """The fields of a /proc stat file after the command name (which may hold spaces and parens)."""
+    return _read(path).rsplit(b")", 1)[1].split()
+
+
+def _running(pid: int, state: bytes) -> bool:
+    if state != b"Z":
+        return True
+    try:  # a zombie leader: does another thread of its group still run?
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            if _stat_fields(f"/proc/{pid}/task/{tid}/stat")[0] != b"Z":
+                return True
+        except (OSError, IndexError):
+            continue
+    return False
+
+
+def _info(pid: int) -> ProcInfo | None:
     try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
+        fields = _stat_fields(f"/proc/{pid}/stat")
+        uid = -1
+        for line in _read(f"/proc/{pid}/status").splitlines():
+            if line.startswith(b"Uid:"):
+                uid = int(line.split()[1])  # the real uid: a setuid program keeps it too
+                break
+        # state(3) ppid(4) pgrp(5) session(6) ... starttime(22), numbered as in proc(5)
+        return ProcInfo(pid, int(fields[1]), int(fields[3]), int(fields[19]), uid, _running(pid, fields[0]))
+    except (OSError, ValueError, IndexError):
+        return None  # gone meanwhile
+
+
+def scan() -> dict[int, ProcInfo]:
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            info = _info(int(name))
+            if info is not None:
+                table[info.pid] = info
+    return table
+
+
+def _has_marker(pid: int, needle: bytes) -> bool:
+    try:
+        return needle in _read(f"/proc/{pid}/environ")
+    except OSError:
         return False
 
 
-def call_processes(leader_pid: int, marker: str) -> dict[int, psutil.Process]:
-    """Every live process that belongs to the call led by `leader_pid`."""
-    me = os.getpid()
-    found: dict[int, psutil.Process] = {}
-    try:
-        leader = psutil.Process(leader_pid)
-        for proc in [leader, *leader.children(recursive=True)]:
-            found[proc.pid] = proc
-    except psutil.Error:
-        pass
-    my_uid = os.geteuid()
-    needle = f"{MARKER_ENV}={marker}".encode()
-    for proc in psutil.process_iter():
-        pid = proc.pid
-        if pid == me or pid in found:
+def _start_of(pid: int) -> int:
+    return int(_stat_fields(f"/proc/{pid}/stat")[19])
+
+
+# --- deciding ---------------------------------------------------------------------------------
+
+
+def _descendants(table: Mapping[int, ProcInfo], roots: Iterable[int]) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info.pid)
+    found: set[int] = set()
+    stack = list(roots)
+    while stack:
+        pid = stack.pop()
+        for child in children.get(pid, ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _ancestors(table: Mapping[int, ProcInfo], pid: int) -> set[int]:
+    found: set[int] = set()
+    info = table.get(pid)
+    while info is not None and info.ppid not in found and info.ppid > 0:
+        found.add(info.ppid)
+        info = table.get(info.ppid)
+    return found
+
+
+def select_victims(
+    table: Mapping[int, ProcInfo],
+    leader: Leader,
+    *,
+    me: int,
+    my_uid: int,
+    others: Iterable[Leader],
+    kept: Iterable[int],
+    whole_uid: bool,
+    has_marker: Callable[[int], bool],
+) -> set[int]:
+    """The running processes to kill after (or to cancel) the call led by `leader`. Pure but
+    for `has_marker` (a read of a process's environment)."""
+    protected = {me, *_ancestors(table, me), *kept, *_descendants(table, kept)}
+    own: set[int] = set()
+    head = table.get(leader.pid)
+    if head is not None and head.start == leader.start:  # still the call's shell, not a reused pid
+        own = {leader.pid, *_descendants(table, [leader.pid])}
+    # While other calls run, only what is older than all of them can be nobody's but ours.
+    cutoff = min((other.start for other in others), default=None)
+    victims = set()
+    for info in table.values():
+        # Only our uid: the agent cannot signal any other, and a setuid program keeps it as its real uid.
+        if not info.running or info.pid in protected or info.uid != my_uid:
             continue
-        try:
-            if os.getsid(pid) == leader_pid:
-                found[pid] = proc
-                continue
-            if proc.uids().real != my_uid:
-                continue
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if needle in fh.read():
-                    found[pid] = proc
-        except (OSError, psutil.Error):
+        if info.pid in own or info.sid == leader.pid:
+            victims.add(info.pid)
             continue
-    return {pid: proc for pid, proc in found.items() if _alive(proc)}
+        leftover = whole_uid or info.ppid == me
+        if leftover and (cutoff is None or info.start < cutoff):
+            victims.add(info.pid)
+        elif has_marker(info.pid):
+            victims.add(info.pid)
+    return victims
 
 
-def orphans() -> list[psutil.Process]:
-    """Children of the agent that no call in flight owns: adopted orphans (the agent is a
-    child subreaper), alive or zombie."""
-    with _active_lock:
-        active = set(_active_leaders)
-    try:
-        return [p for p in psutil.Process().children() if p.pid not in active]
-    except psutil.Error:
-        return []
+# --- acting -----------------------------------------------------------------------------------
 
 
-def _reap(pids: set[int]) -> None:
-    for pid in pids:
+def spawn(start: Callable[[], Popen[Any]], marker: str) -> tuple[Popen[Any], Leader]:
+    """Start a call's shell with `start()` and register it, atomically with respect to the
+    leftover sweep and the reaping of orphans (neither may take it for a leftover)."""
+    with _lock:
+        proc = start()
         try:
-            os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass  # not our child (or already reaped)
+            leader = Leader(proc.pid, _start_of(proc.pid), marker)
+        except (OSError, ValueError, IndexError):
+            leader = Leader(proc.pid, -1, marker)
+        _active.add(leader)
+    return proc, leader
+
+
+def unregister(leader: Leader) -> None:
+    with _lock:
+        _active.discard(leader)
+
+
+def _signal(pid: int, start: int) -> None:
+    """SIGKILL `pid` if it is still the process that started at `start` (a pidfd pins it)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            return  # gone already
+        try:  # a kernel before 5.3
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+        return
+    try:
+        if _start_of(pid) == start:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except (OSError, ValueError, IndexError):
+        pass
+    finally:
+        os.close(fd)
 
 
-def kill_call(leader_pid: int, marker: str, *, rounds: int = 50) -> int:
-    """SIGKILL everything of one call until nothing is left; returns how many were killed
-    (the leader itself is not counted and not reaped: its Popen does that)."""
+def _reap_orphans(table: Mapping[int, ProcInfo]) -> None:
+    """Reap the agent's zombie children that no call in flight owns (adopted orphans)."""
+    if not _adopting:
+        return
+    me = os.getpid()
+    with _lock:  # a shell spawned meanwhile is registered before its pid can be seen here
+        leaders = {leader.pid for leader in _active}
+        for info in table.values():
+            if info.ppid == me and not info.running and info.pid not in leaders:
+                try:
+                    os.waitpid(info.pid, os.WNOHANG)
+                except OSError:
+                    pass  # not our child after all (or already reaped)
+
+
+def kill_call(leader: Leader, *, rounds: int = 50) -> int:
+    """SIGKILL everything of one call, and the leftovers of earlier ones, until nothing is
+    left; returns how many were killed (the leader itself is not counted and not reaped: its
+    Popen does that)."""
+    me, my_uid = os.getpid(), os.getuid()
+    needle = f"{MARKER_ENV}={leader.marker}".encode()
     killed: set[int] = set()
     for _ in range(rounds):
-        victims = call_processes(leader_pid, marker)
-        if _adopting:
-            for proc in orphans():
-                if _alive(proc):
-                    victims[proc.pid] = proc
+        with _lock:
+            others = [other for other in _active if other != leader]
+            kept = set(_kept)
+        table = scan()
+        _reap_orphans(table)  # zombies adopted from this call's kills and from earlier calls
+        victims = select_victims(
+            table,
+            leader,
+            me=me,
+            my_uid=my_uid,
+            others=others,
+            kept=kept,
+            whole_uid=_sweep_uid,
+            has_marker=lambda pid: _has_marker(pid, needle),
+        )
         if not victims:
             break
-        try:
-            os.killpg(leader_pid, signal.SIGKILL)
-        except OSError:
-            pass
-        for pid, proc in victims.items():
+        head = table.get(leader.pid)
+        if head is not None and head.start == leader.start:
+            # Unreaped, so its pid (and process group id) cannot be anyone else's yet: the
+            # whole group at once, forks racing this round included.
             try:
-                proc.kill()
-            except psutil.Error:
+                os.killpg(leader.pid, signal.SIGKILL)
+            except OSError:
                 pass
-            if pid != leader_pid:
-                killed.add(pid)
-        psutil.wait_procs([p for pid, p in victims.items() if pid != leader_pid], timeout=0.2)
-        if _adopting:
-            _reap({p.pid for p in orphans()})
-    if _adopting:
-        _reap({p.pid for p in orphans()})  # zombies adopted from earlier calls
+        for pid in victims:
+            _signal(pid, table[pid].start)
+        killed |= victims - {leader.pid}
+        _wait_gone(victims)
     return len(killed)
+
+
+def _wait_gone(pids: set[int], timeout_s: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    pending = set(pids)
+    while pending and time.monotonic() < deadline:
+        for pid in list(pending):
+            try:
+                state = _stat_fields(f"/proc/{pid}/stat")[0]
+            except (OSError, IndexError):
+                pending.discard(pid)
+                continue
+            if not _running(pid, state):
+                pending.discard(pid)
+        if pending:
+            time.sleep(0.005)

@@ -115,6 +115,7 @@ def limit_processes(limit: int | None) -> None:
 def serve(config: AgentConfig) -> None:
     limit_processes(config.max_processes)
     process_tree.adopt_orphans()
+    process_tree.sweep_uid(config.sweep_uid)
     sandbox = PathSandbox(
         [Root(r.path, r.access == "rw", r.purpose) for r in config.roots],
         data_root=config.data_root,

@@ -12,7 +12,7 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
 
 from sandbox_agent.names import escape_names
 
@@ -151,18 +151,25 @@ class AgentConfig(BaseModel):
     # bomb cannot take the host's process table (None: the agent runs as the orchestrator's
     # own uid, which must not be limited).
     max_processes: int | None = Field(None, gt=0)
+    # The agent's uid is this sandbox's alone (a sandbox uid): after the last call in flight
+    # ends, every process of the uid that is not the agent's is a leftover and is killed. With
+    # a uid it shares (the orchestrator's own, not root), only its adopted orphans are.
+    sweep_uid: bool = False
 
 
 # --- envelopes ------------------------------------------------------------------------------
 
 
+_CONTEXT_ID = Field(None, min_length=1, max_length=200)
+
+
 class CallContext(BaseModel):
-    """Which run and session a call belongs to, so their in-flight calls can be cancelled."""
+    """What a call was made for: ending the run or deleting the session cancels it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    run_id: str | None = None
-    session_id: str | None = None
+    run_id: str | None = _CONTEXT_ID
+    session_id: str | None = _CONTEXT_ID
 
 
 class ToolRequest(BaseModel):
@@ -171,6 +178,20 @@ class ToolRequest(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
     cwd: str = Field(..., description="Absolute working directory of the run; relative paths start here.")
     context: CallContext | None = None
+
+
+class CancelRequest(CallContext):
+    """`POST /v1/calls/cancel`: the calls of this run, or of this session (at least one)."""
+
+    @model_validator(mode="after")
+    def _one_set(self) -> CancelRequest:
+        if self.run_id is None and self.session_id is None:
+            raise ValueError("name a run_id or a session_id")
+        return self
+
+
+class CancelResult(BaseModel):
+    cancelled: int = Field(..., ge=0)
 
 
 class ErrorBody(BaseModel):

@@ -148,6 +148,7 @@ def prepare_agent_launch(
         parent_pid=parent_pid,
         # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.
         max_processes=settings.sandbox_pids if sandbox_uid is not None else None,
+        sweep_uid=sandbox_uid is not None,  # a uid of its own: every process of it is this sandbox's
     )
     dir_fd = directories.open_agent_secrets_dir(user_id, create=True)
     try:

@@ -58,6 +58,11 @@ class ContainerBackend(Protocol):
         """`call` for code that runs in a worker thread anyway (host tools), with the same
         deadline and failure handling, on the agent's blocking client."""
 
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        """Kill the user's calls in flight for this run or session (whole process trees) and
+        return how many there were once they ended; 0 when the user has no live sandbox
+        (never starts one)."""
+
     def stop(self, user_id: int) -> None:
         """Stop the user's sandbox; the next call starts it again."""
 

@@ -329,6 +329,21 @@ class DockerBackend:
             slot.forget_agent()  # the next call inspects the container and recovers
             slot.stalled = slot.stalled or isinstance(exc, AgentTimedOut)
 
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        # Not under the slot's lock: a container start holds it for seconds. A call still
+        # starting its container has not reached the agent: the router's next cancel does.
+        with self._slots_lock:
+            slot = self._slots.get(user_id)
+        agent = slot.agent if slot is not None else None
+        if agent is None:
+            return 0
+        try:
+            return agent.cancel(run_id=run_id, session_id=session_id)
+        except AgentUnavailable as exc:
+            log.warning("sandbox did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
+            self.stop(user_id)
+            return 0
+
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)
         with slot.lock:

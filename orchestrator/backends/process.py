@@ -437,6 +437,18 @@ class ProcessBackend:
         with self._counted(agent):
             timeout = call_timeout_s(self.settings, tool, arguments)
             return agent.client.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        with self._lock:
+            agent = self._agents.get(user_id)
+        if agent is None or not agent.alive:
+            return 0  # no agent, no call of it in flight (its shells died with it)
+        try:
+            return agent.client.cancel(run_id=run_id, session_id=session_id)
+        except AgentUnavailable as exc:
+            # It cannot say what it stopped: stop it whole rather than leave calls running.
+            log.warning("agent did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
+            self.stop(user_id)
+            return 0
 
     # --- idleness ---------------------------------------------------------------------------
 

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sandbox_agent.path_sandbox import PathSandbox
 from sandbox_agent.wire import AgentConfig, AgentLimits
+
+if TYPE_CHECKING:
+    from sandbox_agent.calls import InFlightCall
 
 
 @dataclass(frozen=True)
@@ -13,6 +17,7 @@ class ToolContext:
     sandbox: PathSandbox
     config: AgentConfig
     cwd: str
+    call: InFlightCall | None = None  # a shell attaches its process tree, so a cancel can kill it
 
     @property
     def limits(self) -> AgentLimits:

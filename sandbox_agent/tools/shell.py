@@ -81,25 +81,31 @@ def shell(ctx: ToolContext, args: ShellArgs) -> dict[str, Any]:
     marker = secrets.token_hex(12)
     with ctx.sandbox.open_dir(ctx.cwd, "/") as workdir:
         cwd = f"/proc/self/fd/{workdir.fd}" if _PROC_FD else workdir.path
+        env = _environment(ctx, workdir.path, marker)
         started = time.monotonic()
-        try:
-            proc = subprocess.Popen(
+
+        def start() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
                 [_SHELL, "-c", args.command],
                 cwd=cwd,
-                env=_environment(ctx, workdir.path, marker),
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group and session: killed as one
                 pass_fds=(workdir.fd,) if _PROC_FD else (),
             )
+
+        try:
+            proc, leader = process_tree.spawn(start, marker)
         except OSError as exc:
             raise AgentToolError("shell_failed", f"Could not start the shell: {exc}") from None
         shown_cwd = workdir.path
-    process_tree.register_leader(proc.pid)
     assert proc.stdout is not None and proc.stderr is not None
     readers = [_CappedReader(proc.stdout, limits.output_cap_bytes), _CappedReader(proc.stderr, limits.output_cap_bytes)]
     try:
+        if ctx.call is not None and not ctx.call.attach(leader):
+            process_tree.kill_call(leader)  # cancelled while it was starting
         for reader in readers:
             reader.start()
         timed_out = False
@@ -109,12 +115,14 @@ def shell(ctx: ToolContext, args: ShellArgs) -> dict[str, Any]:
             timed_out = True
         # On timeout: everything. After a normal exit: whatever it left in the background,
         # which would otherwise hold the pipes open and outlive the call.
-        leftovers = process_tree.kill_call(proc.pid, marker)
+        leftovers = process_tree.kill_call(leader)
         returncode = proc.wait()
         for reader in readers:
             reader.join(_PIPE_GRACE_S)
     finally:
-        process_tree.unregister_leader(proc.pid)
+        if ctx.call is not None:
+            ctx.call.detach()
+        process_tree.unregister(leader)
     for reader in readers:
         if not reader.is_alive():  # closing under a blocked reader would wait for it
             reader.stream.close()
