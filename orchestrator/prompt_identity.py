@@ -41,9 +41,10 @@ def render_identity_section(facts: IdentityPromptFacts) -> str | None:
         "token caches and CLI dependencies are not in this environment: do not assume they are "
         "available and do not try to read the owner's runtime directory.",
         "- Artifacts are isolated per identity: another member's files under "
-        f"{uploads}/{{uid}}/ or their runtime directory cannot be read here. Every file "
-        f"{uploads}/{{uid}}/{{file}} is publicly readable at {base}/uploads/{{uid}}/{{file}}, so you "
-        "may pass another member's local upload path to send_file or send_image: the error will "
+        f"{uploads}/{{uid}}/ or their runtime directory cannot be read here. A file published with "
+        f"publish_artifact as {uploads}/{{uid}}/{{file}} is publicly readable at "
+        f"{base}/uploads/{{uid}}/{{file}}, so you may pass another member's published upload path "
+        "to send_file or send_image: the error will "
         f"carry the URL to use instead. Put results meant for the whole group in {shared}.",
         "- If a task must use a member's own account or credentials, ask that member to trigger "
         "the bot themselves, or tell the user that it needs that person to act.",

@@ -34,7 +34,10 @@ def test_the_section_says_who_runs_who_owns_what_is_missing_the_url_mapping_and_
     assert "personal skills" in lines[2] and "token caches" in lines[2] and "not in this environment" in lines[2]
     mapping = lines[3]
     assert "isolated per identity" in mapping
-    assert "/srv/data/uploads/{uid}/{file} is publicly readable at https://bot.example.com/uploads/{uid}/{file}" in mapping
+    assert (
+        "publish_artifact as /srv/data/uploads/{uid}/{file} is publicly readable at "
+        "https://bot.example.com/uploads/{uid}/{file}" in mapping
+    )
     assert "send_file or send_image" in mapping and "the error will carry the URL" in mapping
     assert "/srv/data/groups/feishu/oc_1" in mapping and "/srv/data/share" in mapping
     assert "member's own account" in lines[4] and "trigger the bot themselves" in lines[4]
