@@ -396,8 +396,10 @@ class ProcessBackend:
             agent = self._agents.get(user.user_id)
         if agent is None or agent.stalled or not agent.alive:
             return None
-        if self._staleness(agent, user) is not None and agent.inflight == 0:
-            return None  # outdated and idle: restarted on the slow path
+        if self._staleness(agent, user) is not None and (
+            agent.inflight == 0 or loses_group_access(agent.group_gids, user.plan.group_gids)
+        ):
+            return None  # outdated and idle, or carrying a gid its plan lost: the slow path replaces it
         return agent
 
     def _replace_unreachable(self, agent: _Agent, exc: AgentUnavailable) -> None:
