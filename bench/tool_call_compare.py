@@ -50,6 +50,9 @@ def export_revision(rev: str, into: Path) -> Path:
     return target
 
 
+UID_BASES = {"baseline": 300_000_000, "current": 100_000}
+
+
 @dataclass
 class Server:
     name: str
@@ -65,6 +68,9 @@ class Server:
 
     def start(self) -> None:
         settings = {"ORCH_DATA_DIR": str(self.data_dir), "ORCH_BACKEND": self.backend}
+        # Two servers on one host must not share sandbox uids: an agent sweeps every process of
+        # its uid when a call ends, and would kill the other server's agent of the same user.
+        settings["ORCH_SANDBOX_UID_BASE"] = str(UID_BASES[self.name])
         if self.image is not None:
             settings["ORCH_SANDBOX_IMAGE"] = self.image
         served = orchestrator_server(settings, python=self.python, cwd=self.tree, what=f"the {self.name} server")
@@ -86,7 +92,9 @@ class Server:
 
     def agent(self) -> AgentClient:
         sockets = self.data_dir / "sockets" / "17"
-        token = (self.data_dir / "agent-secrets" / "17" / "token").read_text().strip()
+        # This tree keeps the token in agent-secrets/; a baseline from before that, beside the socket.
+        secret = self.data_dir / "agent-secrets" / "17" / "token"
+        token = (secret if secret.exists() else sockets / "token").read_text().strip()
         return AgentClient(sockets / "agent.sock", token)
 
     def containers(self) -> list:
