@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import Settings
 from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
 
 
@@ -61,3 +63,17 @@ def blocking_call(backend, user, tool: str, arguments: dict, *, cwd: str, contex
     import anyio
 
     return anyio.run(functools.partial(backend.call, user, tool, arguments, cwd=cwd, context=context))
+
+
+Served = tuple[TestClient, OrchestratorService]
+
+
+@contextmanager
+def serving(settings: Settings) -> Iterator[Served]:
+    """A service on `settings` and a bot-token client of it; the service is closed after."""
+    service = OrchestratorService(settings)
+    try:
+        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
+            yield client, service
+    finally:
+        service.close()

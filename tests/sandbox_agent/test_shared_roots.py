@@ -13,11 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mounts.layout import GroupRef
-from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
-from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
+from tests.agent_env import agent_data_dir, serving, traversable_tmp  # noqa: F401 - fixtures
 from tests.api_calls import MEMBER, OWNER, group_session, start_run, tool
-from tests.conftest import API_TOKEN, make_settings
+from tests.conftest import make_settings
 from tests.mounts.conftest import write_skill
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids need a root orchestrator")
@@ -38,12 +37,8 @@ def team(request: pytest.FixtureRequest, agent_data_dir: Path) -> Iterator[tuple
         settings = make_settings(agent_data_dir, process_sandbox="bwrap")
     else:
         settings = make_settings(agent_data_dir, agent_resolver=request.param)
-    service = OrchestratorService(settings)
-    try:
-        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
-            yield client, service
-    finally:
-        service.close()
+    with serving(settings) as served:
+        yield served
 
 
 def shell(client: TestClient, run_id: str, command: str) -> dict:

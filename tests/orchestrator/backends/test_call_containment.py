@@ -18,11 +18,10 @@ import psutil
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
-from orchestrator.settings import Settings
+from tests.agent_env import Served, serving
 from tests.api_calls import MEMBER, group_session, start_run, tool
-from tests.conftest import API_TOKEN, make_settings
+from tests.conftest import make_settings
 
 AS_ROOT = os.geteuid() == 0
 # Uids of their own: these tests count (and the agents sweep) every process of a sandbox uid,
@@ -199,17 +198,6 @@ def ending_the_run_stops_its_calls(client: TestClient, service: OrchestratorServ
     assert answer["ok"] is False and answer["error"]["code"] == "cancelled", answer
 
 
-Served = tuple[TestClient, OrchestratorService]
-
-
-@contextmanager
-def serving(settings: Settings) -> Iterator[Served]:
-    service = OrchestratorService(settings)
-    try:
-        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
-            yield client, service
-    finally:
-        service.close()
 
 
 @pytest.fixture
