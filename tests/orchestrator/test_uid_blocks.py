@@ -195,3 +195,30 @@ def test_a_second_serve_with_an_overlapping_uid_block_exits_2_with_one_line(tmp_
             f"on {first} (uids 700000000..700001000); give one of them another ORCH_SANDBOX_UID_BASE / "
             "a smaller ORCH_MAX_USER_ID"
         ], result.stderr
+
+
+@needs_root
+def test_a_live_claim_on_the_same_data_dir_from_another_process_does_not_refuse(tmp_path: Path, registry: Path) -> None:
+    from orchestrator.backends.docker_spec import instance_id
+
+    data = tmp_path / "a" / "data"
+    code = (
+        "import sys; from pathlib import Path; from orchestrator import uid_registry\n"
+        "r = uid_registry.register(Path(sys.argv[1]), instance_id=sys.argv[2], data_dir=Path(sys.argv[3]),"
+        " base=100000, max_user_id=10**9)\n"
+        "print('ready', flush=True); sys.stdin.read()\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(registry), instance_id(data), str(data)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "ready\n"
+        service = _service(tmp_path / "a", registry)
+        try:
+            assert service.uid_block is None  # the claim stays its holder's
+            assert json.loads((registry / f"{instance_id(data)}.json").read_text())["pid"] == holder.pid
+        finally:
+            service.close()
+    finally:
+        holder.communicate("", timeout=30)
