@@ -212,6 +212,8 @@ class RunService:
         session = self._sessions.get(session_id)
         if session is None:
             raise NotFound(f"session {session_id} not found")
+        if request.speaker_user_id is not None:
+            self._users.admit(request.speaker_user_id, "speaker_user_id")
         last_runtime = session.last_runtime_user_id
         parent = None
         if request.trigger is Trigger.SUBAGENT and session.parent_session_id is not None:
@@ -232,7 +234,7 @@ class RunService:
             )
         except IdentityInputError as exc:
             raise InvalidInput(exc.message, field=exc.field) from exc
-        runtime = identity.runtime_user_id
+        runtime = self._users.admit(identity.runtime_user_id, "runtime_user_id")
         self._persist_last_runtime_user(session, runtime, reason="run_start")
 
         run = RunRecord(

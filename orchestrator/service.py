@@ -45,6 +45,8 @@ from orchestrator.tools.registry import ToolRegistry
 from orchestrator.user_dirs import UserDirectories
 from orchestrator.url_fetch import UrlFetcher
 from orchestrator.users import UserRepository
+from orchestrator import uid_registry
+from orchestrator.backends.docker_spec import instance_id
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +62,25 @@ class OrchestratorService:
         self.layout = settings.layout
         check_data_dir_location(settings.data_dir, sandbox_ids=settings.sandbox_id_ranges)
         check_state_present(self.layout)
+        # Held until close(): no other live orchestrator on this host may use our sandbox uids.
+        self.uid_block = uid_registry.register(
+            settings.uid_registry_dir,
+            instance_id=instance_id(self.layout.root),
+            data_dir=self.layout.root,
+            base=settings.sandbox_uid_base,
+            max_user_id=settings.max_user_id,
+        )
+        try:
+            self._build(settings)
+        except BaseException:
+            if self.uid_block is not None:
+                self.uid_block.release()
+            raise
+
+    def _build(self, settings: Settings) -> None:
         self.store = StateStore(self.layout.state_db)
         self.store.open()
-        self.users = UserRepository(self.store)
+        self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
         self.projects = ProjectRepository(self.store)
         self.session_repo = SessionRepository(self.store)
         self.chat = ChatStore(self.layout, transcript_turns=settings.transcript_turns)
@@ -70,7 +88,7 @@ class OrchestratorService:
         self.session_upkeep = SessionUpkeep(self.sessions, self.chat)
         self.run_repo = RunRepository(self.store)
         self.switch = RuntimeIdentitySwitch(self.store, settings)
-        self.directories = UserDirectories(self.layout, settings.sandbox_uid_base)
+        self.directories = UserDirectories(self.layout, settings.sandbox_uid_base, settings.max_user_id)
         self.skills = build_skill_service(settings, self.directories)
         self.skill_admin = SkillAdmin(
             self.skills,
@@ -241,3 +259,6 @@ class OrchestratorService:
         self.dispatcher.close()
         self.mailbox.close()
         self.store.close()
+        if self.uid_block is not None:
+            self.uid_block.release()
+            self.uid_block = None

@@ -256,6 +256,7 @@ class SessionService:
     def create(self, new: NewSession, *, actor: str, acting_user: int | None = None) -> SessionRecord:
         """A new session. With `acting_user`, only for that user, and only as the child of a
         parent session that user can see (an invisible parent is "not found", like a missing one)."""
+        self._users.admit(new.owner_user_id, "owner_user_id")
         now = now_iso()
         session_id = new.session_id or f"s-{secrets.token_hex(12)}"
         if acting_user is not None:

@@ -87,6 +87,17 @@ class Settings(BaseSettings):
         600.0, ge=0, description="How often expired deliveries are removed (0: never)."
     )
     sandbox_uid_base: int = Field(100000, ge=1000, description="A user's sandbox runs as uid base + user id.")
+    max_user_id: int = Field(
+        MAX_USER_ID,
+        ge=1,
+        le=MAX_USER_ID,
+        description="Largest user id this instance accepts; its sandbox uids are base..base + this "
+        "(two orchestrators on one host must not share any).",
+    )
+    uid_registry_dir: Path = Field(
+        Path("/run/sandbox-orchestrator/uid-blocks"),
+        description="Where live instances (as root) record their sandbox uid blocks; tests point it elsewhere.",
+    )
     group_gid_base: int = Field(
         2_000_000_000, ge=1000, description="First gid given to a group workspace (one gid per group)."
     )
@@ -154,7 +165,7 @@ class Settings(BaseSettings):
     def _id_ranges_apart(self) -> Settings:
         # A group gid equal to some user's sandbox uid (= that user's own gid) would let that
         # user into the group's workspace.
-        users = (self.sandbox_uid_base, self.sandbox_uid_base + MAX_USER_ID)
+        users = (self.sandbox_uid_base, self.sandbox_uid_base + self.max_user_id)
         groups = (self.group_gid_base, self.group_gid_base + self.group_gid_count - 1)
         if groups[0] <= users[1] and users[0] <= groups[1]:
             raise ValueError(
@@ -173,7 +184,7 @@ class Settings(BaseSettings):
     def sandbox_id_ranges(self) -> tuple[IdRange, ...]:
         """Every uid and gid a sandbox may carry: the users' own and the group workspaces'."""
         groups = self.group_gid_range
-        return (IdRange(self.sandbox_uid_base, self.sandbox_uid_base + MAX_USER_ID), IdRange(groups.first, groups.last))
+        return (IdRange(self.sandbox_uid_base, self.sandbox_uid_base + self.max_user_id), IdRange(groups.first, groups.last))
 
     @property
     def layout(self) -> DataLayout:

@@ -31,7 +31,8 @@ from pathlib import Path
 
 from mounts.layout import COMPACTION_SUBDIR, RUNTIME_SUBDIRS, DataLayout
 from mounts.plan import Mount, MountPlan
-from orchestrator.errors import Conflict
+from mounts.ids import MAX_USER_ID
+from orchestrator.errors import Conflict, InvalidInput
 from orchestrator.log import kv
 
 log = logging.getLogger(__name__)
@@ -57,13 +58,25 @@ class GroupWithoutGid(RuntimeError):
     """A plan mounts a group workspace without the group's own gid (a programming error)."""
 
 
+def check_user_id(user_id: int, max_user_id: int, field: str = "user_id") -> int:
+    """A 422 for a user id beyond this instance's ORCH_MAX_USER_ID (ids.user_id checks the
+    absolute cap)."""
+    if user_id > max_user_id:
+        raise InvalidInput(f"{field} must be between 1 and {max_user_id} (ORCH_MAX_USER_ID)", field=field)
+    return user_id
+
+
 class UserDirectories:
-    def __init__(self, layout: DataLayout, uid_base: int) -> None:
+    def __init__(self, layout: DataLayout, uid_base: int, max_user_id: int = MAX_USER_ID) -> None:
         self.layout = layout
         self.uid_base = uid_base
+        self.max_user_id = max_user_id
         self.chown = os.geteuid() == 0
 
     def sandbox_uid(self, user_id: int) -> int:
+        # The backstop of ORCH_MAX_USER_ID: no uid outside this instance's registered block
+        # (uid_blocks.py) is ever handed out, whatever path a user id came in by.
+        check_user_id(user_id, self.max_user_id)
         return self.uid_base + user_id
 
     @property

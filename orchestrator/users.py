@@ -9,6 +9,8 @@ from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict
 from orchestrator.state_store import StateStore, Transaction
+from orchestrator.user_dirs import check_user_id
+from mounts.ids import MAX_USER_ID
 
 __all__ = ["KEEP", "GroupRef", "Keep", "UserRecord", "UserRepository"]
 
@@ -40,12 +42,18 @@ def _user(row) -> UserRecord:
 
 
 class UserRepository:
-    def __init__(self, store: StateStore) -> None:
+    def __init__(self, store: StateStore, *, max_user_id: int = MAX_USER_ID) -> None:
         self._store = store
+        self.max_user_id = max_user_id
+
+    def admit(self, user_id: int, field: str = "user_id") -> int:
+        """A 422 (before anything is written) for a user id beyond this instance's ORCH_MAX_USER_ID."""
+        return check_user_id(user_id, self.max_user_id, field)
 
     def upsert(self, user_id: int, *, display_name: str | None, backend: str | None | Keep = KEEP) -> UserRecord:
         """Set the display name, and the backend override unless `backend` is KEEP (only the
         admin sets overrides; a bot's PUT must not clear one either)."""
+        self.admit(user_id)
         now = now_iso()
         keep = isinstance(backend, Keep)
         with self._store.write() as tx:

@@ -22,6 +22,7 @@ from orchestrator.http.models import (
 from orchestrator.http.params import chat_id_param, group_channel_param, project_id_param, user_id_param
 from orchestrator.identity_switch import IdentityModeState
 from orchestrator.service import OrchestratorService
+from orchestrator.uid_blocks import UidBlock
 from orchestrator.users import KEEP, Keep
 
 router = APIRouter()
@@ -48,8 +49,14 @@ async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         "runtime_identity_changed_at": state.changed_at,
         "runtime_identity_invalid_value": state.invalid_value,
         # Whether process-backend sandboxes are kept apart (own uids, own network namespace).
-        "isolation": service.process_backend.isolation.as_json(),
+        # uid_block: the sandbox uids this instance claims on the host (orchestrator/uid_blocks.py).
+        "isolation": {**service.process_backend.isolation.as_json(), "uid_block": _uid_block(service)},
     }
+
+
+def _uid_block(service: OrchestratorService) -> list[int]:
+    block = UidBlock.of(service.settings.sandbox_uid_base, service.settings.max_user_id)
+    return [block.first, block.last]
 
 
 def _user_out(service: OrchestratorService, user_id: int) -> UserOut:

@@ -87,7 +87,10 @@ def test_item9_bwrap_sandbox_cannot_reach_host_loopback(agent_data_dir, host_lis
 
 def test_item9_healthz_reports_the_isolation(agent_client: TestClient) -> None:
     isolation = agent_client.get("/healthz").json()["isolation"]
-    assert isolation == {"users_isolated": True, "process_network": "namespace", "uid_base": isolation["uid_base"]}
+    base = isolation["uid_base"]
+    assert isolation == {
+        "users_isolated": True, "process_network": "namespace", "uid_base": base, "uid_block": [base, base + 10**9]
+    }  # fmt: skip
 
 
 def test_without_root_the_isolation_says_users_are_not_isolated() -> None:
