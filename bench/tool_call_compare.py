@@ -71,6 +71,7 @@ class Server:
         # Two servers on one host must not share sandbox uids: an agent sweeps every process of
         # its uid when a call ends, and would kill the other server's agent of the same user.
         settings["ORCH_SANDBOX_UID_BASE"] = str(UID_BASES[self.name])
+        settings["ORCH_MAX_USER_ID"] = "1000"  # disjoint uid blocks: both servers may claim theirs
         if self.image is not None:
             settings["ORCH_SANDBOX_IMAGE"] = self.image
         served = orchestrator_server(settings, python=self.python, cwd=self.tree, what=f"the {self.name} server")
