@@ -17,7 +17,7 @@ from orchestrator.collaboration.coordinator import CollaborationService
 from orchestrator.collaboration.policy import CollaborationLimits
 from orchestrator.collaboration.store import open_mailbox
 from orchestrator.collaboration.tools import register_collaboration_tools
-from orchestrator.deliveries import DeliveryStore
+from orchestrator.deliveries.outbox import DeliveryStore
 from orchestrator.file_watch import FileWatcher
 from orchestrator.group_gids import GroupGids
 from orchestrator.identity_switch import RuntimeIdentitySwitch
@@ -39,11 +39,11 @@ from orchestrator.tools.container_tools import register_container_tools
 from orchestrator.tools.conversation_tools import register_conversation_tools
 from orchestrator.tools.byte_sources import BytesResolver
 from orchestrator.tools.dispatch import ToolDispatcher
-from orchestrator.public_uploads import PublishedUploads
+from orchestrator.deliveries.public_uploads import PublishedUploads
 from orchestrator.tools.host_tools import HostTools, register_host_tools
 from orchestrator.tools.registry import ToolRegistry
 from orchestrator.user_dirs import UserDirectories
-from orchestrator.url_fetch import UrlFetcher
+from orchestrator.deliveries.url_fetch import UrlFetcher
 from orchestrator.users import UserRepository
 from orchestrator import uid_registry
 from orchestrator.backends.docker_spec import instance_id

@@ -101,7 +101,7 @@ MIGRATIONS: tuple[str, ...] = (
         changed_at  TEXT NOT NULL
     );
     """,
-    # 2: outgoing deliveries of send_file / send_image (orchestrator/deliveries.py)
+    # 2: outgoing deliveries of send_file / send_image (orchestrator/deliveries/outbox.py)
     """
     CREATE TABLE deliveries (
         delivery_id      TEXT PRIMARY KEY,
@@ -139,7 +139,7 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE runs ADD COLUMN last_activity_at TEXT;
     CREATE INDEX runs_running ON runs (started_at) WHERE status = 'running';
     """,
-    # 5: the public uploads the orchestrator published (orchestrator/public_uploads.py): only
+    # 5: the public uploads the orchestrator published (orchestrator/deliveries/public_uploads.py): only
     # these names are served, never a name a sandbox wrote into its uploads dir itself
     """
     CREATE TABLE published_uploads (

@@ -11,12 +11,12 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from orchestrator.deliveries import Delivery
+from orchestrator.deliveries.outbox import Delivery
 from orchestrator.errors import NotFound
 from orchestrator.http.acting import check_delivery, visible_run
 from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
 from orchestrator.http.params import run_id_param
-from orchestrator.public_uploads import INLINE_TYPES, iter_fd, upload_ref
+from orchestrator.deliveries.public_uploads import INLINE_TYPES, iter_fd, upload_ref
 from orchestrator.service import OrchestratorService
 
 router = APIRouter()

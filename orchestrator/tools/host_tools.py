@@ -16,11 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mounts.layout import DataLayout
 from orchestrator.chat_records import Role
-from orchestrator.deliveries import DeliveryStore, NewDelivery
+from orchestrator.deliveries.outbox import DeliveryStore, NewDelivery
 from orchestrator.errors import ToolError
-from orchestrator.image_types import SNIFF_BYTES, sniff_image
+from orchestrator.deliveries.image_types import SNIFF_BYTES, sniff_image
 from orchestrator.nofollow_fs import UnsafePath
-from orchestrator.public_uploads import PublishedUploads, UploadRef, media_type_of
+from orchestrator.deliveries.public_uploads import PublishedUploads, UploadRef, media_type_of
 from orchestrator.sessions import SessionService
 from orchestrator.settings import Settings
 from orchestrator.tools.byte_sources import BytesResolver, is_url

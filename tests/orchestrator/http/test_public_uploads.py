@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from orchestrator.http.app import create_app
-from orchestrator.public_uploads import own_upload_ref, upload_ref
+from orchestrator.deliveries.public_uploads import own_upload_ref, upload_ref
 from orchestrator.service import OrchestratorService
 from tests.conftest import make_settings
 from tests.live_server import free_port, live_server, raw_get

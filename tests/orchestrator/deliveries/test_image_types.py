@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.image_types import BMP, GIF, ICO, JPEG, PNG, TIFF, WEBP, sniff_image
+from orchestrator.deliveries.image_types import BMP, GIF, ICO, JPEG, PNG, TIFF, WEBP, sniff_image
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.deliveries import ORPHAN_GRACE_S, DeliveryStore, NewDelivery
+from orchestrator.deliveries.outbox import ORPHAN_GRACE_S, DeliveryStore, NewDelivery
 from orchestrator.errors import Gone, NotFound
 from orchestrator.service import OrchestratorService
 from orchestrator.session_cleanup import DeletedSession

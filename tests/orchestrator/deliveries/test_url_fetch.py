@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from orchestrator.errors import ToolError
-from orchestrator.url_fetch import UrlFetcher, address_refusal
+from orchestrator.deliveries.url_fetch import UrlFetcher, address_refusal
 from tests.live_server import live_server
 
 BODY = b"%PDF-1.7 report" * 100
