@@ -101,7 +101,7 @@ def plan_mounts(
     groups: Iterable[GroupRef] = (),
     group_gids: Mapping[GroupRef, int] | None = None,
 ) -> MountPlan:
-    """`group_gids` gives each group workspace its own gid (orchestrator/group_gids.py); a
+    """`group_gids` gives each group workspace its own gid (orchestrator/users/group_gids.py); a
     group without one is planned without, which only a non-root orchestrator can run."""
     uid = ids.user_id(user_id)
     gids = group_gids or {}

@@ -29,8 +29,8 @@ from orchestrator.sessions import SessionRecord, SessionRepository
 from orchestrator.settings import IdentityMode, Settings
 from orchestrator.skills_port import RunSkills, SkillProvider
 from orchestrator.state_store import StateStore, Transaction
-from orchestrator.user_dirs import UserDirectories
-from orchestrator.users import UserRepository
+from orchestrator.users.dirs import UserDirectories
+from orchestrator.users.repository import UserRepository
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
 from orchestrator.backends.base import ContainerBackend, SandboxStatus, SandboxUser
 from orchestrator.errors import InvalidInput, ToolError
-from orchestrator.group_gids import GroupGids, GroupGidsExhausted
+from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.log import kv
-from orchestrator.users import UserRepository
+from orchestrator.users.repository import UserRepository
 from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)

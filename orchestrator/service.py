@@ -19,7 +19,7 @@ from orchestrator.collaboration.store import open_mailbox
 from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries.outbox import DeliveryStore
 from orchestrator.file_watch import FileWatcher
-from orchestrator.group_gids import GroupGids
+from orchestrator.users.group_gids import GroupGids
 from orchestrator.identity_switch import RuntimeIdentitySwitch
 from orchestrator.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval_s
 from orchestrator.log import kv
@@ -42,9 +42,9 @@ from orchestrator.tools.dispatch import ToolDispatcher
 from orchestrator.deliveries.public_uploads import PublishedUploads
 from orchestrator.tools.host_tools import HostTools, register_host_tools
 from orchestrator.tools.registry import ToolRegistry
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.users.dirs import UserDirectories
 from orchestrator.deliveries.url_fetch import UrlFetcher
-from orchestrator.users import UserRepository
+from orchestrator.users.repository import UserRepository
 from orchestrator import uid_registry
 from orchestrator.backends.docker_spec import instance_id
 

@@ -30,7 +30,7 @@ from orchestrator.session_cleanup import (
     runtime_dirs_step,
 )
 from orchestrator.state_store import StateStore, Transaction
-from orchestrator.users import GroupRef, UserRepository
+from orchestrator.users.repository import GroupRef, UserRepository
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mounts.ids import MAX_USER_ID
 from mounts.layout import DataLayout
-from orchestrator.group_gids import GidRange
+from orchestrator.users.group_gids import GidRange
 from orchestrator.startup_checks import IdRange
 
 # Ids stay in 31 bits: some tools (and signed 32-bit fields) mishandle larger ones.

@@ -23,7 +23,7 @@ from orchestrator.errors import InvalidInput, NotFound
 from orchestrator.log import kv
 from orchestrator.skills import SkillService
 from orchestrator.state_store import StateStore
-from orchestrator.users import UserRepository
+from orchestrator.users.repository import UserRepository
 
 log = logging.getLogger(__name__)
 

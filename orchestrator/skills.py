@@ -19,7 +19,7 @@ from mounts.skill_sync import SkillSync, SyncResult
 from mounts.skill_views import SkillViews
 from orchestrator.log import kv
 from orchestrator.skills_port import RunSkills, SkillCatalogEntry
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.users.dirs import UserDirectories
 
 log = logging.getLogger(__name__)
 

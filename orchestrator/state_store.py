@@ -123,7 +123,7 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX deliveries_by_session ON deliveries (session_id);
     CREATE INDEX deliveries_by_expiry ON deliveries (expires_at);
     """,
-    # 3: each group workspace's own gid (orchestrator/group_gids.py); never reused
+    # 3: each group workspace's own gid (orchestrator/users/group_gids.py); never reused
     """
     CREATE TABLE group_gids (
         channel       TEXT NOT NULL,

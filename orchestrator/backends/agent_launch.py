@@ -23,7 +23,7 @@ from pathlib import Path
 from mounts.layout import AGENT_CONFIG_FILE, TOKEN_FILE, DataLayout
 from orchestrator.backends.base import SandboxUser
 from orchestrator.settings import Settings
-from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
+from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.wire import AgentConfig, AgentLimits, RootConfig, TOKEN_BYTES, valid_token
 
 SANDBOX_TMP = "/tmp"

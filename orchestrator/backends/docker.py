@@ -55,7 +55,7 @@ from orchestrator.errors import ToolError
 from orchestrator.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
 from orchestrator.log import kv
 from orchestrator.settings import Settings
-from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
+from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 from sandbox_agent.wire import CallContext

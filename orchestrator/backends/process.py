@@ -46,7 +46,7 @@ from orchestrator.backends.netns import Isolation, decide_isolation, netns_comma
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
 from orchestrator.settings import Settings
-from orchestrator.user_dirs import UnsafeDirectory, UserDirectories
+from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 from sandbox_agent.wire import CallContext

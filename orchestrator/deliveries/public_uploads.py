@@ -26,7 +26,7 @@ from mounts.layout import DataLayout
 from orchestrator.clock import now_iso
 from orchestrator.nofollow_fs import UnsafePath, closing_fd, open_dirs, open_root
 from orchestrator.state_store import StateStore
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.users.dirs import UserDirectories
 
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -23,7 +23,7 @@ from orchestrator.http.params import chat_id_param, group_channel_param, project
 from orchestrator.identity_switch import IdentityModeState
 from orchestrator.service import OrchestratorService
 from orchestrator.uid_blocks import UidBlock
-from orchestrator.users import KEEP, Keep
+from orchestrator.users.repository import KEEP, Keep
 
 router = APIRouter()
 

@@ -26,8 +26,8 @@ from orchestrator.settings import Settings
 from orchestrator.tools.byte_sources import BytesResolver, is_url
 from orchestrator.tools.foreign_paths import public_upload_url
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
-from orchestrator.user_dirs import UserDirectories
-from orchestrator.user_files import UserFileWriter
+from orchestrator.users.dirs import UserDirectories
+from orchestrator.users.files import UserFileWriter
 
 _EXTENSION = re.compile(r"\.[A-Za-z0-9]{1,10}$")
 _UNSAFE_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f/\\]")

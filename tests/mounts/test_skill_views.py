@@ -18,7 +18,7 @@ import pytest
 
 from mounts.layout import DataLayout, view_version_name
 from mounts.skill_scan import scan_skill
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.users.dirs import UserDirectories
 from tests.mounts.conftest import SkillWorld, make_world
 
 SYSTEM_PYTHON = "/usr/bin/python3.11"  # world-executable; the venv's python lives under /root

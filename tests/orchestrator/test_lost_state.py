@@ -16,12 +16,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mounts.layout import GroupRef
-from orchestrator.group_gids import GidRange, GroupGids
+from orchestrator.users.group_gids import GidRange, GroupGids
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.startup_checks import StartupRefused
 from orchestrator.state_store import StateStore
-from orchestrator.users import UserRepository
+from orchestrator.users.repository import UserRepository
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.api_calls import tool
 from tests.conftest import API_TOKEN, make_settings

@@ -14,7 +14,7 @@ from mounts.layout import DataLayout
 from mounts.plan import plan_mounts
 from orchestrator.backends.agent_launch import prepare_agent_launch, read_agent_token
 from orchestrator.backends.base import SandboxUser
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.wire import valid_token
 from tests.conftest import make_settings
 

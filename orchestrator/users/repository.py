@@ -9,7 +9,7 @@ from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict
 from orchestrator.state_store import StateStore, Transaction
-from orchestrator.user_dirs import check_user_id
+from orchestrator.users.dirs import check_user_id
 from mounts.ids import MAX_USER_ID
 
 __all__ = ["KEEP", "GroupRef", "Keep", "UserRecord", "UserRepository"]

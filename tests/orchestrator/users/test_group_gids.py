@@ -10,10 +10,10 @@ from pydantic import ValidationError
 
 from mounts.ids import MAX_USER_ID
 from mounts.layout import GroupRef
-from orchestrator.group_gids import GidRange, GroupGids, GroupGidsExhausted, next_gid
+from orchestrator.users.group_gids import GidRange, GroupGids, GroupGidsExhausted, next_gid
 from orchestrator.service import OrchestratorService
 from orchestrator.state_store import StateStore
-from orchestrator.users import UserRepository
+from orchestrator.users.repository import UserRepository
 from tests.conftest import make_settings
 
 TEAM, OTHER = GroupRef("feishu", "team"), GroupRef("dingtalk", "team")

@@ -10,7 +10,7 @@ import pytest
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import plan_mounts
-from orchestrator.user_dirs import GroupWithoutGid, UnsafeDirectory, UserDirectories
+from orchestrator.users.dirs import GroupWithoutGid, UnsafeDirectory, UserDirectories
 from tests.agent_env import traversable_tmp  # noqa: F401 - a fixture
 
 AS_ROOT = os.geteuid() == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from mounts.layout import DataLayout
 from orchestrator.nofollow_fs import UnsafePath, closing_fd, open_dirs, open_root, remove_file_at
-from orchestrator.user_dirs import UserDirectories
+from orchestrator.users.dirs import UserDirectories
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
