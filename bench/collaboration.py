@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.measure import TOKEN, bench_root, orchestrator_server  # noqa: E402
 from orchestrator.collaboration.store import open_mailbox  # noqa: E402
 from orchestrator.identity import Trigger  # noqa: E402
-from orchestrator.runs import RunStatus, StartRun  # noqa: E402
+from orchestrator.runs.service import RunStatus, StartRun  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
 from orchestrator.sessions import Channel, NewSession  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402

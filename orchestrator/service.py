@@ -20,12 +20,12 @@ from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries.outbox import DeliveryStore
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
-from orchestrator.identity_switch import RuntimeIdentitySwitch
-from orchestrator.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval_s
+from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
+from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval_s
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
 from orchestrator.projects import ProjectRepository
-from orchestrator.runs import RunRecord, RunRepository, RunService, RunStatus
+from orchestrator.runs.service import RunRecord, RunRepository, RunService, RunStatus
 from orchestrator.sandboxes import SandboxRouter
 from orchestrator.session_cleanup import CleanupPhase, stop_calls
 from orchestrator.session_upkeep import SessionUpkeep

@@ -42,7 +42,7 @@ from orchestrator.collaboration.store import Mailbox
 from orchestrator.crash_points import crash_point
 from orchestrator.errors import Conflict, InvalidInput, NotFound, ToolError
 from orchestrator.log import kv, run_logger
-from orchestrator.runs import RunRecord, RunStatus
+from orchestrator.runs.service import RunRecord, RunStatus
 from orchestrator.sessions import SessionRecord
 from orchestrator.state_store import StateStore, Transaction
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from mounts import ids
 from mounts.layout import GroupRef
 from orchestrator.identity import Trigger
-from orchestrator.runs import RunContext, RunRecord, RunStatus
+from orchestrator.runs.service import RunContext, RunRecord, RunStatus
 from orchestrator.sessions import Channel, SessionRecord
 from orchestrator.settings import IdentityMode
 

@@ -20,7 +20,7 @@ from orchestrator.http.models import (
     UserOut,
 )
 from orchestrator.http.params import chat_id_param, group_channel_param, project_id_param, user_id_param
-from orchestrator.identity_switch import IdentityModeState
+from orchestrator.runs.identity_switch import IdentityModeState
 from orchestrator.service import OrchestratorService
 from orchestrator.uid_blocks import UidBlock
 from orchestrator.users.repository import KEEP, Keep

@@ -34,7 +34,7 @@ from orchestrator.http.models import (
 )
 from orchestrator.http.params import run_id_param, session_id_param
 from orchestrator.identity import SPEAKER_TRIGGERS
-from orchestrator.runs import RunStatus, StartRun
+from orchestrator.runs.service import RunStatus, StartRun
 from orchestrator.service import OrchestratorService
 from orchestrator.sessions import NewSession
 

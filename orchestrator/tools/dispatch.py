@@ -28,9 +28,9 @@ from mounts.layout import DataLayout
 from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict, NotFound, ToolError
-from orchestrator.idle_runs import CallsInFlight
+from orchestrator.runs.idle_runs import CallsInFlight
 from orchestrator.log import kv, run_logger
-from orchestrator.runs import RunRecord, RunRepository, RunStatus
+from orchestrator.runs.service import RunRecord, RunRepository, RunStatus
 from orchestrator.sandboxes import SandboxRouter
 from orchestrator.sessions import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore

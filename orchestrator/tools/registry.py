@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator.runs import RunRecord
+from orchestrator.runs.service import RunRecord
 from orchestrator.sessions import SessionRecord
 from orchestrator.tools.identity_table import CONTAINER_TOOLS, TOOL_IDENTITY
 from sandbox_agent.wire import CallContext

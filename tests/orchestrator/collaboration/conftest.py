@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from orchestrator.collaboration.coordinator import InboxItem, RequestView
-from orchestrator.runs import RunStatus, StartRun
+from orchestrator.runs.service import RunStatus, StartRun
 from orchestrator.identity import Trigger
 from orchestrator.service import OrchestratorService
 from orchestrator.sessions import Channel, NewSession

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 from orchestrator.identity import Trigger
-from orchestrator.runs import RunStatus, StartRun
+from orchestrator.runs.service import RunStatus, StartRun
 from tests.orchestrator.collaboration.conftest import Harness
 
 

@@ -167,7 +167,7 @@ def test_run_logs_carry_the_identity_fields(client: TestClient, caplog: pytest.L
     create_group_session(client)
     run = start_run(client, "g-1", "group_message", speaker=67)
     client.post(f"/v1/runs/{run['run_id']}/end", json={"status": "succeeded"})
-    messages = [r.getMessage() for r in caplog.records if r.name.startswith("orchestrator.runs")]
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("orchestrator.runs.service")]
     assert len(messages) == 2
     for message in messages:
         assert "session=g-1" in message and "owner=17" in message and "runtime_user=67" in message

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.prompt_identity import IdentityPromptFacts, render_identity_section
+from orchestrator.runs.prompt_identity import IdentityPromptFacts, render_identity_section
 
 FACTS = IdentityPromptFacts(
     owner_user_id=17,

@@ -21,9 +21,9 @@ from orchestrator.identity import (
     inherited_runtime_user,
     resolve_run_identity,
 )
-from orchestrator.identity_switch import RuntimeIdentitySwitch
+from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv, run_logger
-from orchestrator.prompt_identity import IdentityPromptFacts, render_identity_section
+from orchestrator.runs.prompt_identity import IdentityPromptFacts, render_identity_section
 from orchestrator.session_cleanup import DeletedSession
 from orchestrator.sessions import SessionRecord, SessionRepository
 from orchestrator.settings import IdentityMode, Settings

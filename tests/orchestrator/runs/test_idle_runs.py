@@ -13,8 +13,8 @@ import pytest
 from orchestrator import audit
 from orchestrator.clock import iso, now_iso
 from orchestrator.errors import Conflict
-from orchestrator.idle_runs import MAX_SWEEP_INTERVAL_S, MIN_SWEEP_INTERVAL_S, idle_cutoff, sweep_interval_s
-from orchestrator.runs import RunStatus
+from orchestrator.runs.idle_runs import MAX_SWEEP_INTERVAL_S, MIN_SWEEP_INTERVAL_S, idle_cutoff, sweep_interval_s
+from orchestrator.runs.service import RunStatus
 from orchestrator.service import OrchestratorService
 from tests.conftest import make_settings
 from tests.orchestrator.collaboration.conftest import Harness

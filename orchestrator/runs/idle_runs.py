@@ -25,7 +25,7 @@ from datetime import datetime, timedelta, timezone
 from orchestrator.clock import iso
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.log import kv
-from orchestrator.runs import RunRepository, RunService, RunStatus
+from orchestrator.runs.service import RunRepository, RunService, RunStatus
 
 log = logging.getLogger(__name__)
 
