@@ -15,12 +15,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.chat_records import NewMessage, Role, decode_messages  # noqa: E402
-from orchestrator.chat_store import ChatKey  # noqa: E402
+from orchestrator.sessions.chat_records import NewMessage, Role, decode_messages  # noqa: E402
+from orchestrator.sessions.chat_store import ChatKey  # noqa: E402
 from orchestrator.identity import Trigger  # noqa: E402
 from orchestrator.runs.service import StartRun  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
-from orchestrator.sessions import Channel, NewSession  # noqa: E402
+from orchestrator.sessions.service import Channel, NewSession  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 
 TEXT = "a typical chat message of a few dozen words about deploying the billing service " * 3

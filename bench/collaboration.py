@@ -35,7 +35,7 @@ from orchestrator.collaboration.store import open_mailbox  # noqa: E402
 from orchestrator.identity import Trigger  # noqa: E402
 from orchestrator.runs.service import RunStatus, StartRun  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
-from orchestrator.sessions import Channel, NewSession  # noqa: E402
+from orchestrator.sessions.service import Channel, NewSession  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 
 

@@ -12,7 +12,7 @@ from orchestrator.backends.base import ContainerBackend
 from orchestrator.backends.choice import detect_backend
 from orchestrator.backends.docker import DockerBackend
 from orchestrator.backends.process import ProcessBackend
-from orchestrator.chat_store import ChatStore
+from orchestrator.sessions.chat_store import ChatStore
 from orchestrator.collaboration.coordinator import CollaborationService
 from orchestrator.collaboration.policy import CollaborationLimits
 from orchestrator.collaboration.store import open_mailbox
@@ -24,12 +24,12 @@ from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval_s
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
-from orchestrator.projects import ProjectRepository
+from orchestrator.sessions.projects import ProjectRepository
 from orchestrator.runs.service import RunRecord, RunRepository, RunService, RunStatus
 from orchestrator.sandboxes import SandboxRouter
-from orchestrator.session_cleanup import CleanupPhase, stop_calls
-from orchestrator.session_upkeep import SessionUpkeep
-from orchestrator.sessions import SessionRepository, SessionService
+from orchestrator.sessions.cleanup import CleanupPhase, stop_calls
+from orchestrator.sessions.upkeep import SessionUpkeep
+from orchestrator.sessions.service import SessionRepository, SessionService
 from orchestrator.settings import Settings
 from orchestrator.skill_admin import SkillAdmin
 from orchestrator.skills import SkillService

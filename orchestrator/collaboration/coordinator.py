@@ -43,7 +43,7 @@ from orchestrator.crash_points import crash_point
 from orchestrator.errors import Conflict, InvalidInput, NotFound, ToolError
 from orchestrator.log import kv, run_logger
 from orchestrator.runs.service import RunRecord, RunStatus
-from orchestrator.sessions import SessionRecord
+from orchestrator.sessions.service import SessionRecord
 from orchestrator.state_store import StateStore, Transaction
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 from orchestrator.collaboration.policy import NEW_WORK_TRIGGERS, cross_project_allowed
-from orchestrator.projects import ProjectRepository
+from orchestrator.sessions.projects import ProjectRepository
 from orchestrator.runs.service import RunRecord, RunRepository
-from orchestrator.sessions import SessionRecord, SessionRepository
+from orchestrator.sessions.service import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore, Transaction
 
 

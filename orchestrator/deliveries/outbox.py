@@ -25,7 +25,7 @@ from mounts.layout import DataLayout
 from orchestrator.errors import Gone, NotFound
 from orchestrator.log import kv
 from orchestrator.nofollow_fs import closing_fd, open_dirs, open_root, remove_file_at, replace_file_at
-from orchestrator.session_cleanup import DeletedSession
+from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.state_store import StateStore
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from mounts import ids
-from orchestrator.chat_records import ChatMessage, NewMessage, Role, ToolCallSummary
-from orchestrator.chat_store import AppendResult
+from orchestrator.sessions.chat_records import ChatMessage, NewMessage, Role, ToolCallSummary
+from orchestrator.sessions.chat_store import AppendResult
 from orchestrator.http.models import Body, SessionOut
 
 MESSAGE_CONTENT_MAX = 100_000

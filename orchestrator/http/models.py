@@ -10,7 +10,7 @@ from mounts import ids
 from mounts.layout import GroupRef
 from orchestrator.identity import Trigger
 from orchestrator.runs.service import RunContext, RunRecord, RunStatus
-from orchestrator.sessions import Channel, SessionRecord
+from orchestrator.sessions.service import Channel, SessionRecord
 from orchestrator.settings import IdentityMode
 
 

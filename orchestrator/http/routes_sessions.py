@@ -36,7 +36,7 @@ from orchestrator.http.params import run_id_param, session_id_param
 from orchestrator.identity import SPEAKER_TRIGGERS
 from orchestrator.runs.service import RunStatus, StartRun
 from orchestrator.service import OrchestratorService
-from orchestrator.sessions import NewSession
+from orchestrator.sessions.service import NewSession
 
 router = APIRouter()
 

@@ -24,8 +24,8 @@ from orchestrator.identity import (
 from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv, run_logger
 from orchestrator.runs.prompt_identity import IdentityPromptFacts, render_identity_section
-from orchestrator.session_cleanup import DeletedSession
-from orchestrator.sessions import SessionRecord, SessionRepository
+from orchestrator.sessions.cleanup import DeletedSession
+from orchestrator.sessions.service import SessionRecord, SessionRepository
 from orchestrator.settings import IdentityMode, Settings
 from orchestrator.skills_port import RunSkills, SkillProvider
 from orchestrator.state_store import StateStore, Transaction

@@ -3,7 +3,7 @@
 `list_conversations`, `read_conversation` and `session_search` act as the session owner
 (identity table) and check, on every call and from fresh state: that the run acts for the
 owner and nobody else (fail-closed), the project switch and the conversation flags through
-the formula in `orchestrator.cross_session`, and that the target is the same owner's in the
+the formula in `orchestrator.sessions.cross_session`, and that the target is the same owner's in the
 same scope. Anything another owner's, another project's, private or deleted answers exactly
 like an unknown id. Every call, allowed or refused, is audited with its verdict.
 """
@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mounts import ids
 from orchestrator import audit
-from orchestrator.chat_records import ChatMessage
-from orchestrator.chat_store import ChatKey, ChatStorageRefused, ChatStore
-from orchestrator.cross_session import (
+from orchestrator.sessions.chat_records import ChatMessage
+from orchestrator.sessions.chat_store import ChatKey, ChatStorageRefused, ChatStore
+from orchestrator.sessions.cross_session import (
     Conversation,
     ReadVerdict,
     acts_for_another_member,
@@ -29,12 +29,12 @@ from orchestrator.cross_session import (
     search_verdict,
 )
 from orchestrator.errors import ToolError
-from orchestrator.projects import ProjectRepository
-from orchestrator.sessions import SessionRecord, SessionRepository
+from orchestrator.sessions.projects import ProjectRepository
+from orchestrator.sessions.service import SessionRecord, SessionRepository
 from orchestrator.settings import Settings
 from orchestrator.state_store import StateStore
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
-from orchestrator.transcript_view import find_hits, query_terms, render_conversation, render_search
+from orchestrator.sessions.transcript_view import find_hits, query_terms, render_conversation, render_search
 
 READ_LIMIT_DEFAULT = 50
 READ_LIMIT_MAX = 200

@@ -15,13 +15,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from mounts.layout import DataLayout
-from orchestrator.chat_records import Role
+from orchestrator.sessions.chat_records import Role
 from orchestrator.deliveries.outbox import DeliveryStore, NewDelivery
 from orchestrator.errors import ToolError
 from orchestrator.deliveries.image_types import SNIFF_BYTES, sniff_image
 from orchestrator.nofollow_fs import UnsafePath
 from orchestrator.deliveries.public_uploads import PublishedUploads, UploadRef, media_type_of
-from orchestrator.sessions import SessionService
+from orchestrator.sessions.service import SessionService
 from orchestrator.settings import Settings
 from orchestrator.tools.byte_sources import BytesResolver, is_url
 from orchestrator.tools.foreign_paths import public_upload_url

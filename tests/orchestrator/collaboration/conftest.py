@@ -12,7 +12,7 @@ from orchestrator.collaboration.coordinator import InboxItem, RequestView
 from orchestrator.runs.service import RunStatus, StartRun
 from orchestrator.identity import Trigger
 from orchestrator.service import OrchestratorService
-from orchestrator.sessions import Channel, NewSession
+from orchestrator.sessions.service import Channel, NewSession
 
 
 @dataclass

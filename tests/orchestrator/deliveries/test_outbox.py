@@ -12,7 +12,7 @@ import pytest
 from orchestrator.deliveries.outbox import ORPHAN_GRACE_S, DeliveryStore, NewDelivery
 from orchestrator.errors import Gone, NotFound
 from orchestrator.service import OrchestratorService
-from orchestrator.session_cleanup import DeletedSession
+from orchestrator.sessions.cleanup import DeletedSession
 
 
 def new(session_id: str = "s-1", data: bytes = b"bytes") -> NewDelivery:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.chat_store import ChatKey
+from orchestrator.sessions.chat_store import ChatKey
 from orchestrator.service import OrchestratorService
 
 GROUP = {"channel": "feishu", "chat_id": "oc_team"}

@@ -1,8 +1,8 @@
-"""orchestrator/chat_records.py: turns and the transcript, pure."""
+"""orchestrator/sessions/chat_records.py: turns and the transcript, pure."""
 
 from __future__ import annotations
 
-from orchestrator.chat_records import (
+from orchestrator.sessions.chat_records import (
     append_records,
     NewMessage,
     Role,

@@ -1,4 +1,4 @@
-"""orchestrator/chat_store.py: layout, modes, refusals, serialized writes, the start-up check."""
+"""orchestrator/sessions/chat_store.py: layout, modes, refusals, serialized writes, the start-up check."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from mounts.layout import DataLayout
-from orchestrator.chat_records import NewMessage, Role
-from orchestrator.chat_store import ChatKey, ChatStorageRefused, ChatStore
+from orchestrator.sessions.chat_records import NewMessage, Role
+from orchestrator.sessions.chat_store import ChatKey, ChatStorageRefused, ChatStore
 from orchestrator.errors import NotFound
 from orchestrator.service import OrchestratorService
 from tests.conftest import make_settings
@@ -131,8 +131,8 @@ APPENDER = """
 import sys
 sys.path.insert(0, sys.argv[1])
 from mounts.layout import DataLayout
-from orchestrator.chat_records import NewMessage, Role
-from orchestrator.chat_store import ChatKey, ChatStore
+from orchestrator.sessions.chat_records import NewMessage, Role
+from orchestrator.sessions.chat_store import ChatKey, ChatStore
 store = ChatStore(DataLayout(sys.argv[2]), transcript_turns=3)
 for i in range(40):
     store.append(ChatKey("s-1", 17, "p1"), [NewMessage(Role.USER, f"{sys.argv[3]}-{i}")], at="t")

@@ -7,7 +7,7 @@ import pytest
 
 from orchestrator import audit
 from orchestrator.service import OrchestratorService
-from orchestrator.transcript_view import CONVERSATION_NOTICE
+from orchestrator.sessions.transcript_view import CONVERSATION_NOTICE
 from tests.orchestrator.sessions.conftest import GROUP, SessionsApi
 
 

@@ -1,10 +1,10 @@
-"""orchestrator/cross_session.py: the formula of SPEC §10, seed 000's acceptance table, pure."""
+"""orchestrator/sessions/cross_session.py: the formula of SPEC §10, seed 000's acceptance table, pure."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.cross_session import (
+from orchestrator.sessions.cross_session import (
     Conversation,
     ReadVerdict,
     acts_for_another_member,

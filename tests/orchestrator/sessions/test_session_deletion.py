@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator import audit
 from orchestrator.service import OrchestratorService
-from orchestrator.session_cleanup import CleanupPhase, SessionCleanup
+from orchestrator.sessions.cleanup import CleanupPhase, SessionCleanup
 from tests.conftest import make_settings
 from tests.orchestrator.sessions.conftest import GROUP, SessionsApi
 

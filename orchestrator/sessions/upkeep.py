@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from orchestrator.chat_store import ChatStore, StorageProblem
+from orchestrator.sessions.chat_store import ChatStore, StorageProblem
 from orchestrator.log import kv
-from orchestrator.sessions import SessionService
+from orchestrator.sessions.service import SessionService
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from mounts.layout import DataLayout, GroupRef
-from orchestrator.chat_store import ChatKey, ChatStore
+from orchestrator.sessions.chat_store import ChatKey, ChatStore
 from orchestrator.nofollow_fs import closing_fd, open_dirs, open_root, remove_tree_at
 
 

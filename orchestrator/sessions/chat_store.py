@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from mounts.layout import DataLayout
-from orchestrator.chat_records import (
+from orchestrator.sessions.chat_records import (
     ChatMessage,
     NewMessage,
     Turn,

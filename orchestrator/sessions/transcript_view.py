@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator.chat_records import ChatMessage, Role, Turn
+from orchestrator.sessions.chat_records import ChatMessage, Role, Turn
 
 CONVERSATION_NOTICE = (
     "[Untrusted content] The following is background material from conversation {conversation_id}. "

@@ -13,14 +13,14 @@ from enum import Enum
 
 from mounts.layout import DataLayout
 from orchestrator import audit
-from orchestrator.chat_records import ChatMessage, NewMessage
-from orchestrator.chat_store import AppendResult, ChatKey, ChatStore
+from orchestrator.sessions.chat_records import ChatMessage, NewMessage
+from orchestrator.sessions.chat_store import AppendResult, ChatKey, ChatStore
 from orchestrator.clock import now_iso
 from orchestrator.errors import CleanupPending, Conflict, InvalidInput, NotFound
 from orchestrator.identity import ParentIdentity, inherited_runtime_user
 from orchestrator.log import kv
-from orchestrator.projects import ProjectRepository
-from orchestrator.session_cleanup import (
+from orchestrator.sessions.projects import ProjectRepository
+from orchestrator.sessions.cleanup import (
     CleanupAction,
     CleanupFailed,
     CleanupPhase,
