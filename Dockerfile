@@ -22,7 +22,7 @@ RUN python3 -m venv --without-pip /opt/sandbox/venv \
 FROM ${BASE_IMAGE}
 ARG RECIPE=unknown
 # A digest of the agent's pinned dependencies: the orchestrator refuses an image whose digest
-# differs from its own (orchestrator/image/compat.py).
+# differs from its own (orchestrator/sandboxes/image/compat.py).
 ARG AGENT_LOCK=unknown
 COPY --from=install /opt/sandbox/venv /opt/sandbox/venv
 COPY images/sandbox-entrypoint /usr/local/bin/sandbox-entrypoint
@@ -31,7 +31,7 @@ COPY images/sandbox-entrypoint /usr/local/bin/sandbox-entrypoint
 RUN useradd --system --uid 999 --user-group --no-create-home --home-dir /nonexistent \
       --shell /usr/sbin/nologin sandbox
 # No setuid/setgid programs (su, passwd, mount, ...): a sandbox that finds a bug in one must not
-# gain another uid or group. tests/orchestrator/backends/docker/test_image_hardening.py checks none is left.
+# gain another uid or group. tests/orchestrator/sandboxes/docker/test_image_hardening.py checks none is left.
 RUN find / -xdev -type f -perm /6000 -exec chmod a-s {} + \
  && test -z "$(find / -xdev -type f -perm /6000 -print -quit)"
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LANG=C.UTF-8

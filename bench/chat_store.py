@@ -20,7 +20,8 @@ from orchestrator.sessions.chat_store import ChatKey  # noqa: E402
 from orchestrator.identity import Trigger  # noqa: E402
 from orchestrator.runs.service import StartRun  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
-from orchestrator.sessions.service import Channel, NewSession  # noqa: E402
+from orchestrator.sessions.records import Channel  # noqa: E402
+from orchestrator.sessions.service import NewSession  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 
 TEXT = "a typical chat message of a few dozen words about deploying the billing service " * 3

@@ -33,9 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.measure import TOKEN, bench_root, orchestrator_server  # noqa: E402
 from orchestrator.collaboration.store import open_mailbox  # noqa: E402
 from orchestrator.identity import Trigger  # noqa: E402
-from orchestrator.runs.service import RunStatus, StartRun  # noqa: E402
+from orchestrator.runs.records import RunStatus  # noqa: E402
+from orchestrator.runs.service import StartRun  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
-from orchestrator.sessions.service import Channel, NewSession  # noqa: E402
+from orchestrator.sessions.records import Channel  # noqa: E402
+from orchestrator.sessions.service import NewSession  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 
 

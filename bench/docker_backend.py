@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from bench.measure import BENCH_ROOT, orchestrator_server, pct  # noqa: E402
 from mounts.plan import plan_mounts  # noqa: E402
-from orchestrator.backends.base import SandboxUser  # noqa: E402
-from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id  # noqa: E402
-from orchestrator.image.build import BuildSources, ImageBuilder  # noqa: E402
+from orchestrator.sandboxes.base import SandboxUser  # noqa: E402
+from orchestrator.sandboxes.docker_spec import LABEL_INSTANCE, instance_id  # noqa: E402
+from orchestrator.sandboxes.image.build import BuildSources, ImageBuilder  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator import audit  # noqa: E402
 from orchestrator.clock import now_iso  # noqa: E402
-from orchestrator.runs.service import RunRepository  # noqa: E402
+from orchestrator.runs.records import RunRepository  # noqa: E402
 from orchestrator.state_store import StateStore  # noqa: E402
 
 ENDED_RUNS, CALLS, ROUNDS = 10_000, 500, 7

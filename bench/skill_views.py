@@ -20,12 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mounts.content_store import ContentStore  # noqa: E402
+from mounts.skillstore.content_store import ContentStore  # noqa: E402
 from mounts.layout import DataLayout  # noqa: E402
-from mounts.session_links import SessionLinker  # noqa: E402
-from mounts.skill_sources import SkillSources  # noqa: E402
-from mounts.skill_sync import SkillSync  # noqa: E402
-from mounts.skill_views import SkillViews  # noqa: E402
+from mounts.skillstore.session_links import SessionLinker  # noqa: E402
+from mounts.skillstore.sources import SkillSources  # noqa: E402
+from mounts.skillstore.sync import SkillSync  # noqa: E402
+from mounts.skillstore.views import SkillViews  # noqa: E402
 
 FILES_AT_ROOT = 12  # + SKILL.md
 FILES_IN_SCRIPTS = 12  # one subdirectory, `scripts/`: 25 files and 2 directories per skill

@@ -101,7 +101,7 @@ class Server:
     def containers(self) -> list:
         import docker
 
-        from orchestrator.backends.docker_spec import LABEL_INSTANCE, instance_id
+        from orchestrator.sandboxes.docker_spec import LABEL_INSTANCE, instance_id
 
         engine = docker.from_env()
         try:
@@ -125,7 +125,7 @@ def docker_image(tree: Path) -> str:
     under its own name, so `ORCH_SANDBOX_IMAGE`'s default tag is left alone."""
     import docker
 
-    from orchestrator.image.build import BuildSources, ImageBuilder
+    from orchestrator.sandboxes.image.build import BuildSources, ImageBuilder
 
     engine = docker.from_env()
     try:

@@ -77,8 +77,8 @@ def cmd_build_image(args: argparse.Namespace) -> int:
     import docker
     from docker.errors import DockerException
 
-    from orchestrator.image.build import BuildSources, ImageBuildError, ImageBuilder
-    from orchestrator.image.recipe import RecipeError
+    from orchestrator.sandboxes.image.build import BuildSources, ImageBuildError, ImageBuilder
+    from orchestrator.sandboxes.image.recipe import RecipeError
     from orchestrator.settings import load_settings
 
     image = args.image or load_settings().sandbox_image

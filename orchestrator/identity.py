@@ -13,7 +13,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from orchestrator.settings import IdentityMode
+
+class IdentityMode(str, Enum):
+    EXECUTION = "execution"
+    OWNER = "owner"
+
+
+DEFAULT_IDENTITY_MODE = IdentityMode.EXECUTION
+
+
+def parse_identity_mode(raw: str | None) -> tuple[IdentityMode, str | None]:
+    """Return the mode and, when `raw` was not a valid mode, the rejected value (a rejected value is logged and the default applies)."""
+    if raw is None or raw.strip() == "":
+        return DEFAULT_IDENTITY_MODE, None
+    try:
+        return IdentityMode(raw.strip().lower()), None
+    except ValueError:
+        return DEFAULT_IDENTITY_MODE, raw
 
 
 class Trigger(str, Enum):

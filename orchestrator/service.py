@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import logging
 
-from mounts.skill_install import SkillInstaller
-from mounts.skill_package import PackageLimits
-from orchestrator.agent_deploy import AgentDeployment
-from orchestrator.backends.base import ContainerBackend
-from orchestrator.backends.choice import detect_backend
-from orchestrator.backends.docker import DockerBackend
-from orchestrator.backends.process import ProcessBackend
+from mounts.skillstore.install import SkillInstaller
+from mounts.skillstore.package import PackageLimits
+from orchestrator.sandboxes.agent_deploy import AgentDeployment
+from orchestrator.sandboxes.base import ContainerBackend
+from orchestrator.sandboxes.choice import detect_backend
+from orchestrator.sandboxes.docker import DockerBackend
+from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.sessions.chat_store import ChatStore
 from orchestrator.collaboration.coordinator import CollaborationService
 from orchestrator.collaboration.policy import CollaborationLimits
@@ -25,14 +25,16 @@ from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_int
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
 from orchestrator.sessions.projects import ProjectRepository
-from orchestrator.runs.service import RunRecord, RunRepository, RunService, RunStatus
-from orchestrator.sandboxes import SandboxRouter
+from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
+from orchestrator.runs.service import RunService
+from orchestrator.sandboxes.router import SandboxRouter
 from orchestrator.sessions.cleanup import CleanupPhase, stop_calls
 from orchestrator.sessions.upkeep import SessionUpkeep
-from orchestrator.sessions.service import SessionRepository, SessionService
+from orchestrator.sessions.records import SessionRepository
+from orchestrator.sessions.service import SessionService
 from orchestrator.settings import Settings
-from orchestrator.skill_admin import SkillAdmin
-from orchestrator.skills import SkillService
+from orchestrator.skills.admin import SkillAdmin
+from orchestrator.skills.service import SkillService
 from orchestrator.startup_checks import check_data_dir_location, check_state_present
 from orchestrator.state_store import StateStore
 from orchestrator.tools.container_tools import register_container_tools
@@ -45,8 +47,8 @@ from orchestrator.tools.registry import ToolRegistry
 from orchestrator.users.dirs import UserDirectories
 from orchestrator.deliveries.url_fetch import UrlFetcher
 from orchestrator.users.repository import UserRepository
-from orchestrator import uid_registry
-from orchestrator.backends.docker_spec import instance_id
+from orchestrator.sandboxes import uid_registry
+from orchestrator.sandboxes.docker_spec import instance_id
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,6 @@ dotenv-style settings file named by `ORCH_SETTINGS_FILE` (the environment wins o
 from __future__ import annotations
 
 import os
-from enum import Enum
 from pathlib import Path
 from typing import Literal
 
@@ -13,29 +12,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mounts.ids import MAX_USER_ID
 from mounts.layout import DataLayout
+from orchestrator.identity import DEFAULT_IDENTITY_MODE, IdentityMode, parse_identity_mode
 from orchestrator.users.group_gids import GidRange
 from orchestrator.startup_checks import IdRange
 
 # Ids stay in 31 bits: some tools (and signed 32-bit fields) mishandle larger ones.
 MAX_ID = 2**31 - 2
-
-
-class IdentityMode(str, Enum):
-    EXECUTION = "execution"
-    OWNER = "owner"
-
-
-DEFAULT_IDENTITY_MODE = IdentityMode.EXECUTION
-
-
-def parse_identity_mode(raw: str | None) -> tuple[IdentityMode, str | None]:
-    """Return the mode and, when `raw` was not a valid mode, the rejected value (SPEC §8)."""
-    if raw is None or raw.strip() == "":
-        return DEFAULT_IDENTITY_MODE, None
-    try:
-        return IdentityMode(raw.strip().lower()), None
-    except ValueError:
-        return DEFAULT_IDENTITY_MODE, raw
 
 
 class Settings(BaseSettings):

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import docker
 
-from orchestrator.image.build import BuildResult, BuildSources, ImageBuilder
+from orchestrator.sandboxes.image.build import BuildResult, BuildSources, ImageBuilder
 from orchestrator.settings import Settings
 
 # Read at import, before the tests' fixtures clear ORCH_* from the environment: a branch that

@@ -42,8 +42,8 @@ from orchestrator.collaboration.store import Mailbox
 from orchestrator.crash_points import crash_point
 from orchestrator.errors import Conflict, InvalidInput, NotFound, ToolError
 from orchestrator.log import kv, run_logger
-from orchestrator.runs.service import RunRecord, RunStatus
-from orchestrator.sessions.service import SessionRecord
+from orchestrator.runs.records import RunRecord, RunStatus
+from orchestrator.sessions.records import SessionRecord
 from orchestrator.state_store import StateStore, Transaction
 
 log = logging.getLogger(__name__)

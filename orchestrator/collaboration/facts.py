@@ -14,8 +14,8 @@ from contextlib import AbstractContextManager, contextmanager
 
 from orchestrator.collaboration.policy import NEW_WORK_TRIGGERS, cross_project_allowed
 from orchestrator.sessions.projects import ProjectRepository
-from orchestrator.runs.service import RunRecord, RunRepository
-from orchestrator.sessions.service import SessionRecord, SessionRepository
+from orchestrator.runs.records import RunRecord, RunRepository
+from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore, Transaction
 
 

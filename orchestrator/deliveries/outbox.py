@@ -24,7 +24,7 @@ from mounts import ids
 from mounts.layout import DataLayout
 from orchestrator.errors import Gone, NotFound
 from orchestrator.log import kv
-from orchestrator.nofollow_fs import closing_fd, open_dirs, open_root, remove_file_at, replace_file_at
+from mounts.fs.nofollow import closing_fd, open_dirs, open_root, remove_file_at, replace_file_at
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.state_store import StateStore
 

@@ -24,7 +24,7 @@ from urllib.parse import unquote, urlsplit
 from mounts import ids
 from mounts.layout import DataLayout
 from orchestrator.clock import now_iso
-from orchestrator.nofollow_fs import UnsafePath, closing_fd, open_dirs, open_root
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root
 from orchestrator.state_store import StateStore
 from orchestrator.users.dirs import UserDirectories
 

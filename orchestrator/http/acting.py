@@ -9,7 +9,7 @@ naming another user id is 403.
 from __future__ import annotations
 
 from orchestrator.errors import Forbidden, NotFound
-from orchestrator.runs.service import RunRecord
+from orchestrator.runs.records import RunRecord
 from orchestrator.service import OrchestratorService
 
 

@@ -9,9 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from mounts import ids
 from mounts.layout import GroupRef
 from orchestrator.identity import Trigger
-from orchestrator.runs.service import RunContext, RunRecord, RunStatus
-from orchestrator.sessions.service import Channel, SessionRecord
-from orchestrator.settings import IdentityMode
+from orchestrator.runs.records import RunRecord, RunStatus
+from orchestrator.runs.service import RunContext
+from orchestrator.sessions.records import Channel, SessionRecord
+from orchestrator.identity import IdentityMode
 
 
 class Body(BaseModel):

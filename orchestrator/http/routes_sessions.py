@@ -34,7 +34,8 @@ from orchestrator.http.models import (
 )
 from orchestrator.http.params import run_id_param, session_id_param
 from orchestrator.identity import SPEAKER_TRIGGERS
-from orchestrator.runs.service import RunStatus, StartRun
+from orchestrator.runs.records import RunStatus
+from orchestrator.runs.service import StartRun
 from orchestrator.service import OrchestratorService
 from orchestrator.sessions.service import NewSession
 

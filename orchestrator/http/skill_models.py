@@ -8,7 +8,7 @@ from base64 import b64decode
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from orchestrator.http.models import Body
-from orchestrator.skill_admin import InstallReport, SkillInfo, SkillListing
+from orchestrator.skills.admin import InstallReport, SkillInfo, SkillListing
 
 
 class SkillFileIn(Body):

@@ -18,7 +18,8 @@ from dotenv import dotenv_values
 from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.log import kv
-from orchestrator.settings import IdentityMode, Settings, parse_identity_mode
+from orchestrator.identity import IdentityMode, parse_identity_mode
+from orchestrator.settings import Settings
 from orchestrator.state_store import StateStore
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,8 @@ from datetime import datetime, timedelta, timezone
 from orchestrator.clock import iso
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.log import kv
-from orchestrator.runs.service import RunRepository, RunService, RunStatus
+from orchestrator.runs.records import RunRepository, RunStatus
+from orchestrator.runs.service import RunService
 
 log = logging.getLogger(__name__)
 

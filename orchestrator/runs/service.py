@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import secrets
 import sqlite3
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum
 
 from mounts import ids
 from orchestrator import audit
@@ -25,65 +24,15 @@ from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv, run_logger
 from orchestrator.runs.prompt_identity import IdentityPromptFacts, render_identity_section
 from orchestrator.sessions.cleanup import DeletedSession
-from orchestrator.sessions.service import SessionRecord, SessionRepository
-from orchestrator.settings import IdentityMode, Settings
-from orchestrator.skills_port import RunSkills, SkillProvider
+from orchestrator.sessions.records import SessionRecord, SessionRepository
+from orchestrator.settings import Settings
+from orchestrator.skills.port import RunSkills, SkillProvider
 from orchestrator.state_store import StateStore, Transaction
 from orchestrator.users.dirs import UserDirectories
 from orchestrator.users.repository import UserRepository
+from orchestrator.runs.records import RunRecord, RunRepository, RunStatus, run_from_row
 
 log = logging.getLogger(__name__)
-
-
-class RunStatus(str, Enum):
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    run_id: str
-    session_id: str
-    trigger: Trigger
-    agent_id: str
-    identity_mode: IdentityMode
-    owner_user_id: int
-    execution_user_id: int | None
-    runtime_user_id: int
-    speaker_user_id: int | None
-    delivery_id: str | None
-    status: RunStatus
-    started_at: str
-    ended_at: str | None
-
-    @property
-    def identity(self) -> RunIdentity:
-        return RunIdentity(
-            mode=self.identity_mode,
-            owner_user_id=self.owner_user_id,
-            execution_user_id=self.execution_user_id,
-            runtime_user_id=self.runtime_user_id,
-        )
-
-
-def _run(row: sqlite3.Row) -> RunRecord:
-    return RunRecord(
-        run_id=row["run_id"],
-        session_id=row["session_id"],
-        trigger=Trigger(row["trigger"]),
-        agent_id=row["agent_id"],
-        identity_mode=IdentityMode(row["identity_mode"]),
-        owner_user_id=row["owner_user_id"],
-        execution_user_id=row["execution_user_id"],
-        runtime_user_id=row["runtime_user_id"],
-        speaker_user_id=row["speaker_user_id"],
-        delivery_id=row["delivery_id"],
-        status=RunStatus(row["status"]),
-        started_at=row["started_at"],
-        ended_at=row["ended_at"],
-    )
 
 
 @dataclass(frozen=True)
@@ -103,68 +52,6 @@ class RunContext:
     archive_hint_enabled: bool
     memory_user_id: int
     prompt_identity_section: str | None
-
-
-class RunRepository:
-    def __init__(self, store: StateStore) -> None:
-        self._store = store
-
-    @staticmethod
-    def get_in(tx: Transaction, run_id: str) -> RunRecord | None:
-        row = tx.one("SELECT * FROM runs WHERE run_id = ?", (run_id,))
-        return _run(row) if row else None
-
-    def get(self, run_id: str) -> RunRecord | None:
-        with self._store.read() as tx:
-            return self.get_in(tx, run_id)
-
-    def running_in_session(self, session_id: str) -> list[RunRecord]:
-        with self._store.read() as tx:
-            rows = tx.all("SELECT * FROM runs WHERE session_id = ? AND status = 'running'", (session_id,))
-        return [_run(row) for row in rows]
-
-    @staticmethod
-    def running_in_session_in(tx: Transaction, session_id: str) -> bool:
-        return tx.one("SELECT 1 FROM runs WHERE session_id = ? AND status = 'running' LIMIT 1", (session_id,)) is not None
-
-    @staticmethod
-    def touch_in(tx: Transaction, run_id: str, at: str) -> None:
-        """Note a tool call of the run (in the transaction that audits it: no write of its own)."""
-        tx.execute("UPDATE runs SET last_activity_at = ? WHERE run_id = ?", (at, run_id))
-
-    def idle_since(self, cutoff: str) -> list[str]:
-        """Running runs whose last tool call (or start, without one) is older than `cutoff`."""
-        with self._store.read() as tx:
-            rows = tx.all(
-                "SELECT run_id FROM runs WHERE status = 'running'"
-                " AND COALESCE(last_activity_at, started_at) < ? ORDER BY started_at",
-                (cutoff,),
-            )
-        return [row["run_id"] for row in rows]
-
-    @staticmethod
-    def latest_user_run_in(
-        tx: Transaction, session_id: str, triggers: Collection[Trigger], *, before: str
-    ) -> RunRecord | None:
-        """The newest run of the session with one of `triggers` and no delivery, started before `before`."""
-        marks = ", ".join("?" for _ in triggers)
-        row = tx.one(
-            f"SELECT * FROM runs WHERE session_id = ? AND delivery_id IS NULL AND trigger IN ({marks})"
-            " AND started_at < ? ORDER BY started_at DESC LIMIT 1",
-            (session_id, *(t.value for t in triggers), before),
-        )
-        return _run(row) if row else None
-
-    @staticmethod
-    def user_run_started_after_in(tx: Transaction, session_id: str, run_id: str, triggers: Collection[Trigger]) -> bool:
-        """Whether a run with one of `triggers` and no delivery started in the session after `run_id`."""
-        marks = ", ".join("?" for _ in triggers)
-        row = tx.one(
-            f"SELECT 1 FROM runs WHERE session_id = ? AND delivery_id IS NULL AND trigger IN ({marks})"
-            " AND run_id != ? AND started_at > (SELECT started_at FROM runs WHERE run_id = ?) LIMIT 1",
-            (session_id, *(t.value for t in triggers), run_id, run_id),
-        )
-        return row is not None
 
 
 RunListener = Callable[[RunRecord], None]
@@ -383,7 +270,7 @@ class RunService:
             row = tx.one("SELECT * FROM runs WHERE run_id = ?", (run_id,))
             if row is None:
                 raise NotFound(f"run {run_id} not found")
-            run = _run(row)
+            run = run_from_row(row)
             if run.status is not RunStatus.RUNNING:
                 raise Conflict(f"run {run_id} already ended as {run.status.value}")
             if idle_before is not None and (row["last_activity_at"] or run.started_at) >= idle_before:

@@ -2,7 +2,7 @@
 
 Files: `owner.json` (the original id, owner and scope, checked on every access),
 `messages.json`, `transcript.json`, and `deleted.json` (the tombstone). Every access walks
-the path below the data root on directory fds without following symlinks (`nofollow_fs`),
+the path below the data root on directory fds without following symlinks (`mounts.fs.nofollow`),
 so a symlink planted anywhere on the path or among the files is refused. Directories are
 0700 and files 0600 from creation. Writes to one session are serialized by a lock per
 session: a thread lock inside this process plus `flock` on the chat directory across
@@ -38,7 +38,7 @@ from orchestrator.sessions.chat_records import (
 )
 from orchestrator.errors import NotFound, OrchestratorError
 from orchestrator.log import kv
-from orchestrator.nofollow_fs import (
+from mounts.fs.nofollow import (
     DIR_MODE,
     FILE_MODE,
     TEMP_SUFFIX,

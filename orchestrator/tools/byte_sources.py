@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from mounts.layout import DataLayout
 from orchestrator.errors import ToolError
 from orchestrator.deliveries.public_uploads import PublishedUploads, UploadTooLarge, is_own_origin, own_upload_ref
-from orchestrator.sandboxes import SandboxRouter
+from orchestrator.sandboxes.router import SandboxRouter
 from orchestrator.tools.foreign_paths import classify_foreign_path, foreign_path_message
 from orchestrator.tools.registry import ToolCall
 from orchestrator.deliveries.url_fetch import UrlFetcher

@@ -30,7 +30,7 @@ from orchestrator.sessions.cross_session import (
 )
 from orchestrator.errors import ToolError
 from orchestrator.sessions.projects import ProjectRepository
-from orchestrator.sessions.service import SessionRecord, SessionRepository
+from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.settings import Settings
 from orchestrator.state_store import StateStore
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec

@@ -30,9 +30,9 @@ from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict, NotFound, ToolError
 from orchestrator.runs.idle_runs import CallsInFlight
 from orchestrator.log import kv, run_logger
-from orchestrator.runs.service import RunRecord, RunRepository, RunStatus
-from orchestrator.sandboxes import SandboxRouter
-from orchestrator.sessions.service import SessionRecord, SessionRepository
+from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
+from orchestrator.sandboxes.router import SandboxRouter
+from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore
 from orchestrator.tools.identity_table import acting_user_for
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec

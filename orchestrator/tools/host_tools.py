@@ -19,7 +19,7 @@ from orchestrator.sessions.chat_records import Role
 from orchestrator.deliveries.outbox import DeliveryStore, NewDelivery
 from orchestrator.errors import ToolError
 from orchestrator.deliveries.image_types import SNIFF_BYTES, sniff_image
-from orchestrator.nofollow_fs import UnsafePath
+from mounts.fs.nofollow import UnsafePath
 from orchestrator.deliveries.public_uploads import PublishedUploads, UploadRef, media_type_of
 from orchestrator.sessions.service import SessionService
 from orchestrator.settings import Settings

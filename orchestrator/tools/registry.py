@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator.runs.service import RunRecord
-from orchestrator.sessions.service import SessionRecord
+from orchestrator.runs.records import RunRecord
+from orchestrator.sessions.records import SessionRecord
 from orchestrator.tools.identity_table import CONTAINER_TOOLS, TOOL_IDENTITY
 from sandbox_agent.wire import CallContext
 

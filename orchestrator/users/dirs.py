@@ -75,7 +75,7 @@ class UserDirectories:
 
     def sandbox_uid(self, user_id: int) -> int:
         # The backstop of ORCH_MAX_USER_ID: no uid outside this instance's registered block
-        # (uid_blocks.py) is ever handed out, whatever path a user id came in by.
+        # (`orchestrator.sandboxes.uid_blocks`) is ever handed out, whatever path a user id came in by.
         check_user_id(user_id, self.max_user_id)
         return self.uid_base + user_id
 

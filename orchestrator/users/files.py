@@ -14,7 +14,7 @@ import secrets
 from pathlib import Path
 
 from mounts.layout import DataLayout
-from orchestrator.nofollow_fs import UnsafePath, closing_fd, open_dirs, open_root, remove_file_at
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root, remove_file_at
 from orchestrator.users.dirs import UserDirectories
 
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC

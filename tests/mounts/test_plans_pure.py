@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from mounts.fingerprint import EntryKind, ManifestEntry, SkillManifest
-from mounts.gc_plan import StoreEntry, plan_gc
-from mounts.link_plan import plan_link_changes
+from mounts.skillstore.fingerprint import EntryKind, ManifestEntry, SkillManifest
+from mounts.skillstore.gc_plan import StoreEntry, plan_gc
+from mounts.skillstore.link_plan import plan_link_changes
 from mounts.layout import view_link_target, view_version_fingerprint, view_version_name
-from mounts.view_plan import VersionDir, plan_view_build, retired_versions
+from mounts.skillstore.view_plan import VersionDir, plan_view_build, retired_versions
 
 FP1, FP2 = "1" * 64, "2" * 64
 

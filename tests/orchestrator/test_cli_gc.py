@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from mounts.layout import DataLayout
-from mounts.skill_scan import scan_skill
-from orchestrator.skills import SkillService
-from tests.mounts.conftest import write_skill
+from mounts.skillstore.scan import scan_skill
+from orchestrator.skills.service import SkillService
+from tests.mounts.skillstore.conftest import write_skill
 
 
 def gc(data_dir: Path, *args: str) -> subprocess.CompletedProcess:

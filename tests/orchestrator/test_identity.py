@@ -11,7 +11,7 @@ from orchestrator.identity import (
     inherited_runtime_user,
     resolve_run_identity,
 )
-from orchestrator.settings import IdentityMode
+from orchestrator.identity import IdentityMode
 
 OWNER, SPEAKER, LAST, PARENT_OWNER, PARENT_LAST = 17, 67, 42, 5, 9
 EXEC, OWN = IdentityMode.EXECUTION, IdentityMode.OWNER

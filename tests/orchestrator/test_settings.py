@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.settings import IdentityMode, load_settings, parse_identity_mode
+from orchestrator.identity import IdentityMode, parse_identity_mode
+from orchestrator.settings import load_settings
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.smoke import SMOKE_SKILL, SmokeOptions, run_smoke
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
-from tests.orchestrator.backends.docker.conftest import docker_data_dir, sandbox_image  # noqa: F401 - fixtures
+from tests.orchestrator.sandboxes.docker.conftest import docker_data_dir, sandbox_image  # noqa: F401 - fixtures
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, make_settings
 from tests.live_server import free_port, live_server, serve_process, wait_for_health
 

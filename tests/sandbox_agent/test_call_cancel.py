@@ -1,5 +1,5 @@
 """The pure parts of leftover selection and call cancellation (the attacks that drive them run
-in tests/orchestrator/backends/test_call_containment.py)."""
+in tests/orchestrator/sandboxes/test_call_containment.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator.errors import ToolError
-from orchestrator.sandboxes import SandboxCalls
+from orchestrator.sandboxes.router import SandboxCalls
 from sandbox_agent.calls import CallCancelled, CallRegistry
 from sandbox_agent.process_tree import Leader, ProcInfo, select_victims
 from sandbox_agent.wire import CallContext, CancelRequest

@@ -17,7 +17,7 @@ from orchestrator.service import OrchestratorService
 from tests.agent_env import agent_data_dir, serving, traversable_tmp  # noqa: F401 - fixtures
 from tests.api_calls import MEMBER, OWNER, group_session, start_run, tool
 from tests.conftest import make_settings
-from tests.mounts.conftest import write_skill
+from tests.mounts.skillstore.conftest import write_skill
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids need a root orchestrator")
 
@@ -30,7 +30,7 @@ TEAM = GroupRef("feishu", "oc_team")  # the group of tests.api_calls.group_sessi
 def team(request: pytest.FixtureRequest, agent_data_dir: Path) -> Iterator[tuple[TestClient, OrchestratorService]]:
     """The plain process backend with either resolver, and the plan as a bwrap namespace."""
     if request.param == "bwrap":
-        from tests.orchestrator.backends.test_bwrap import bwrap_problem
+        from tests.orchestrator.sandboxes.test_bwrap import bwrap_problem
 
         if (problem := bwrap_problem()) is not None:
             pytest.skip(problem)

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.service import OrchestratorService
-from tests.orchestrator.backends.docker.conftest import docker_client, docker_data_dir, docker_service, sandbox_image  # noqa: F401
+from tests.orchestrator.sandboxes.docker.conftest import docker_client, docker_data_dir, docker_service, sandbox_image  # noqa: F401
 from tests.sandbox_agent import test_shared_roots as scenario
 
 pytestmark = [

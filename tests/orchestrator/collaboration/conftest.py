@@ -9,10 +9,12 @@ from typing import Any
 import pytest
 
 from orchestrator.collaboration.coordinator import InboxItem, RequestView
-from orchestrator.runs.service import RunStatus, StartRun
+from orchestrator.runs.records import RunStatus
+from orchestrator.runs.service import StartRun
 from orchestrator.identity import Trigger
 from orchestrator.service import OrchestratorService
-from orchestrator.sessions.service import Channel, NewSession
+from orchestrator.sessions.records import Channel
+from orchestrator.sessions.service import NewSession
 
 
 @dataclass

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from orchestrator.errors import Conflict, NotFound
-from orchestrator.runs.service import RunStatus
+from orchestrator.runs.records import RunStatus
 from tests.orchestrator.collaboration.conftest import Harness
 
 

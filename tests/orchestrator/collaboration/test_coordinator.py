@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 from orchestrator.identity import Trigger
-from orchestrator.runs.service import RunStatus, StartRun
+from orchestrator.runs.records import RunStatus
+from orchestrator.runs.service import StartRun
 from tests.orchestrator.collaboration.conftest import Harness
 
 

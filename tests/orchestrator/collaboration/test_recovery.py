@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import Conflict
-from orchestrator.runs.service import RunStatus
+from orchestrator.runs.records import RunStatus
 from orchestrator.service import OrchestratorService
 from tests.conftest import make_settings
 from tests.orchestrator.collaboration.conftest import Harness

@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from tests.api_calls import group_session, start_run, tool
 from tests.conftest import admin_headers
-from tests.orchestrator.backends.docker.conftest import (  # noqa: F401 - fixtures
+from tests.orchestrator.sandboxes.docker.conftest import (  # noqa: F401 - fixtures
     docker_client,
     docker_data_dir,
     docker_service,
@@ -50,7 +50,7 @@ def test_item8_bot_token_cannot_switch_a_user_to_the_process_backend(docker_clie
 
 
 def test_isolation_order_is_docker_then_bwrap_then_process() -> None:
-    from orchestrator.sandboxes import effective_backend, isolation_rank
+    from orchestrator.sandboxes.router import effective_backend, isolation_rank
 
     assert isolation_rank("docker", "none") > isolation_rank("process", "bwrap") > isolation_rank("process", "none")
     available = {"docker", "process"}

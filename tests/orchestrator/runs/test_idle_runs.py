@@ -14,7 +14,7 @@ from orchestrator import audit
 from orchestrator.clock import iso, now_iso
 from orchestrator.errors import Conflict
 from orchestrator.runs.idle_runs import MAX_SWEEP_INTERVAL_S, MIN_SWEEP_INTERVAL_S, idle_cutoff, sweep_interval_s
-from orchestrator.runs.service import RunStatus
+from orchestrator.runs.records import RunStatus
 from orchestrator.service import OrchestratorService
 from tests.conftest import make_settings
 from tests.orchestrator.collaboration.conftest import Harness

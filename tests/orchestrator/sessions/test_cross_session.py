@@ -14,7 +14,7 @@ from orchestrator.sessions.cross_session import (
     search_verdict,
 )
 from orchestrator.identity import RunIdentity
-from orchestrator.settings import IdentityMode
+from orchestrator.identity import IdentityMode
 
 A = Conversation("A", 17, "p1")
 B = Conversation("B", 17, "p1")

@@ -1,6 +1,6 @@
 """ORCH_GREP_TIMEOUT_S end to end: the setting reaches the agent, the agent that sandbox uids
 run has the `regex` engine deployed, and the model gets a `timeout` tool error while the same
-sandbox keeps serving. The docker twin is in tests/orchestrator/backends/docker/."""
+sandbox keeps serving. The docker twin is in tests/orchestrator/sandboxes/docker/."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.service import OrchestratorService
-from tests.orchestrator.backends.docker.conftest import (  # noqa: F401 - fixtures
+from tests.orchestrator.sandboxes.docker.conftest import (  # noqa: F401 - fixtures
     docker_client,
     docker_data_dir,
     docker_service,

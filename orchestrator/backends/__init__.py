@@ -1,1 +1,0 @@
-"""Where sandboxes run: the ContainerBackend interface and its implementations."""

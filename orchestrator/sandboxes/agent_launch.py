@@ -1,0 +1,159 @@
+"""Preparing one user's agent start, shared by every backend: its configuration (allowed
+roots from the mount plan — the single source of truth), a fresh per-sandbox token, and
+both written into the user's agent-secrets directory.
+
+The host (root) never resolves a path inside a directory the sandbox can write. The socket
+directory is the sandbox's (its agent binds there), so the token and the config live in
+`agent-secrets/{uid}/` instead: root-owned, group = the sandbox's gid, 0750, files 0640. The
+sandbox reads its own token there and writes nothing; no other sandbox can enter. The host
+reaches that directory and its files on directory fds with O_NOFOLLOW and checks owner and
+mode, and a token read back (when a restarted orchestrator reconnects to a running agent) must
+have the form of one before it is sent anywhere. The token is never in argv or the
+environment (both show in `ps` and `docker inspect`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from mounts.layout import AGENT_CONFIG_FILE, TOKEN_FILE, DataLayout
+from orchestrator.sandboxes.base import SandboxUser
+from orchestrator.settings import Settings
+from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
+from sandbox_agent.wire import AgentConfig, AgentLimits, RootConfig, TOKEN_BYTES, valid_token
+
+SANDBOX_TMP = "/tmp"
+
+
+@dataclass(frozen=True)
+class AgentLaunch:
+    config: AgentConfig
+    config_path: Path
+    token: str
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.config.socket_path)
+
+
+TOKEN_READ_MAX = 256  # bytes read back from a token file: a token is 43
+
+
+def write_private_file(dir_fd: int, name: str, content: str, *, group: int | None) -> None:
+    """Atomically place `name` in the directory `dir_fd`: mode 0640 with `group` (the sandbox's
+    gid, which may read it), else 0600; owned by us. Written under a random name with
+    O_EXCL|O_NOFOLLOW, then renamed, so a reader never sees half a file."""
+    temp = f".{name}.{secrets.token_hex(6)}"
+    mode = 0o640 if group is not None else 0o600
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    try:
+        try:
+            if group is not None:
+                os.fchown(fd, -1, group)
+            os.fchmod(fd, mode)  # the umask must not narrow what the sandbox needs to read
+            os.write(fd, content.encode())
+        finally:
+            os.close(fd)
+        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(temp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
+def read_agent_token(directories: UserDirectories, user_id: int) -> str | None:
+    """The token of the agent last started for `user_id`, or None when there is no usable one
+    (missing, not a plain file of ours with one link, or not of a token's form): the caller then
+    starts a fresh agent rather than send anything else."""
+    try:
+        dir_fd = directories.open_agent_secrets_dir(user_id, create=False)
+    except (OSError, UnsafeDirectory):
+        return None
+    try:
+        fd = os.open(TOKEN_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    finally:
+        os.close(dir_fd)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+            return None
+        token = os.read(fd, TOKEN_READ_MAX).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return token if valid_token(token) else None
+
+
+def agent_limits(settings: Settings) -> AgentLimits:
+    return AgentLimits(
+        output_cap_bytes=settings.output_cap_bytes,
+        read_bytes_max=settings.read_bytes_max,
+        shell_timeout_s=settings.tool_timeout_s,
+        shell_timeout_max_s=settings.tool_timeout_max_s,
+        grep_timeout_s=settings.grep_timeout_s,
+    )
+
+
+def shell_environment(layout: DataLayout, user_id: int) -> dict[str, str]:
+    """Per-user CLI installs go to `deps/{uid}` (SPEC §2): npm and pip user prefixes there."""
+    deps = layout.deps_dir(user_id)
+    npm, python = deps / "npm", deps / "python"
+    return {
+        "PATH": f"{npm / 'bin'}:{python / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "NPM_CONFIG_PREFIX": str(npm),
+        "PYTHONUSERBASE": str(python),
+        "PIP_USER": "1",
+    }
+
+
+def prepare_agent_launch(
+    settings: Settings,
+    directories: UserDirectories,
+    user: SandboxUser,
+    *,
+    in_sandbox: bool,
+    parent_pid: int | None,
+) -> AgentLaunch:
+    """Write the user's agent config and a fresh token; the caller starts the agent."""
+    layout = directories.layout
+    user_id = user.user_id
+    directories.ensure_sandbox_dirs(user.plan)
+    sandbox_uid = directories.sandbox_uid(user_id) if directories.chown else None
+    token = secrets.token_urlsafe(TOKEN_BYTES)
+    roots = [
+        RootConfig(path=str(root.path), access=root.access.value, purpose=root.purpose)
+        for root in user.plan.allowed_roots(in_sandbox=in_sandbox)
+    ]
+    config = AgentConfig(
+        socket_path=str(layout.socket_path(user_id)),
+        token_file=str(layout.token_path(user_id)),
+        user_id=user_id,
+        data_root=str(layout.root),
+        home=str(layout.home_dir(user_id)),
+        tmp_dir=SANDBOX_TMP if in_sandbox else str(layout.tmp_dir(user_id)),
+        roots=roots,
+        limits=agent_limits(settings),
+        resolver=settings.agent_resolver,
+        shell_env=shell_environment(layout, user_id),
+        instance_id=secrets.token_hex(8),
+        parent_pid=parent_pid,
+        # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.
+        max_processes=settings.sandbox_pids if sandbox_uid is not None else None,
+        sweep_uid=sandbox_uid is not None,  # a uid of its own: every process of it is this sandbox's
+    )
+    dir_fd = directories.open_agent_secrets_dir(user_id, create=True)
+    try:
+        write_private_file(dir_fd, TOKEN_FILE, token + "\n", group=sandbox_uid)
+        write_private_file(dir_fd, AGENT_CONFIG_FILE, config.model_dump_json(indent=2), group=sandbox_uid)
+    finally:
+        os.close(dir_fd)
+    return AgentLaunch(config=config, config_path=layout.agent_config_path(user_id), token=token)

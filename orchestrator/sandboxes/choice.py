@@ -1,0 +1,52 @@
+"""Which backend runs sandboxes (SPEC §13, ORCH_BACKEND): `docker`, `process`, or `auto` —
+docker when an engine answers and the sandbox image exists and fits this orchestrator, else
+process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
+from orchestrator.settings import Settings
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    default: str  # the backend of users without an override
+    docker: bool  # whether the docker backend is registered (also for per-user overrides)
+    reason: str
+
+
+def choose_backend(setting: str, *, engine_problem: str | None, image: ImageFit, image_name: str) -> BackendChoice:
+    """Pure: the choice from the setting and what the host offers."""
+    if setting == "process":
+        return BackendChoice("process", False, "ORCH_BACKEND=process")
+    if setting == "docker":
+        if engine_problem is not None:
+            return BackendChoice("docker", False, f"ORCH_BACKEND=docker, but no Docker engine answers: {engine_problem}")
+        # Registered either way, so that calls say how to fix it.
+        if image is ImageFit.ABSENT:
+            return BackendChoice("docker", True, f"ORCH_BACKEND=docker, but the image {image_name} is not built yet")
+        if image is ImageFit.STALE:
+            return BackendChoice("docker", True, f"ORCH_BACKEND=docker, but {stale_image_message(image_name)}")
+        return BackendChoice("docker", True, "ORCH_BACKEND=docker")
+    if engine_problem is not None:
+        return BackendChoice("process", False, f"auto: no Docker engine answers ({engine_problem})")
+    if image is ImageFit.ABSENT:
+        return BackendChoice("process", False, f"auto: the sandbox image {image_name} is not built (orchestrator build-image)")
+    if image is ImageFit.STALE:
+        return BackendChoice("process", False, f"auto: {stale_image_message(image_name)}")
+    return BackendChoice("docker", True, "auto: a Docker engine answers and the sandbox image fits")
+
+
+def detect_backend(settings: Settings) -> BackendChoice:
+    """The choice for this host; asks the engine only when the setting can use it."""
+    from orchestrator.sandboxes.docker import engine_problem, image_labels
+
+    name = settings.sandbox_image
+    if settings.backend == "process":
+        return choose_backend("process", engine_problem=None, image=ImageFit.ABSENT, image_name=name)
+    problem = engine_problem()
+    labels = image_labels(name) if problem is None else None
+    fit = image_fit(labels, expected_agent_lock())
+    return choose_backend(settings.backend, engine_problem=problem, image=fit, image_name=name)

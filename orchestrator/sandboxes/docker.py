@@ -1,0 +1,653 @@
+"""The docker backend (SPEC §13): one long-lived container per user, built from the mount plan,
+talked to over the agent's Unix socket (never over the container's IP).
+
+- The warm path of a tool call touches no Docker API: the user's slot caches the container's
+  plan hash, image and agent BUILD and the call goes straight to the agent's socket. The slow
+  path (first call, a drift, a dead agent) inspects the container and applies `decide()`.
+- A per-user lock makes concurrent first calls create exactly one container.
+- On start, this orchestrator's containers (label `instance` = its data dir) are adopted, and
+  those of users it does not know are removed.
+- A call that never reached the agent (connection refused: killed container) is sent once
+  more after the container is recreated; one that may have run is not.
+- Calls are awaited on the event loop (`AsyncAgentClient`), each with a deadline; a container
+  whose agent misses one (paused, stopped, hung) is replaced by the next call. The slow path
+  (Docker API, starts) runs in worker threads of its own.
+- Idle containers are stopped by a reaper thread; containers outlive the orchestrator.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+from anyio import to_thread
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.models.containers import Container
+
+from orchestrator.sandboxes.agent_deploy import AgentDeployment
+from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
+from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
+from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, loses_group_access
+from orchestrator.sandboxes.docker_spec import (
+    LABEL_BUILD,
+    LABEL_INSTANCE,
+    LABEL_MANAGED,
+    LABEL_PLAN,
+    MANAGED_VALUE,
+    Action,
+    Desired,
+    Limits,
+    container_name,
+    container_spec,
+    decide,
+    instance_id,
+    observed_from_attrs,
+    user_of,
+)
+from orchestrator.errors import ToolError
+from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
+from orchestrator.log import kv
+from orchestrator.settings import Settings
+from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
+from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.wire import CallContext
+
+log = logging.getLogger(__name__)
+
+IMAGE_RECHECK_S = 5.0  # how stale the cached id of ORCH_SANDBOX_IMAGE may be on the warm path
+PARALLEL_STARTS = 4  # cold starts at once: more only thrash two cores and time out together
+STOP_TIMEOUT_S = 5
+
+
+def engine_problem(timeout: float = 3.0) -> str | None:
+    """None when a Docker engine answers, else why not."""
+    try:
+        client = docker.from_env(timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return None
+    except DockerException as exc:
+        return str(exc)
+
+
+def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
+    """The image's labels; None when it is absent (or the engine does not answer)."""
+    try:
+        client = docker.from_env(timeout=timeout)
+        try:
+            return dict(client.images.get(image).labels or {})
+        finally:
+            client.close()
+    except (DockerException, ImageNotFound):
+        return None
+
+
+def unavailable(user_id: int, why: str, *, may_have_run: bool = False, **details: Any) -> ToolError:
+    outcome = (
+        "The tool may have run partly: check its effects before repeating it. The sandbox is "
+        "restarted on the next call."
+        if may_have_run
+        else "The tool did not run; try again, and tell the user if it keeps failing."
+    )
+    return ToolError(
+        "sandbox_unavailable", f"The sandbox of user {user_id} is not available ({why}). {outcome}", **details
+    )
+
+
+@dataclass
+class _Slot:
+    """One user's container as this orchestrator knows it. Guarded by `lock`."""
+
+    user_id: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    container_id: str | None = None
+    plan_hash: str | None = None
+    image_id: str | None = None
+    running_build: str | None = None
+    agent: AgentClient | None = None  # blocking: health, cancels from threads
+    calls: AsyncAgentClient | None = None  # tool calls, on the event loop
+    in_flight: int = 0  # changed under `count_lock` (never held for long), read under both
+    count_lock: threading.Lock = field(default_factory=threading.Lock)
+    last_used: float = 0.0
+    stopped: bool = False  # stopped by us (idle, or asked); the next call starts it again
+    stalled: bool = False  # its agent missed a call's deadline: the next call replaces the container
+
+    def forget_agent(self) -> None:
+        if self.agent is not None:
+            self.agent.close()
+        if self.calls is not None:
+            self.calls.close()
+        self.agent = self.calls = None
+        self.running_build = None
+
+    def count(self, delta: int) -> None:
+        with self.count_lock:
+            self.in_flight += delta
+            self.last_used = time.monotonic()
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(
+        self,
+        settings: Settings,
+        directories: UserDirectories,
+        deployment: AgentDeployment,
+        *,
+        known_user: Callable[[int], bool],
+        client: docker.DockerClient | None = None,
+    ) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self.directories = directories
+        self.deployment = deployment
+        self.known_user = known_user
+        self.client = client or docker.from_env(timeout=60, max_pool_size=32)
+        self.instance = instance_id(self.layout.root)
+        self.limits = Limits(settings.sandbox_cpus, settings.sandbox_memory_mb, settings.sandbox_pids)
+        self._slots: dict[int, _Slot] = {}
+        self._slots_lock = threading.Lock()
+        self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
+        # Callers waiting for a slow path wait in these threads, never in the server's pool.
+        self._slow_threads = anyio.CapacityLimiter(2 * PARALLEL_STARTS)
+        self._answer_limits = answer_limits(settings)
+        self._image: tuple[str, float] | None = None  # (id, when resolved)
+        self._expected_lock = expected_agent_lock()
+        self._adopted = False
+        self._adopt_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    # --- the backend's own lifecycle ------------------------------------------------------
+    def start(self) -> None:
+        """Adopt this orchestrator's containers and start the idle reaper."""
+        self.adopt()
+        if self._reaper is None:
+            self._reaper = threading.Thread(target=self._reap_loop, name="docker-idle-reaper", daemon=True)
+            self._reaper.start()
+
+    def close(self) -> None:
+        """Stop background work; sandboxes keep running and are adopted by the next start."""
+        self._stopping.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=10)
+            self._reaper = None
+        with self._slots_lock:
+            slots = list(self._slots.values())
+        for slot in slots:
+            with slot.lock:
+                slot.forget_agent()
+        self.client.close()
+
+    def adopt(self) -> list[int]:
+        """Take over the containers labelled with this instance (once); remove those of users
+        this orchestrator does not know. Returns the adopted users."""
+        with self._adopt_lock:
+            if self._adopted:
+                return []
+            adopted = []
+            for container in self._managed_containers():
+                user_id = user_of(container.labels)
+                if user_id is None or not self.known_user(user_id):
+                    log.warning("removing the sandbox of an unknown user %s", kv(container=container.name, user=user_id))
+                    self._remove(container)
+                    continue
+                slot = self._slot(user_id)
+                with slot.lock:
+                    slot.container_id = container.id
+                    slot.last_used = time.monotonic()
+                    slot.stopped = container.status != "running"
+                adopted.append(user_id)
+                log.info("adopted a sandbox %s", kv(user=user_id, container=container.short_id, status=container.status))
+            self._adopted = True
+            return adopted
+
+    # --- ContainerBackend -----------------------------------------------------------------
+    def ensure(self, user: SandboxUser) -> SandboxStatus:
+        self.adopt()
+        slot = self._slot(user.user_id)
+        with slot.lock:
+            self._ensure_locked(slot, user)
+            slot.last_used = time.monotonic()
+            return self._slot_status(slot)
+
+    async def call(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        slot = self._slot(user.user_id)
+        clients = self._warm(slot, user) or await to_thread.run_sync(
+            self._checkout_slow, slot, user, limiter=self._slow_threads
+        )
+        timeout = call_timeout_s(self.settings, tool, arguments)
+        try:
+            try:
+                return await clients[0].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+            except AgentUnavailable as exc:
+                if exc.delivered:
+                    raise
+                self._log_unreachable(user, exc)
+                clients = await to_thread.run_sync(self._recover, slot, user, limiter=self._slow_threads)
+                return await clients[0].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        except AgentToolError as exc:
+            raise tool_error(exc) from None
+        except AgentUnavailable as exc:
+            await to_thread.run_sync(self._lose_contact, slot, tool, exc, limiter=self._slow_threads)
+            raise self._failure(user, exc) from None
+        finally:
+            slot.count(-1)
+
+    def call_blocking(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for a worker thread (host tools): the blocking client, the same deadline."""
+        slot = self._slot(user.user_id)
+        clients = self._warm(slot, user) or self._checkout_slow(slot, user)
+        timeout = call_timeout_s(self.settings, tool, arguments)
+        try:
+            try:
+                return clients[1].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+            except AgentUnavailable as exc:
+                if exc.delivered:
+                    raise
+                self._log_unreachable(user, exc)
+                clients = self._recover(slot, user)
+                return clients[1].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        except AgentToolError as exc:
+            raise tool_error(exc) from None
+        except AgentUnavailable as exc:
+            self._lose_contact(slot, tool, exc)
+            raise self._failure(user, exc) from None
+        finally:
+            slot.count(-1)
+
+    @staticmethod
+    def _log_unreachable(user: SandboxUser, exc: AgentUnavailable) -> None:
+        # Nothing reached the agent (the container was killed, OOM, engine restart): it is
+        # recreated and the call sent once more; it cannot have run twice.
+        log.warning("sandbox unreachable; recovering %s", kv(user=user.user_id, error=exc.message))
+
+    @staticmethod
+    def _failure(user: SandboxUser, exc: AgentUnavailable) -> ToolError:
+        if isinstance(exc, AgentTimedOut):
+            return unavailable(user.user_id, "it did not answer in time", may_have_run=True)
+        if exc.delivered:
+            return unavailable(user.user_id, "it stopped answering during the call", may_have_run=True)
+        return unavailable(user.user_id, exc.message)
+
+    def _warm(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient] | None:
+        """The slot's agent when the call can go straight to it: adopted, nothing drifted, and
+        no slow path holds the slot (nothing here waits or calls Docker)."""
+        image = self._image
+        if not self._adopted or image is None or time.monotonic() - image[1] >= IMAGE_RECHECK_S:
+            return None
+        if not slot.lock.acquire(blocking=False):
+            return None
+        try:
+            if (
+                slot.calls is None
+                or slot.agent is None
+                or slot.stalled
+                or slot.plan_hash != user.plan.plan_hash
+                or slot.image_id != image[0]
+                or slot.running_build != self.deployment.build
+            ):
+                return None
+            slot.count(+1)
+            return slot.calls, slot.agent
+        finally:
+            slot.lock.release()
+
+    def _checkout_slow(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient]:
+        self.adopt()
+        with slot.lock:
+            self._ensure_locked(slot, user)
+            assert slot.calls is not None and slot.agent is not None
+            slot.count(+1)
+            return slot.calls, slot.agent
+
+    def _recover(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient]:
+        with slot.lock:
+            slot.forget_agent()
+            self._ensure_locked(slot, user)
+            assert slot.calls is not None and slot.agent is not None
+            return slot.calls, slot.agent
+
+    def _lose_contact(self, slot: _Slot, tool: str, exc: AgentUnavailable) -> None:
+        log.warning("sandbox failed during a call %s", kv(user=slot.user_id, tool=tool, error=exc.message))
+        with slot.lock:
+            slot.forget_agent()  # the next call inspects the container and recovers
+            slot.stalled = slot.stalled or isinstance(exc, AgentTimedOut)
+
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        # Not under the slot's lock: a container start holds it for seconds. A call still
+        # starting its container has not reached the agent: the router's next cancel does.
+        with self._slots_lock:
+            slot = self._slots.get(user_id)
+        agent = slot.agent if slot is not None else None
+        if agent is None:
+            return 0
+        try:
+            return agent.cancel(run_id=run_id, session_id=session_id)
+        except AgentUnavailable as exc:
+            log.warning("sandbox did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
+            self.stop(user_id)
+            return 0
+
+    def stop(self, user_id: int) -> None:
+        slot = self._slot(user_id)
+        with slot.lock:
+            self._stop_locked(slot, reason="requested")
+
+    def status(self) -> list[SandboxStatus]:
+        statuses = []
+        for container in self._managed_containers():
+            user_id = user_of(container.labels)
+            if user_id is None:
+                continue
+            slot = self._slot(user_id)
+            statuses.append(
+                SandboxStatus(
+                    user_id=user_id,
+                    backend=self.name,
+                    state="running" if container.status == "running" else "stopped",
+                    plan_hash=container.labels.get(LABEL_PLAN),
+                    agent_build=slot.running_build or container.labels.get(LABEL_BUILD),
+                    busy=slot.in_flight,
+                    detail={"container": container.name, "container_id": container.id, "status": container.status},
+                )
+            )
+        return sorted(statuses, key=lambda s: s.user_id)
+
+    # --- the slow path ----------------------------------------------------------------------
+    def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
+        desired = Desired(user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build)
+        if slot.stalled:
+            self._remove_stalled(slot)
+        if (
+            slot.agent is not None
+            and slot.plan_hash == desired.plan_hash
+            and slot.image_id == desired.image_id
+            and slot.running_build == desired.agent_build
+        ):
+            return  # the warm path: no Docker API call
+        container = self._find(slot)
+        observed = observed_from_attrs(container.attrs) if container is not None else None
+        busy = slot.in_flight > 0
+        if busy and container is not None:  # a revoked group does not wait for the calls under way
+            running_gids = {int(g) for g in container.attrs.get("HostConfig", {}).get("GroupAdd") or []}
+            busy = not loses_group_access(running_gids - {self.directories.shared_gid}, user.plan.group_gids)
+        if container is not None and observed is not None and observed.running and slot.agent is None:
+            # Adopted, or contact lost: ask the agent that runs there which BUILD it is.
+            if not self._reconnect(slot, container):
+                # Running but its agent does not answer (hung, or its token is gone): replace it.
+                observed = replace(observed, running=False, exit_code=-1)
+        action = decide(observed, desired, running_build=slot.running_build, busy=busy)
+        if action is Action.USE:
+            slot.plan_hash, slot.image_id = (observed.plan_hash, observed.image_id) if observed else (None, None)
+            return
+        log.info(
+            "sandbox %s %s",
+            action.value,
+            kv(user=user.user_id, container=container.short_id if container else None,
+               plan_changed=observed is not None and observed.plan_hash != desired.plan_hash,
+               image_changed=observed is not None and observed.image_id != desired.image_id,
+               running_build=slot.running_build, host_build=desired.agent_build),
+        )  # fmt: skip
+        slot.forget_agent()
+        with self._starts:
+            started = time.monotonic()
+            release = self.deployment.ensure()
+            try:
+                launch = prepare_agent_launch(self.settings, self.directories, user, in_sandbox=True, parent_pid=None)
+            except (OSError, RuntimeError, UnsafeDirectory) as exc:
+                raise unavailable(user.user_id, f"preparing it failed: {exc}") from exc
+            try:
+                if action in (Action.CREATE, Action.RECREATE):
+                    if container is not None:
+                        self._remove(container)
+                    container = self._create(user, desired.image_id, release.build)
+                    container.start()
+                elif action is Action.START:
+                    assert container is not None
+                    container.start()
+                else:  # RESTART_AGENT: same container, same mounts; the agent code is mounted
+                    assert container is not None  # read-only, so the restart runs the new BUILD
+                    container.restart(timeout=STOP_TIMEOUT_S)
+            except APIError as exc:
+                raise unavailable(user.user_id, f"docker refused: {exc.explanation}") from None
+            slot.container_id = container.id
+            slot.plan_hash = desired.plan_hash
+            slot.image_id = desired.image_id
+            slot.stopped = False
+            agent = self._agent_client(user.user_id, launch.token)
+            self._wait_ready(slot, container, agent, launch.config.instance_id, launch.token)
+            log.info(
+                "sandbox ready %s",
+                kv(user=user.user_id, container=container.short_id, action=action.value,
+                   build=slot.running_build, seconds=round(time.monotonic() - started, 3)),
+            )  # fmt: skip
+
+    def _create(self, user: SandboxUser, image_id: str, build: str) -> Container:
+        if self.directories.chown:
+            uid = gid = self.directories.sandbox_uid(user.user_id)
+            # share/'s common gid, and each group workspace's own gid: exactly the plan's groups.
+            extra: tuple[int, ...] = (self.directories.shared_gid, *user.plan.group_gids)
+        else:  # not root: the directories belong to us, so the sandbox runs as us
+            uid, gid, extra = os.geteuid(), os.getegid(), ()
+        spec = container_spec(
+            instance=self.instance,
+            plan=user.plan,
+            image=self.settings.sandbox_image,
+            image_id=image_id,
+            agent_build=build,
+            sandbox_uid=uid,
+            sandbox_gid=gid,
+            extra_gids=extra,
+            network=self.settings.sandbox_network,
+            limits=self.limits,
+            agent_dir=self.layout.agent_current,
+            home_dir=self.layout.home_dir(user.user_id),
+            config_path=self.layout.agent_config_path(user.user_id),
+        )
+        try:
+            return self.client.containers.create(**spec.create_kwargs())
+        except APIError as exc:
+            if exc.status_code != 409:
+                raise
+        # The name is taken: a container this slot did not know (e.g. one created by a crashed
+        # orchestrator between `create` and its bookkeeping). Ours by label: replace it.
+        self._remove(self.client.containers.get(spec.name))
+        return self.client.containers.create(**spec.create_kwargs())
+
+    def _reconnect(self, slot: _Slot, container: Container) -> bool:
+        """Talk to the agent already running in `container` with the token it was started with
+        (read from the root-owned secrets dir, never from the sandbox's socket dir). False when
+        there is no usable token or the socket's peer is not the user's own agent: the caller
+        replaces the container."""
+        token = read_agent_token(self.directories, slot.user_id)
+        if token is None:
+            log.warning("no usable agent token; replacing the sandbox %s", kv(user=slot.user_id))
+            return False
+        agent = self._agent_client(slot.user_id, token)
+        try:
+            health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
+        except AgentUnavailable as exc:
+            log.warning("the adopted sandbox's agent does not answer %s", kv(user=slot.user_id, error=exc.message))
+            agent.close()
+            return False
+        if health.user_id not in (None, slot.user_id):
+            log.warning("the socket answers for another user %s", kv(user=slot.user_id, answered=health.user_id))
+            agent.close()
+            return False
+        slot.agent, slot.running_build, slot.container_id = agent, health.build, container.id
+        slot.calls = self._calls_client(slot.user_id, agent, token)
+        return True
+
+    def _peer_uid(self, user_id: int) -> int | None:
+        return self.directories.sandbox_uid(user_id) if self.directories.chown else None
+
+    def _agent_client(self, user_id: int, token: str) -> AgentClient:
+        """The client of the user's agent; as root it only talks to a socket served by the
+        user's own sandbox uid (SO_PEERCRED), whatever the socket's path leads to."""
+        return AgentClient(
+            self.layout.socket_path(user_id), token, expected_peer_uid=self._peer_uid(user_id),
+            answer_limits=self._answer_limits,
+        )  # fmt: skip
+
+    def _calls_client(self, user_id: int, agent: AgentClient, token: str) -> AsyncAgentClient:
+        return AsyncAgentClient(
+            agent.socket_path, token, expected_peer_uid=agent.expected_peer_uid, answer_limits=self._answer_limits
+        )
+
+    def _remove_stalled(self, slot: _Slot) -> None:
+        """A container whose agent missed a deadline (paused, stopped, hung) is removed, so the
+        slow path creates a fresh one; `docker rm -f` also takes a paused container."""
+        container = self._find(slot)
+        log.warning("replacing a stalled sandbox %s", kv(user=slot.user_id, container=container.short_id if container else None))
+        slot.forget_agent()
+        if container is not None:
+            self._remove(container)
+        slot.container_id = None
+        slot.stalled = False
+
+    def _wait_ready(self, slot: _Slot, container: Container, agent: AgentClient, instance: str, token: str) -> None:
+        """Ready = our agent (the instance id we wrote) answers /health on the socket."""
+        timeout = self.settings.sandbox_ready_timeout_s
+        deadline = time.monotonic() + timeout
+        next_state_check = time.monotonic() + 0.5
+        delay = 0.005
+        while True:
+            try:
+                health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
+                if health.instance_id == instance:
+                    slot.agent, slot.running_build = agent, health.build
+                    slot.calls = self._calls_client(slot.user_id, agent, token)
+                    return
+            except AgentUnavailable:
+                pass
+            now = time.monotonic()
+            if now >= next_state_check:
+                container.reload()
+                if container.status not in ("running", "created", "restarting"):
+                    self._fail_start(slot, container, agent, f"the container exited ({container.status})")
+                next_state_check = now + 0.5
+            if now >= deadline:
+                self._fail_start(slot, container, agent, f"its agent did not answer /health within {timeout:g} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+    def _fail_start(self, slot: _Slot, container: Container, agent: AgentClient, why: str) -> None:
+        agent.close()
+        try:
+            logs = container.logs(tail=20).decode(errors="replace").strip()
+        except DockerException:
+            logs = ""
+        log.error("sandbox failed to start %s", kv(user=slot.user_id, container=container.short_id, why=why, logs=logs))
+        raise unavailable(slot.user_id, f"it did not start: {why}", container=container.name, logs=logs[-2000:])
+
+    def _stop_locked(self, slot: _Slot, *, reason: str) -> None:
+        slot.forget_agent()
+        slot.stopped = True
+        container = self._find(slot)
+        if container is None or container.status != "running":
+            return
+        log.info("stopping a sandbox %s", kv(user=slot.user_id, container=container.short_id, reason=reason))
+        try:
+            container.stop(timeout=STOP_TIMEOUT_S)
+        except NotFound:
+            pass
+
+    # --- idleness ---------------------------------------------------------------------------
+    def _reap_loop(self) -> None:
+        interval = min(max(self.settings.idle_timeout_s / 4, 0.05), 5.0)
+        while not self._stopping.wait(interval):
+            try:
+                self.reap_idle()
+            except Exception:  # the reaper must survive an engine hiccup
+                log.exception("idle reaper round failed")
+
+    def reap_idle(self, *, now: float | None = None) -> list[int]:
+        """Stop the containers idle for `idle_timeout_s`; returns their users."""
+        now = time.monotonic() if now is None else now
+        with self._slots_lock:
+            slots = list(self._slots.values())
+        stopped = []
+        for slot in slots:
+            if not slot.lock.acquire(blocking=False):
+                continue  # being started or used right now: not idle
+            try:
+                idle = now - slot.last_used
+                if slot.container_id is None or slot.stopped or slot.in_flight or idle < self.settings.idle_timeout_s:
+                    continue
+                self._stop_locked(slot, reason="idle")
+                stopped.append(slot.user_id)
+            finally:
+                slot.lock.release()
+        return stopped
+
+    # --- Docker helpers -----------------------------------------------------------------------
+    def _slot(self, user_id: int) -> _Slot:
+        with self._slots_lock:
+            slot = self._slots.get(user_id)
+            if slot is None:
+                slot = self._slots[user_id] = _Slot(user_id)
+            return slot
+
+    def _slot_status(self, slot: _Slot) -> SandboxStatus:
+        return SandboxStatus(
+            user_id=slot.user_id,
+            backend=self.name,
+            state="stopped" if slot.stopped else "running",
+            plan_hash=slot.plan_hash,
+            agent_build=slot.running_build,
+            busy=slot.in_flight,
+            detail={"container_id": slot.container_id, "container": container_name(self.instance, slot.user_id)},
+        )
+
+    def _find(self, slot: _Slot) -> Container | None:
+        for key in (slot.container_id, container_name(self.instance, slot.user_id)):
+            if key is None:
+                continue
+            try:
+                return self.client.containers.get(key)
+            except NotFound:
+                continue
+        return None
+
+    def _managed_containers(self) -> list[Container]:
+        filters = {"label": [f"{LABEL_MANAGED}={MANAGED_VALUE}", f"{LABEL_INSTANCE}={self.instance}"]}
+        return self.client.containers.list(all=True, filters=filters)
+
+    def _remove(self, container: Container) -> None:
+        try:
+            container.remove(force=True)
+        except NotFound:
+            pass
+
+    def _image_id(self, user_id: int) -> str:
+        now = time.monotonic()
+        if self._image is not None and now - self._image[1] < IMAGE_RECHECK_S:
+            return self._image[0]
+        try:
+            image = self.client.images.get(self.settings.sandbox_image)
+        except ImageNotFound:
+            raise unavailable(
+                user_id,
+                f"the sandbox image {self.settings.sandbox_image} is not built on this host; "
+                "an operator must run `orchestrator build-image`",
+            ) from None
+        if image_fit(image.labels, self._expected_lock) is ImageFit.STALE:
+            raise unavailable(user_id, stale_image_message(self.settings.sandbox_image))
+        self._image = (image.id, now)
+        return image.id

@@ -1,0 +1,222 @@
+"""The docker backend's deciders (SPEC §13): what a user's container looks like, and what to do
+with the container that exists. Pure: values in, values out; no engine needed to test them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from mounts.plan import Access, MountPlan
+from orchestrator.sandboxes.seccomp import seccomp_security_opt
+
+LABEL_PREFIX = "org.sandbox-orchestrator."
+LABEL_MANAGED = LABEL_PREFIX + "managed"
+LABEL_INSTANCE = LABEL_PREFIX + "instance"
+LABEL_USER = LABEL_PREFIX + "user"
+LABEL_PLAN = LABEL_PREFIX + "plan-hash"
+LABEL_IMAGE = LABEL_PREFIX + "image"
+LABEL_BUILD = LABEL_PREFIX + "agent-build"
+MANAGED_VALUE = "sandbox"
+
+# Writable scratch on an otherwise read-only root (lock and pid files); /tmp is the user's own
+# bind mount (tmp/{uid}), and TMPDIR points there.
+TMPFS = {"/run": "rw,nosuid,nodev,noexec,size=16m"}
+
+
+def instance_id(data_root: Path) -> str:
+    """Which orchestrator a container belongs to: one per data directory, so two orchestrators
+    (or two test runs) on one engine never adopt or remove each other's containers."""
+    return hashlib.sha256(str(data_root).encode()).hexdigest()[:12]
+
+
+def container_name(instance: str, user_id: int) -> str:
+    return f"orch-{instance}-user-{user_id}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpus: float
+    memory_mb: int
+    pids: int
+
+
+@dataclass(frozen=True)
+class BindMount:
+    source: str
+    target: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything `docker create` gets for one user's sandbox. No secret is in here: the
+    per-sandbox token is a 0600 file in the socket directory (SPEC §13)."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]
+    user: str
+    environment: Mapping[str, str]
+    labels: Mapping[str, str]
+    mounts: tuple[BindMount, ...]
+    network: str
+    limits: Limits
+    hostname: str
+    group_add: tuple[int, ...] = ()
+    tmpfs: Mapping[str, str] = field(default_factory=lambda: dict(TMPFS))
+
+    def create_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for `docker.DockerClient.containers.create`."""
+        from docker.types import LogConfig, Mount
+
+        return {
+            "image": self.image,
+            "command": list(self.command),
+            "name": self.name,
+            "hostname": self.hostname,
+            "user": self.user,
+            "group_add": [str(gid) for gid in self.group_add],
+            "environment": dict(self.environment),
+            "labels": dict(self.labels),
+            "mounts": [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in self.mounts],
+            "network_mode": self.network,
+            "nano_cpus": int(self.limits.cpus * 1e9),
+            "mem_limit": f"{self.limits.memory_mb}m",
+            "memswap_limit": f"{self.limits.memory_mb}m",  # no swap beyond the memory limit
+            "pids_limit": self.limits.pids,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges", seccomp_security_opt()],  # io_uring denied
+            "read_only": True,
+            "tmpfs": dict(self.tmpfs),
+            "init": True,  # reaps the zombies a user's shell commands leave behind
+            "detach": True,
+            "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "2"}),
+        }
+
+
+def container_spec(
+    *,
+    instance: str,
+    plan: MountPlan,
+    image: str,
+    image_id: str,
+    agent_build: str,
+    sandbox_uid: int,
+    sandbox_gid: int,
+    extra_gids: tuple[int, ...],
+    network: str,
+    limits: Limits,
+    agent_dir: Path,
+    home_dir: Path,
+    config_path: Path,
+) -> ContainerSpec:
+    """The container of `plan.user_id`: the plan's mounts at the same paths (tmp at /tmp),
+    running as the user's own uid (plus the shared group of `share/` and the gid of each of
+    the user's group workspaces),
+    the agent started from the read-only agent mount."""
+    mounts = tuple(
+        BindMount(str(m.host_path), str(m.sandbox_path), m.access is Access.READ_ONLY) for m in plan.mounts
+    )
+    labels = {
+        LABEL_MANAGED: MANAGED_VALUE,
+        LABEL_INSTANCE: instance,
+        LABEL_USER: str(plan.user_id),
+        LABEL_PLAN: plan.plan_hash,
+        LABEL_IMAGE: image_id,
+        LABEL_BUILD: agent_build,
+    }
+    environment = {
+        "HOME": str(home_dir),
+        "TMPDIR": "/tmp",
+        "SANDBOX_AGENT_DIR": str(agent_dir),
+    }
+    return ContainerSpec(
+        name=container_name(instance, plan.user_id),
+        image=image,
+        command=("--config", str(config_path)),
+        user=f"{sandbox_uid}:{sandbox_gid}",
+        group_add=extra_gids,
+        environment=environment,
+        labels=labels,
+        mounts=mounts,
+        network=network,
+        limits=limits,
+        hostname=f"sandbox-{plan.user_id}",
+    )
+
+
+# --- what to do with the container that exists ------------------------------------------
+
+
+# The agent's exit after SIGTERM: 0, or 128 + 15 when it re-raises the signal after shutdown.
+CLEAN_EXIT_CODES = (0, 143)
+
+
+class Action(str, Enum):
+    USE = "use"  # running and current: call it
+    CREATE = "create"  # none exists
+    START = "start"  # cleanly stopped (idle) and still current: start the same container
+    RECREATE = "recreate"  # outdated, crashed or killed: remove and create
+    RESTART_AGENT = "restart_agent"  # current, but the host's agent BUILD moved on
+
+
+@dataclass(frozen=True)
+class Observed:
+    """A container as the engine reports it."""
+
+    container_id: str
+    running: bool
+    exit_code: int
+    plan_hash: str | None
+    image_id: str | None
+
+
+@dataclass(frozen=True)
+class Desired:
+    plan_hash: str
+    image_id: str
+    agent_build: str
+
+
+def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
+    """`running_build` is the BUILD the agent reported (None when unknown); `busy` means tool
+    calls are in flight, which an outdated container finishes before it is replaced."""
+    if observed is None:
+        return Action.CREATE
+    outdated = observed.plan_hash != desired.plan_hash or observed.image_id != desired.image_id
+    if not observed.running:
+        # A SIGTERM exit is our own idle stop (`docker stop`); anything else is a kill (137),
+        # an OOM kill or a crash, and a fresh container is the safe answer.
+        if outdated or observed.exit_code not in CLEAN_EXIT_CODES:
+            return Action.RECREATE
+        return Action.START
+    if outdated:
+        return Action.USE if busy else Action.RECREATE
+    if running_build is not None and running_build != desired.agent_build:
+        return Action.USE if busy else Action.RESTART_AGENT
+    return Action.USE
+
+
+def observed_from_attrs(attrs: Mapping[str, object]) -> Observed:
+    """An `Observed` from `docker inspect` output (container.attrs)."""
+    state = attrs.get("State") or {}
+    config = attrs.get("Config") or {}
+    labels = (config.get("Labels") if isinstance(config, Mapping) else None) or {}
+    assert isinstance(state, Mapping) and isinstance(labels, Mapping)
+    return Observed(
+        container_id=str(attrs.get("Id")),
+        running=bool(state.get("Running")) and not bool(state.get("Restarting")),
+        exit_code=int(state.get("ExitCode") or 0),  # type: ignore[call-overload]
+        plan_hash=labels.get(LABEL_PLAN),
+        image_id=labels.get(LABEL_IMAGE),
+    )
+
+
+def user_of(labels: Mapping[str, str] | None) -> int | None:
+    """The user id a managed container's labels name, or None when they name none."""
+    raw = (labels or {}).get(LABEL_USER, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None

@@ -1,0 +1,525 @@
+"""The `process` backend (SPEC §13): one sandbox agent subprocess per runtime user, on
+`sockets/{uid}/agent.sock`, enforcing that user's mount plan with the PathSandbox.
+
+- Concurrent first calls for one user start exactly one agent (a lock per user).
+- Readiness is the agent's own `/health` answering with the instance id we gave it.
+- A dead agent is restarted on the next call; a call that never reached the agent (the
+  connection was refused) is retried once on the new agent — it cannot have run.
+- Calls are awaited on the event loop (`AsyncAgentClient`), each with a deadline; an agent that
+  misses one (stopped, hung) is marked stalled, the call answers that it may have run, and the
+  next call kills that agent and starts a new one. Starts run in worker threads of their own.
+- An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
+- Idle agents are stopped by a reaper thread; all agents are stopped at `close()`.
+- As root, an agent runs as the user's own uid (base + user id) with the shared sandbox
+  group and the gids of the user's group workspaces (exactly those of the plan), umask 002,
+  and an interpreter that uid can execute, in a network namespace of its own with only `lo`
+  (orchestrator/sandboxes/netns.py; bwrap makes its own).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio import to_thread
+import psutil
+
+from mounts.layout import DataLayout
+from orchestrator.sandboxes.agent_deploy import AgentDeployment
+from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
+from orchestrator.sandboxes.agent_launch import prepare_agent_launch
+from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, loses_group_access
+from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
+from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
+from orchestrator.errors import ToolError
+from orchestrator.log import kv
+from orchestrator.settings import Settings
+from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
+from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.wire import CallContext
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 30.0
+PARALLEL_STARTS = 8  # worker threads for agent starts, apart from the server's own pool
+STOP_GRACE_S = 3.0
+STDERR_LINE_MAX = 4096  # bytes of one forwarded agent stderr line
+_AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+
+@dataclass
+class _Agent:
+    user_id: int
+    proc: subprocess.Popen[bytes]
+    client: AgentClient  # blocking: health while starting, cancels from threads
+    calls: AsyncAgentClient  # tool calls, on the event loop
+    plan_hash: str
+    build: str
+    instance_id: str
+    run_as_uid: int | None
+    started_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    inflight: int = 0
+    group_gids: tuple[int, ...] = ()  # of the plan it was started with
+    stalled: bool = False  # missed a call's deadline: replaced before the next call
+    stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def unavailable(user_id: int, why: str, *, may_have_run: bool = False) -> ToolError:
+    outcome = (
+        "The tool may have run partly: check its effects before repeating it. The sandbox is "
+        "restarted on the next call."
+        if may_have_run
+        else "The tool did not run; try again, and tell the user if it keeps failing."
+    )
+    return ToolError("sandbox_unavailable", f"The sandbox of user {user_id} is not available ({why}). {outcome}")
+
+
+class ProcessBackend:
+    name = "process"
+
+    def __init__(
+        self,
+        settings: Settings,
+        layout: DataLayout,
+        directories: UserDirectories,
+        deployment: AgentDeployment,
+        *,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        self.settings = settings
+        self.layout = layout
+        self.directories = directories
+        self.deployment = deployment
+        self.start_timeout_s = start_timeout_s
+        self._agents: dict[int, _Agent] = {}
+        self._user_locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()  # guards the two dicts and the inflight counters
+        self._reaper: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._bwrap = BwrapProbe() if settings.process_sandbox == "bwrap" else None
+        netns = netns_usable() if directories.chown and self._bwrap is None else (False, "not needed")
+        self._netns = netns[0]
+        self.isolation: Isolation = decide_isolation(
+            as_root=directories.chown, bwrap=self._bwrap is not None, netns=netns, uid_base=directories.uid_base
+        )
+        if not self.isolation.complete:
+            log.error(
+                "process-backend sandboxes are NOT isolated from each other or the host network %s",
+                kv(reason=self.isolation.reason, network=self.isolation.process_network),
+            )
+        self._answer_limits = answer_limits(settings)
+        self._start_threads = anyio.CapacityLimiter(PARALLEL_STARTS)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def _user_lock(self, user_id: int) -> threading.Lock:
+        with self._lock:
+            return self._user_locks.setdefault(user_id, threading.Lock())
+
+    def ensure(self, user: SandboxUser) -> SandboxStatus:
+        return self._status_of(self._ready(user))
+
+    def _ready(self, user: SandboxUser) -> _Agent:
+        with self._user_lock(user.user_id):
+            agent = self._agents.get(user.user_id)
+            if agent is not None:
+                if agent.stalled:
+                    log.warning("replacing a stalled agent %s", kv(user=user.user_id, pid=agent.proc.pid))
+                elif agent.alive:
+                    stale = self._staleness(agent, user)
+                    lost = loses_group_access(agent.group_gids, user.plan.group_gids)
+                    if stale is None or (agent.inflight > 0 and not lost):
+                        return agent  # an outdated agent keeps serving until it is idle
+                    log.info("restarting an outdated agent %s", kv(user=user.user_id, reason=stale))
+                else:
+                    log.warning(
+                        "agent died; starting a new one %s",
+                        kv(user=user.user_id, exit_code=agent.proc.returncode, stderr=" | ".join(agent.stderr_tail)[-300:]),
+                    )
+                self._terminate(agent)
+            return self._start(user)
+
+    def _staleness(self, agent: _Agent, user: SandboxUser) -> str | None:
+        if agent.plan_hash != user.plan.plan_hash:
+            return "plan_changed"
+        if agent.build != self.deployment.build:
+            return "build_drift"
+        return None
+
+    def _start(self, user: SandboxUser) -> _Agent:
+        user_id = user.user_id
+        namespaced = self._bwrap is not None
+        run_as = self.directories.sandbox_uid(user_id) if self.directories.chown else None
+        try:
+            release = self.deployment.ensure()
+            launch = prepare_agent_launch(
+                self.settings, self.directories, user, in_sandbox=namespaced, parent_pid=os.getpid()
+            )
+            python = self.deployment.interpreter_for(run_as)
+        except (OSError, RuntimeError, UnsafeDirectory) as exc:  # incl. GroupWithoutGid
+            log.error("cannot prepare the agent %s", kv(user=user_id, error=exc))
+            raise unavailable(user_id, f"preparing it failed: {exc}") from exc
+        command = release.command(python, launch.config_path)
+        if self._bwrap is not None:
+            usable, binary = self._bwrap.check(run_as)
+            if not usable:
+                # The operator asked for a namespace: no silent fallback to less isolation.
+                log.error("bwrap is not usable %s", kv(user=user_id, reason=binary))
+                raise unavailable(user_id, f"ORCH_PROCESS_SANDBOX=bwrap but {binary}")
+            command = bwrap_command(
+                user.plan,
+                command,
+                chdir=self.layout.home_dir(user_id),
+                system=HostSystem.inspect(),
+                extra_read_only=interpreter_mounts(python),
+                bwrap=binary,
+            )
+        try:
+            self._remove_stale_socket(launch.socket_path)
+        except OSError as exc:  # the user's shell keeps changing its socket dir under us
+            raise unavailable(user_id, f"clearing its socket path failed: {exc}") from exc
+        identity: dict[str, Any] = {}
+        if run_as is not None:
+            # The shared gid opens share/; each group gid one workspace of the plan, no other.
+            extra_groups = [self.directories.shared_gid, *user.plan.group_gids]
+            identity = {"user": run_as, "group": run_as, "extra_groups": extra_groups}
+            if self._netns:
+                # The namespace needs root: the launcher makes it, then switches to the uid.
+                command = netns_command(command, uid=run_as, gid=run_as, groups=extra_groups)
+                identity = {}
+        try:
+            proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=str(self.layout.home_dir(user_id)),
+                env=dict(_AGENT_ENV),
+                start_new_session=True,  # its own process group: signals to us do not hit it
+                umask=0o002,  # group-writable files in shared dirs; private dirs are 0700 anyway
+                **identity,
+            )
+        except OSError as exc:
+            raise unavailable(user_id, f"starting it failed: {exc}") from exc
+        agent = _Agent(
+            user_id=user_id,
+            proc=proc,
+            # As root, only a socket served by the user's own uid is spoken to (SO_PEERCRED):
+            # the socket dir is the user's, and a link there could lead anywhere.
+            client=AgentClient(
+                launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
+            ),
+            calls=AsyncAgentClient(
+                launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
+            ),
+            plan_hash=user.plan.plan_hash,
+            group_gids=user.plan.group_gids,
+            build=release.build,
+            instance_id=launch.config.instance_id,
+            run_as_uid=run_as,
+        )
+        threading.Thread(target=self._forward_stderr, args=(agent,), daemon=True, name=f"agent-{user_id}-stderr").start()
+        try:
+            self._wait_healthy(agent)
+        except ToolError:
+            self._terminate(agent)
+            raise
+        with self._lock:
+            self._agents[user_id] = agent
+        log.info(
+            "agent started %s",
+            kv(user=user_id, pid=proc.pid, uid=run_as if run_as is not None else os.geteuid(), build=release.build),
+        )
+        return agent
+
+    def _remove_stale_socket(self, socket_path: Path) -> None:
+        """So that readiness can only be the new agent. The socket dir is the user's: whatever
+        sits at the socket's name (even a directory) goes. Safe as root: `sockets/` is root's,
+        so `sockets/{uid}` cannot be swapped for a link, unlink never follows the last
+        component, and rmtree walks on directory fds and refuses a link at its top."""
+        try:
+            os.unlink(socket_path)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            shutil.rmtree(socket_path)
+
+    def _wait_healthy(self, agent: _Agent) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        delay = 0.005
+        while True:
+            if not agent.alive:
+                time.sleep(0.05)  # let the stderr forwarder catch the last lines
+                raise unavailable(
+                    agent.user_id,
+                    f"the agent exited with code {agent.proc.returncode}: {' | '.join(agent.stderr_tail)[-500:]}",
+                )
+            try:
+                health = agent.client.health(timeout_s=HEALTH_TIMEOUT_S)
+                if health.instance_id == agent.instance_id:
+                    return
+            except AgentUnavailable:
+                pass
+            if time.monotonic() > deadline:
+                raise unavailable(agent.user_id, f"the agent did not answer within {self.start_timeout_s:g} s")
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    def _forward_stderr(self, agent: _Agent) -> None:
+        stream = agent.proc.stderr
+        if stream is None:
+            return
+        # Bounded: the agent runs as the user's uid, which can make it write anything; a line
+        # without an end must not grow in the orchestrator's memory (longer ones are split).
+        for raw in iter(lambda: stream.readline(STDERR_LINE_MAX), b""):
+            line = raw.decode("utf-8", "replace").rstrip()
+            if line:
+                agent.stderr_tail.append(line)
+                log.info("agent says %s", kv(user=agent.user_id, line=line))
+        stream.close()
+
+    def _terminate(self, agent: _Agent) -> None:
+        """Stop the agent and everything it started (shells run in their own sessions)."""
+        with self._lock:
+            if self._agents.get(agent.user_id) is agent:
+                del self._agents[agent.user_id]
+        try:
+            tree = psutil.Process(agent.proc.pid).children(recursive=True)
+        except psutil.Error:
+            tree = []
+        if agent.alive and agent.stalled:
+            agent.proc.kill()  # a stopped agent would not see SIGTERM; SIGKILL needs no cooperation
+        elif agent.alive:
+            try:
+                if self._bwrap is not None:
+                    # bwrap does not forward signals: the agent (its child) shuts down gracefully
+                    # and bwrap exits with it.
+                    for child in psutil.Process(agent.proc.pid).children():
+                        child.terminate()
+                else:
+                    agent.proc.send_signal(signal.SIGTERM)
+                agent.proc.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                agent.proc.kill()
+            except (OSError, psutil.Error):
+                pass
+        agent.proc.wait()
+        for proc in tree:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        agent.client.close()
+        agent.calls.close()
+
+    def stop(self, user_id: int) -> None:
+        with self._user_lock(user_id):
+            agent = self._agents.get(user_id)
+            if agent is not None:
+                self._terminate(agent)
+                log.info("agent stopped %s", kv(user=user_id))
+
+    # --- calls ------------------------------------------------------------------------------
+
+    async def call(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        agent = self._warm(user)
+        if agent is None:
+            agent = await to_thread.run_sync(self._ready, user, limiter=self._start_threads)
+        try:
+            return await self._call_on(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            self._judge_failure(agent, tool, exc)
+            await to_thread.run_sync(self._replace_unreachable, agent, exc, limiter=self._start_threads)
+        # It never received the call: safe to run it on a new agent.
+        agent = await to_thread.run_sync(self._ready, user, limiter=self._start_threads)
+        try:
+            return await self._call_on(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            raise self._final_failure(agent, exc) from exc
+
+    def call_blocking(
+        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
+    ) -> Any:
+        """`call` for a worker thread (host tools): the blocking client, the same deadline."""
+        agent = self._warm(user) or self._ready(user)
+        try:
+            return self._call_on_blocking(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            self._judge_failure(agent, tool, exc)
+            self._replace_unreachable(agent, exc)
+        agent = self._ready(user)
+        try:
+            return self._call_on_blocking(agent, tool, arguments, cwd, context)
+        except AgentUnavailable as exc:
+            raise self._final_failure(agent, exc) from exc
+
+    def _judge_failure(self, agent: _Agent, tool: str, exc: AgentUnavailable) -> None:
+        """Raise the tool error for a call that may have run; return when it certainly did not
+        reach the agent (the caller replaces the agent and sends it once more)."""
+        user_id = agent.user_id
+        if isinstance(exc, AgentTimedOut):
+            log.warning("agent missed a deadline; it is replaced %s", kv(user=user_id, tool=tool, error=exc.message))
+            agent.stalled = True
+            raise unavailable(user_id, "it did not answer in time", may_have_run=True) from exc
+        if exc.delivered:
+            log.warning("agent failed during a call %s", kv(user=user_id, tool=tool, error=exc.message))
+            raise unavailable(user_id, "the agent failed during the call", may_have_run=True) from exc
+        log.warning("agent unreachable; restarting it %s", kv(user=user_id, error=exc.message))
+
+    def _final_failure(self, agent: _Agent, exc: AgentUnavailable) -> ToolError:
+        agent.stalled = agent.stalled or isinstance(exc, AgentTimedOut)
+        return unavailable(agent.user_id, exc.message, may_have_run=exc.delivered)
+
+    def _warm(self, user: SandboxUser) -> _Agent | None:
+        """The user's agent when it can take the call as it is (no start, no lock to wait for)."""
+        with self._lock:
+            agent = self._agents.get(user.user_id)
+        if agent is None or agent.stalled or not agent.alive:
+            return None
+        if self._staleness(agent, user) is not None and (
+            agent.inflight == 0 or loses_group_access(agent.group_gids, user.plan.group_gids)
+        ):
+            return None  # outdated and idle, or carrying a gid its plan lost: the slow path replaces it
+        return agent
+
+    def _replace_unreachable(self, agent: _Agent, exc: AgentUnavailable) -> None:
+        # Alive but unreachable (e.g. the user's shell removed the socket): replace it,
+        # unless other calls still run on it through open connections.
+        with self._user_lock(agent.user_id):
+            if self._agents.get(agent.user_id) is agent:
+                if agent.inflight > 0:
+                    raise unavailable(agent.user_id, "its agent stopped accepting connections") from exc
+                self._terminate(agent)
+
+    @contextmanager
+    def _counted(self, agent: _Agent) -> Iterator[None]:
+        """A call in flight on `agent` (an agent is restarted only when none is); its tool
+        errors as `ToolError`."""
+        with self._lock:
+            agent.inflight += 1
+        try:
+            yield
+        except AgentToolError as exc:
+            raise tool_error(exc) from None
+        finally:
+            with self._lock:
+                agent.inflight -= 1
+                agent.last_used = time.monotonic()
+
+    async def _call_on(
+        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
+    ) -> Any:
+        with self._counted(agent):
+            timeout = call_timeout_s(self.settings, tool, arguments)
+            return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+
+    def _call_on_blocking(
+        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
+    ) -> Any:
+        with self._counted(agent):
+            timeout = call_timeout_s(self.settings, tool, arguments)
+            return agent.client.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
+        with self._lock:
+            agent = self._agents.get(user_id)
+        if agent is None or not agent.alive:
+            return 0  # no agent, no call of it in flight (its shells died with it)
+        try:
+            return agent.client.cancel(run_id=run_id, session_id=session_id)
+        except AgentUnavailable as exc:
+            # It cannot say what it stopped: stop it whole rather than leave calls running.
+            log.warning("agent did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
+            self.stop(user_id)
+            return 0
+
+    # --- idleness ---------------------------------------------------------------------------
+
+    def reap_idle(self, *, now: float | None = None) -> list[int]:
+        """Stop agents idle for longer than the idle timeout; returns their users."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            candidates = [
+                a.user_id
+                for a in self._agents.values()
+                if a.inflight == 0 and now - a.last_used > self.settings.idle_timeout_s
+            ]
+        stopped = []
+        for user_id in candidates:
+            with self._user_lock(user_id):
+                agent = self._agents.get(user_id)
+                if agent is not None and agent.inflight == 0 and now - agent.last_used > self.settings.idle_timeout_s:
+                    self._terminate(agent)
+                    stopped.append(user_id)
+                    log.info("idle agent stopped %s", kv(user=user_id, idle_s=round(now - agent.last_used, 1)))
+        return stopped
+
+    def start_idle_reaper(self, interval_s: float | None = None) -> None:
+        if self._reaper is not None:
+            return
+        interval = interval_s if interval_s is not None else max(0.5, min(30.0, self.settings.idle_timeout_s / 4))
+
+        def loop() -> None:
+            while not self._stopping.wait(interval):
+                try:
+                    self.reap_idle()
+                except Exception:  # the reaper must survive one bad round
+                    log.exception("idle reaper round failed")
+
+        self._reaper = threading.Thread(target=loop, daemon=True, name="process-backend-reaper")
+        self._reaper.start()
+
+    # --- status -----------------------------------------------------------------------------
+
+    def _status_of(self, agent: _Agent) -> SandboxStatus:
+        return SandboxStatus(
+            user_id=agent.user_id,
+            backend=self.name,
+            state="running" if agent.alive else "failed",
+            plan_hash=agent.plan_hash,
+            agent_build=agent.build,
+            busy=agent.inflight,
+            detail={
+                "pid": agent.proc.pid,
+                "uid": agent.run_as_uid if agent.run_as_uid is not None else os.geteuid(),
+                "socket": agent.client.socket_path,
+                "namespace": "bwrap" if self._bwrap is not None else "none",
+                "network": self.isolation.process_network,
+                "started_at": agent.started_at,
+                "idle_s": round(time.monotonic() - agent.last_used, 3),
+            },
+        )
+
+    def status(self) -> list[SandboxStatus]:
+        with self._lock:
+            agents = list(self._agents.values())
+        return [self._status_of(a) for a in sorted(agents, key=lambda a: a.user_id)]
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._reaper is not None:
+            self._reaper.join(timeout=5)
+            self._reaper = None
+        with self._lock:
+            agents = list(self._agents.values())
+        for agent in agents:
+            self._terminate(agent)

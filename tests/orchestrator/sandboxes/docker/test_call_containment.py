@@ -1,0 +1,52 @@
+"""Issue 12 items 3 and 13 with containers: nothing a call started outlives it, and deleting a
+session stops its calls (the scenarios of `tests/orchestrator/sandboxes/test_call_containment.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.orchestrator.sandboxes.docker.conftest import docker_settings
+from tests.orchestrator.sandboxes.test_call_containment import (
+    UID_BASE,
+    Served,
+    a_call_ending_spares_a_concurrent_call,
+    deleting_the_session_stops_its_calls,
+    ending_the_run_stops_its_calls,
+    escape_leaves_nothing,
+    serving,
+)
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+@pytest.fixture
+def contained(docker_data_dir: Path, sandbox_image: str) -> Iterator[Served]:
+    # Uids of their own, so the host-side count by uid meets no other test run's processes.
+    with serving(docker_settings(docker_data_dir, sandbox_image, sandbox_uid_base=UID_BASE)) as served:
+        yield served
+
+
+@pytest.mark.parametrize("escape", ["zombie_leader_in_its_own_session_without_env", "double_fork_without_env"])
+def test_item3_processes_do_not_outlive_their_call_in_a_container(
+    contained: Served, escape: str
+) -> None:
+    escape_leaves_nothing(*contained, escape)
+
+
+def test_item3_the_sweep_after_a_call_spares_a_concurrent_call_in_a_container(
+    contained: Served,
+) -> None:
+    a_call_ending_spares_a_concurrent_call(*contained)
+
+
+def test_item13_deleting_a_session_kills_its_calls_in_a_container(
+    contained: Served,
+) -> None:
+    deleting_the_session_stops_its_calls(*contained)
+
+
+def test_item13_ending_a_run_kills_its_calls_in_a_container(contained: Served) -> None:
+    ending_the_run_stops_its_calls(*contained)
