@@ -1,4 +1,4 @@
-"""Session storage figures (SPEC §9, §10): appends, reads, search, deletion, the start-up check.
+"""Session storage figures: appends, reads, search, deletion, the start-up check.
 
 usage: .venv/bin/python bench/chat_store.py
 Prints `name: value unit` lines. Medians of repeated runs on a fresh temporary data dir.

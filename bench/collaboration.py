@@ -1,4 +1,4 @@
-"""Collaboration throughput and latency (SPEC §11, issue 8): requests → delivered → replied.
+"""Collaboration throughput and latency: requests → delivered → replied.
 
 usage: .venv/bin/python bench/collaboration.py [--pairs 20] [--rounds 15]
 

@@ -1,4 +1,4 @@
-"""The docker backend against a real engine (SPEC §14). Prints `name: value unit` lines.
+"""The docker backend against a real engine. Prints `name: value unit` lines.
 
 1. Cold start: create-to-ready (`DockerBackend.ensure` of a user without a container: create,
    start, the agent answering /health on its socket) for several new users; median.

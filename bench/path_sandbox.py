@@ -1,4 +1,4 @@
-"""PathSandbox benchmark (SPEC §14, §15).
+"""PathSandbox benchmark (targets in docs/performance.md).
 
 1. Median µs per resolve-and-open (and close) of a 3-component path relative to the cwd,
    with 10 allowed roots like a real plan: ours with openat2, ours with the O_NOFOLLOW walk,

@@ -1,4 +1,4 @@
-"""Skill views (SPEC §14): disk use with hard links vs a copy per user, materializing a new
+"""Skill views: disk use with hard links vs a copy per user, materializing a new
 user's views vs `shutil.copytree`, and the warm sync per session.
 
 usage: .venv/bin/python bench/skill_views.py [--users 200] [--skills 20] [--rounds 15]

@@ -7,7 +7,7 @@ same machine load:
 1. a small `read_file` through `POST /v1/runs/{id}/tools/read_file` (median, p99), and the
    same call straight to each one's agent over its Unix socket (the agent's share);
 2. `send_file` of a 1 MiB file by path (the sandbox's `read_bytes` and the delivery);
-3. with `--backend docker`, `docker exec <container> cat <file>` as the reference of SPEC §14.
+3. with `--backend docker`, `docker exec <container> cat <file>` as the reference (targets: docs/performance.md).
 
 Run: .venv/bin/python bench/tool_call_compare.py [--baseline REV] [--backend process|docker]
 (prints `name: value unit` lines; `baseline_*` and `current_*` figures come from the same run)

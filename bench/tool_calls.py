@@ -1,4 +1,4 @@
-"""Tool-call round trips through the HTTP API to warm process-backend agents (SPEC §14).
+"""Tool-call round trips through the HTTP API to warm process-backend agents.
 
 Starts a real `orchestrator serve` (uvicorn on loopback) with the process backend, then:
 1. median and p99 of a small `read_file` through `POST /v1/runs/{id}/tools/read_file`,

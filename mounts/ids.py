@@ -1,14 +1,14 @@
 """Validation of every identifier that may end up in a filesystem path.
 
 Nothing in the project joins an id into a path without passing it through one of these
-functions first (SPEC §2: a bad id is a clear 422, never a path).
+functions first (a bad id is a clear 422, never a path).
 """
 
 from __future__ import annotations
 
 import re
 
-# A user's sandbox runs as uid = base + user id (SPEC §13); keep the sum inside 31 bits.
+# A user's sandbox runs as uid = base + user id; keep the sum inside 31 bits.
 MAX_USER_ID = 1_000_000_000
 
 _SESSION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")

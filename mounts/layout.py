@@ -1,4 +1,4 @@
-"""The host data layout (SPEC §2): the one module that joins path segments.
+"""The host data layout: the one module that joins path segments.
 
 Every method validates the ids it is given, so no caller can build a path from an
 unvalidated id even by accident. The root is absolute because sandboxes see the same
@@ -16,7 +16,7 @@ from pathlib import Path
 from mounts import ids
 
 RUNTIME_SUBDIRS = ("skills", "shell-output", "user-messages", "incoming")
-COMPACTION_SUBDIR = "compaction"  # D6: only the owner's runtime dir has one
+COMPACTION_SUBDIR = "compaction"  # archives are the owner's: only the owner's runtime dir has one
 TOKEN_FILE = "token"  # in agent_secrets_dir
 AGENT_CONFIG_FILE = "agent.json"  # in agent_secrets_dir
 
@@ -63,7 +63,7 @@ def view_link_target(fingerprint: str) -> str:
 
 
 def session_dir_name(session_id: str) -> str:
-    """`session-{sha256(id)}`: the stored name of a session's chat directory (SPEC §9)."""
+    """`session-{sha256(id)}`: the stored name of a session's chat directory."""
     digest = hashlib.sha256(ids.session_id(session_id).encode()).hexdigest()
     return f"session-{digest}"
 

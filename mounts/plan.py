@@ -1,4 +1,4 @@
-"""The per-user mount plan (SPEC §4): one object feeds both the sandbox's mounts and the
+"""The per-user mount plan: one object feeds both the sandbox's mounts and the
 PathSandbox's allowed roots.
 
 Pure and deterministic: the same layout, user and groups always give the same plan and

@@ -159,13 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--force", action="store_true", help="rebuild even if an image with the same recipe exists")
     build.set_defaults(func=cmd_build_image)
-    gc = sub.add_parser("gc", help="remove skill-store content no view uses (SPEC §5)")
+    gc = sub.add_parser("gc", help="remove skill-store content no view uses (docs/skills.md)")
     gc.add_argument("--days", type=float, default=None, help="unused for this long (default: ORCH_SKILL_GC_DAYS)")
     gc.add_argument("--dry-run", action="store_true", help="report what would be removed, remove nothing")
     gc.add_argument("--verify", action="store_true", help="also re-hash every entry; corrupt ones are removed")
     gc.set_defaults(func=cmd_gc)
     smoke = sub.add_parser(
-        "smoke", help="run seed 002 §8.2 end to end against a live server: one PASS/FAIL line per check"
+        "smoke", help="run the group-chat acceptance checks against a live server: a PASS/FAIL line per check"
     )
     smoke.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", help="the server's base URL")
     smoke.add_argument("--token", help="the bot token (default: ORCH_API_TOKEN; none when auth is off)")

@@ -1,4 +1,4 @@
-"""A Python client for chat bots and admins (SPEC §12), over httpx.
+"""A Python client for chat bots and admins, over httpx (docs/bots.md).
 
 Only httpx and pydantic are needed: a bot can vendor this one module. Every method returns a
 typed model; an HTTP error raises a typed `ApiError` subclass carrying the server's structured

@@ -1,4 +1,4 @@
-"""Named crash points for fault-injection tests (seed 003 §9).
+"""Named crash points for fault-injection tests (docs/collaboration.md).
 
 With `ORCH_CRASH_AT=<name>` in its environment, the process kills itself with SIGKILL when it
 reaches that point: a real crash, with no cleanup, no flush and no answer to the caller. Tests

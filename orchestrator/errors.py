@@ -66,7 +66,7 @@ class Unavailable(OrchestratorError):
 class ToolError(OrchestratorError):
     """A tool-level failure the model should see: HTTP 200 with `{"ok": false, "error": ...}`.
 
-    Codes (SPEC §12): path_escape, foreign_runtime_path, foreign_upload_path, read_only,
+    Codes: path_escape, foreign_runtime_path, foreign_upload_path, read_only,
     not_found, too_large, timeout, invalid_arguments, forbidden, and a few more named where
     they are raised (sandbox_unavailable, conflict, ...).
     """

@@ -1,11 +1,11 @@
-"""Runtime identity (SPEC §3, seed 002 D1/D2/D9): the whole entry-point table in one place.
+"""Runtime identity: the whole entry-point table in one place (docs/bots.md explains it).
 
 owner_user_id     = session.owner                      lists, permissions, audit
 execution_user_id = who triggered this (or none)       approvals, billing
 runtime_user_id   = mode == owner ? owner : execution ?? owner
                     sandbox, files, skills, deps, credentials, memory
 
-The mode is the only fork (D1). Everything here is pure.
+The mode is the only fork: no other code asks which mode is on. Everything here is pure.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Trigger(str, Enum):
     WECHAT = "wechat"
 
 
-# Who the execution user is, per entry point (seed 002 §5.2, final table).
+# Who the execution user is, per entry point.
 SPEAKER_TRIGGERS = frozenset({Trigger.GROUP_MESSAGE, Trigger.PRIVATE_MESSAGE})
 PERSISTED_IDENTITY_TRIGGERS = frozenset({Trigger.RETRY, Trigger.CRASH_RECOVERY})
 OWNER_TRIGGERS = frozenset(
@@ -90,7 +90,7 @@ class RunIdentity:
 
 def inherited_runtime_user(parent: ParentIdentity) -> int:
     """What a subagent session records as its last runtime user at spawn and at every
-    follow-up (seed 002 §5.8)."""
+    follow-up, so it works as whoever its parent last worked as."""
     return parent.last_runtime_user_id if parent.last_runtime_user_id is not None else parent.owner_user_id
 
 
@@ -138,7 +138,7 @@ def resolve_run_identity(
         parent=parent,
     )
     if mode is IdentityMode.OWNER:
-        runtime = owner_user_id  # D1: the only fork
+        runtime = owner_user_id  # the only place the mode changes anything
     else:
         runtime = execution if execution is not None else owner_user_id
     return RunIdentity(

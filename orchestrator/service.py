@@ -151,7 +151,7 @@ class OrchestratorService:
         self.sessions.register_cleanup_step(
             "collaboration", lambda deleted: self.collaboration.forget_session(deleted.session_id)
         )
-        self.collaboration.recover()  # SPEC §11: an uncertain start after a restart is marked, never replayed
+        self.collaboration.recover()  # an uncertain start after a restart is marked, never replayed
         register_collaboration_tools(self.tools, self.collaboration)
         self.deliveries = DeliveryStore(self.store, self.layout, ttl_s=settings.delivery_ttl_s)
         self.sessions.register_cleanup_step("deliveries", self.deliveries.forget_session)
@@ -205,8 +205,8 @@ class OrchestratorService:
             self.sandboxes.cancel_calls(user, session_id=session_id)
 
     def start(self) -> None:
-        """Background work: the settings-file watcher (SPEC §8), session storage upkeep (§9),
-        the idle-agent reaper, the skill-source watcher, the periodic skill-store GC (§5), the
+        """Background work: the settings-file watcher (identity mode), session storage upkeep,
+        the idle-agent reaper, the skill-source watcher, the periodic skill-store GC, the
         sweep of expired deliveries and the one of runs whose bot went away."""
         self.session_upkeep.start()
         self.process_backend.start_idle_reaper()
@@ -225,7 +225,7 @@ class OrchestratorService:
             self._watchers.append(watcher)
             log.info("watching the settings file %s", kv(file=path))
         self.skills.protect_personal_sources()
-        # SPEC §5 hot updates: a change under skills/ or userskills/ re-hashes what it touched.
+        # Hot updates: a change under skills/ or userskills/ re-hashes what it touched.
         # Not waited for: sources are hashed at first use, normally long after the watch is up.
         self.skills_watcher = FileWatcher(
             "skills", self.skills.watched_dirs, self.skills.on_source_change, resolve=False

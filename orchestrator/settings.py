@@ -1,4 +1,4 @@
-"""Service settings (SPEC §12): environment variables prefixed `ORCH_`, plus an optional
+"""Service settings: environment variables prefixed `ORCH_`, plus an optional
 dotenv-style settings file named by `ORCH_SETTINGS_FILE` (the environment wins over the file)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ MAX_ID = 2**31 - 2
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ORCH_", extra="ignore", frozen=True)
 
-    data_dir: Path = Field(Path("./data"), description="Root of the data layout (SPEC §2).")
+    data_dir: Path = Field(Path("./data"), description="Root of the data layout (mounts/layout.py).")
     public_base_url: str = Field(
         "http://127.0.0.1:8700", description="Origin used to build public /uploads/ URLs."
     )

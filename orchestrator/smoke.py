@@ -1,13 +1,13 @@
-"""`orchestrator smoke`: seed 002 §8.2 end to end against a live server (SPEC §13).
+"""`orchestrator smoke`: the group-chat acceptance checks end to end against a live server.
 
-Owner A creates a group session and member B speaks in it; every check of §8.2 that applies to
+Owner A creates a group session and member B speaks in it; every acceptance check that applies to
 this product is run through the public API with the client SDK, exactly as a chat bot would,
 and prints one `PASS`/`FAIL` line. The smoke creates what it needs itself: two fresh users
 (random ids unless given), a group session, files and artifacts through the tools, and a
 system skill `orch-smoke` when it must: written into the server's data dir when told where it
 is (`--data-dir`), else installed through the admin skills API when the server has no valid
 system skill of its own (B's catalog would be empty). It deletes its sessions, and the skill
-it made, at the end. §8.2 items that belong to the seed's product
+it made, at the end. Checks that belong to a chat product
 and not to this one (the Feishu/DingTalk cards, `docker logs`) are covered by their equivalents:
 the structured tool errors replace log greps.
 """
@@ -282,7 +282,7 @@ class SmokeRun:
         expect(run.runtime_user_id == self.b, f"runtime identity {run.runtime_user_id}, expected B={self.b}")
         expect(run.execution_user_id == self.b and run.owner_user_id == self.a, "execution/owner ids wrong")
         expect(run.memory_user_id == self.b, "memory does not follow the runtime user")
-        expect(not run.archive_hint_enabled, "the archive hint is offered to B (D6)")
+        expect(not run.archive_hint_enabled, "the archive hint is offered to B (it is the owner's only)")
         expect(f"/runtime/{self.b}/{sid}" in run.workdir, f"workdir {run.workdir}")
         expect(f"/uploads/{self.b}" in run.upload_dir, f"upload dir {run.upload_dir}")
         section = run.prompt_identity_section or ""

@@ -1,4 +1,4 @@
-"""The orchestrator's SQLite state (SPEC §2 `state/orchestrator.sqlite3`).
+"""The orchestrator's SQLite state (`state/orchestrator.sqlite3`).
 
 WAL mode, a busy timeout, `BEGIN IMMEDIATE` for every write (so two writers never
 deadlock on a lock upgrade), one connection per thread, and forward-only versioned

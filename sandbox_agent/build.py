@@ -1,7 +1,7 @@
 """The agent's BUILD id: a hash of its own code.
 
 The host computes it over the package it deploys and the agent over the copy it runs, so
-both sides agree exactly when the code is the same (drift detection, SPEC §13).
+both sides agree exactly when the code is the same (drift detection).
 """
 
 from __future__ import annotations

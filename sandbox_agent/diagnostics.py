@@ -1,4 +1,4 @@
-"""Identity diagnostics (SPEC §6, seed 002 §5.9.2): a pure decision, used only after the
+"""Identity diagnostics: a pure decision, used only after the
 PathSandbox refused a path, so the model learns *why* and what it can do instead."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def classify_foreign_path(path: str, data_root: str, user_id: int, *, shown: str
         )
     owner = _owner_of(parts, data_parts, "uploads")
     if owner is not None and owner != user_id:
-        # No URL here: the sandbox cannot know the public origin (seed 002 §5.9.2).
+        # No URL here: the sandbox cannot know the public origin.
         return PathDiagnosis(
             FOREIGN_UPLOAD,
             "This file belongs to another member's artifacts directory "

@@ -1,4 +1,4 @@
-"""PathSandbox (SPEC §6): every path of every tool is resolved *and opened* in one step
+"""PathSandbox: every path of every tool is resolved *and opened* in one step
 against the allowed roots, and the tools then work on the file descriptor.
 
 How a path is resolved:

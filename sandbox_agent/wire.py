@@ -1,4 +1,4 @@
-"""The wire between the orchestrator and a sandbox agent: tool arguments (SPEC §12 names),
+"""The wire between the orchestrator and a sandbox agent: tool arguments (the public names),
 the agent's configuration, request/response envelopes, health and the structured error.
 
 These models are the contract the backends (process, docker) and the agent share.
@@ -23,7 +23,7 @@ class _Args(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# --- tool arguments (SPEC §12) ------------------------------------------------------------
+# --- tool arguments -------------------------------------------------------------------------
 
 _PATH_DOC = "Absolute path, or relative to the run's working directory."
 
@@ -195,7 +195,7 @@ class CancelResult(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """The structured error a model sees (SPEC §6)."""
+    """The structured error a model sees."""
 
     code: str
     message: str

@@ -1,4 +1,4 @@
-"""File operations below a trusted root that never follow a symlink (SPEC §9).
+"""File operations below a trusted root that never follow a symlink.
 
 A path below the root is walked one component at a time on directory file descriptors,
 each component opened with `O_NOFOLLOW` (and `O_DIRECTORY` for directories). A symlink

@@ -1,4 +1,4 @@
-"""The immutable content store `skill-views/.content/{fp}/{name}/` (SPEC §5).
+"""The immutable content store `skill-views/.content/{fp}/{name}/`.
 
 An entry is written once: the source is copied into a locked staging directory beside it
 (hashing exactly the bytes written), checked against the fingerprint it will be filed under,

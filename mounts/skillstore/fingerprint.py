@@ -1,4 +1,4 @@
-"""Skill tree manifests and their fingerprints (SPEC §5). Pure: values in, values out.
+"""Skill tree manifests and their fingerprints. Pure: values in, values out.
 
 A manifest lists every entry of a skill tree below its root: directories, regular files (with
 their executable bit, size and SHA-256) and symlinks (with their target). The fingerprint is a

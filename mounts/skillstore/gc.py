@@ -1,4 +1,4 @@
-"""Garbage collection of the content store (SPEC §5; `orchestrator gc` and a periodic task).
+"""Garbage collection of the content store (`orchestrator gc` and a periodic task).
 
 Safe against a concurrent materialization by a lock and a grace period: materializers hold
 the store lock shared for as long as they create entries, build versions and swap views;

@@ -72,7 +72,7 @@ def installed_fingerprint(path: Path) -> str | None:
 
 class SkillInstaller:
     def __init__(self, layout: DataLayout, prepare_user_dir: Callable[[int], object] | None = None) -> None:
-        """`prepare_user_dir` creates `userskills/{uid}/` with its owner and mode (SPEC §13)."""
+        """`prepare_user_dir` creates `userskills/{uid}/` with its owner and mode."""
         self.layout = layout
         self.prepare_user_dir = prepare_user_dir
 

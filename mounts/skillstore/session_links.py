@@ -1,4 +1,4 @@
-"""A session's skill links `runtime/{uid}/{sid}/skills/{name}` (SPEC §5).
+"""A session's skill links `runtime/{uid}/{sid}/skills/{name}`.
 
 The directory belongs to the sandbox user, who can rename or replace anything in it while the
 host works there. So the host never follows a symlink on the way: it opens each component

@@ -1,4 +1,4 @@
-"""Syncing a runtime user's skills into a session (SPEC §5, seed 002 §5.3, D7).
+"""Syncing a runtime user's skills into a session (a failed skill has no link).
 
 `sync_to_session(agent, runtime_user, session)` makes `runtime/{uid}/{sid}/skills/` hold one
 link per usable skill: system skills through the user's hard-linked view, personal skills

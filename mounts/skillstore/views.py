@@ -1,4 +1,4 @@
-"""Per-user skill views `skill-views/{uid}/{name}` (SPEC §5), built from the content store.
+"""Per-user skill views `skill-views/{uid}/{name}`, built from the content store.
 
 Layout of one user's views (root-owned; sandboxes get the directory mounted read-only):
 

@@ -1,2 +1,2 @@
-"""Durable collaboration between sessions (SPEC §11, seed 003): ask another session, get the
+"""Durable collaboration between sessions (docs/collaboration.md): ask another session, get the
 reply back, never replay the uncertain."""

@@ -1,4 +1,4 @@
-"""The collaboration coordinator (seed 003 §3 coordinator.py + runtime.py): requests, answers,
+"""The collaboration coordinator: requests, answers,
 the inbox claim, the delivery ↔ run link, stop, listing and restart recovery.
 
 It gathers facts (mailbox rows, sessions, runs, project switches), asks `states`/`policy` what
@@ -149,7 +149,7 @@ class CollaborationService:
             Mailbox.update_request(tx, request, continuation=new, continuation_reason=reason)
 
     def _current_scope(self, tx: Transaction, facts: Facts, scope: Scope) -> Scope:
-        """The scope with a newer user run on its session taken into account (seed §5.3)."""
+        """The scope with a newer user run on its session taken into account."""
         if scope.state is ContinuationState.ACTIVE and facts.superseded(scope.source_session_id, scope.generation):
             return self._move_scope(tx, scope, ContinuationEvent.SUPERSEDED, "superseded")
         return scope
@@ -226,7 +226,7 @@ class CollaborationService:
             return
         more = Mailbox.pending_work_for(tx, request.request_id) is not None
         event = RequestEvent.RUN_ENDED_MORE_QUEUED if more else RequestEvent.RUN_ENDED_NO_RESULT
-        # SPEC §11: a target run that ends without a reply or a clarification fails the request.
+        # A target run that ends without a reply or a clarification fails the request.
         self._move_request(tx, request, event, "no_result" if not more else None)
 
     def _cancel_runs(self, run_ids: list[str]) -> list[str]:
@@ -428,7 +428,7 @@ class CollaborationService:
         }
 
     def _route_to_source(self, tx: Transaction, facts: Facts, request: Request, message: Message) -> str | None:
-        """Queue an answer for the source if its continuation is still active (seed §5.2); else it
+        """Queue an answer for the source if its continuation is still active; else it
         is stored and shown, and starts nothing."""
         scope = self._current_scope(tx, facts, Mailbox.scope(tx, request.scope_id))  # type: ignore[arg-type]
         request = Mailbox.request(tx, request.request_id)  # type: ignore[assignment]
@@ -441,7 +441,7 @@ class CollaborationService:
             Mailbox.attach(tx, pending.delivery_id, message.message_id)  # merged: one continuation run
             return pending.delivery_id
         if scope.continuation_count >= self.limits.continuations_max:
-            # seed §5.4: keep the message, stop waking the source; the user decides.
+            # Keep the message, stop waking the source; the user decides.
             self._move_scope(tx, scope, ContinuationEvent.LIMIT_REACHED, "continuation_limit")
             return None
         delivery_id = _new_id("cd")
@@ -469,7 +469,7 @@ class CollaborationService:
 
     # the inbox claim --------------------------------------------------------------------------
     def _decide(self, tx: Transaction, facts: Facts, delivery: Delivery) -> ClaimDecision:
-        """Re-check a queued delivery right before it is handed out or started (seed §7)."""
+        """Re-check a queued delivery right before it is handed out or started (target, scope, rights)."""
         if delivery.direction is Direction.WORK:
             request = Mailbox.request(tx, delivery.request_id)  # type: ignore[arg-type]
             assert request is not None
@@ -510,14 +510,14 @@ class CollaborationService:
         for delivery in deliveries:
             if delivery.state in (DeliveryState.CLAIMED, DeliveryState.STARTING) and delivery.claim_expires_at:
                 if datetime.fromisoformat(delivery.claim_expires_at) <= now:
-                    # An expired claim does not prove that nothing ran (seed §6): review, never replay.
+                    # An expired claim does not prove that nothing ran: review, never replay.
                     orphan = self._mark_uncertain(tx, facts, delivery, "claim_expired")
                     if orphan:
                         orphans.append(orphan)
         return orphans
 
     def claim_next(self, session_id: str) -> InboxItem | None:
-        """Hand out the session's next delivery if nothing owns the session (SPEC §11: per
+        """Hand out the session's next delivery if nothing owns the session (per
         receiving session FIFO, one owner at a time; a session busy with its own run waits)."""
         now = self._clock()
         facts = self._facts()
@@ -643,7 +643,7 @@ class CollaborationService:
 
     def run_started(self, run: RunRecord) -> None:
         """After the run committed: link it to its delivery, or, for new user work, make older
-        work generations of the session receive-only (seed §5.3)."""
+        work generations of the session receive-only."""
         if run.delivery_id is None:
             if run.trigger in policy.NEW_WORK_TRIGGERS:
                 self._supersede_older(run.session_id, run.run_id)
@@ -662,7 +662,7 @@ class CollaborationService:
             else:
                 stale = True  # stopped (or expired) between the guard and the commit
         if stale:
-            # seed §5.3: the stop came after the start won; cancel the run instead of ignoring it.
+            # The stop came after the start won; cancel the run instead of ignoring it.
             self._cancel_runs([run.run_id])
             run_logger(log, session=run.session_id, owner=run.owner_user_id, runtime_user=run.runtime_user_id).info(
                 "delivery run cancelled: the delivery was stopped while it started %s",
@@ -690,7 +690,7 @@ class CollaborationService:
 
     # stop ---------------------------------------------------------------------------------------
     def stop(self, session_id: str, request_id: str, *, actor: str = "collaboration") -> StopResult:
-        """Revoke one request's continuation and cancel what has not started (seed §5.3). A target
+        """Revoke one request's continuation and cancel what has not started. A target
         run already under way may still reply; that reply is stored and starts nothing."""
         to_cancel: list[str] = []
         with self._mailbox.write() as tx:
@@ -758,7 +758,7 @@ class CollaborationService:
     # restart and deletion ----------------------------------------------------------------------
     def recover(self) -> RecoveryReport:
         """After a restart: whatever was claimed or starting has an uncertain start and is marked
-        for review, never replayed (seed §6); linked deliveries whose run ended are settled."""
+        for review, never replayed; linked deliveries whose run ended are settled."""
         review, settled, orphans = [], [], []
         facts = self._facts()
         with self._mailbox.write() as tx:

@@ -1,7 +1,7 @@
 """The text a chat bot gives its agent for a delivery (pure).
 
 Collaboration content is background from another session, never a new instruction from the
-user of this session (seed 003 §5.1 step 4, §7): the text says so, names where it came from,
+user of this session: the text says so, names where it came from,
 and tells the agent how to answer.
 """
 

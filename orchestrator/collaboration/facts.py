@@ -52,7 +52,7 @@ class Facts:
         return cross_project_allowed(source_project, target_project, allows[0], allows[1])
 
     def superseded(self, session_id: str, generation: str) -> bool:
-        """Whether a newer user run began new work on the session (seed §5.3)."""
+        """Whether a newer user run began new work on the session (older work is receive-only)."""
         with self._open_tx() as tx:
             return RunRepository.user_run_started_after_in(tx, session_id, generation, NEW_WORK_TRIGGERS)
 

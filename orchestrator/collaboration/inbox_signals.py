@@ -1,4 +1,4 @@
-"""Waking long-polling inbox requests (SPEC §11: deliveries reach the chat bot through an inbox
+"""Waking long-polling inbox requests (deliveries reach the chat bot through an inbox
 it polls).
 
 A signal only says "look again": the mailbox is the truth, so a lost or extra wake-up costs a

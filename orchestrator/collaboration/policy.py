@@ -1,4 +1,4 @@
-"""Pure decisions of the collaboration rules (seed 003 §5–§7): who may contact whom, which side
+"""Pure decisions of the collaboration rules (docs/collaboration.md): who may contact whom, which side
 may send which message kind, operation keys, work generations, and what a claim does.
 
 Nothing here touches a database or the clock; the coordinator gathers the facts and applies
@@ -18,7 +18,7 @@ from orchestrator.identity import Trigger
 from orchestrator.settings import Settings
 
 # A run with one of these triggers and no delivery is new work by a user: it begins a new
-# work generation on its session, which makes older generations receive-only (seed §5.3).
+# work generation on its session, which makes older generations receive-only.
 NEW_WORK_TRIGGERS = frozenset(
     {Trigger.GROUP_MESSAGE, Trigger.PRIVATE_MESSAGE, Trigger.WEB, Trigger.WECHAT, Trigger.OPENAPI}
 )
@@ -79,7 +79,7 @@ def body_hash(payload: dict[str, Any]) -> str:
 
 
 def op_key(tool: str, run_id: str, tool_call_id: str | None, digest: str) -> str:
-    """The operation key of a tool call, bound to (run, tool_call_id) (SPEC §12).
+    """The operation key of a tool call, bound to (run, tool_call_id).
 
     Without a tool_call_id the key is the body within the run: a retried identical call is
     the same operation, and so is a model repeating itself word for word in one run.
@@ -129,7 +129,7 @@ def check_contact(
     """Whether this run may ask `target_id` for help. Facts about the caller first, so that a
     refusal about the target never reveals more than "not found"."""
     if runtime_user_id != source.owner_user_id:
-        # Like cross-session reading (SPEC §10): a group member's run must not push work into
+        # Like cross-session reading: a group member's run must not push work into
         # the owner's other sessions, which would run with the owner's identity.
         return Refusal(
             "forbidden",
@@ -147,7 +147,7 @@ def check_contact(
     if target is None or target.owner_user_id != source.owner_user_id:
         return Refusal("not_found", f"no session {target_id} that this session can contact", {"field": "target"})
     if not cross_project_ok:
-        # seed §7: the refusal names neither project.
+        # The refusal names neither project (their names are not the asker's to know).
         return Refusal(
             "forbidden", "collaboration with sessions of another project is turned off", {"field": "target"}
         )
@@ -252,7 +252,7 @@ class ClaimDecision:
 def decide_work_claim(
     *, request_state: RequestState, target_alive: bool, source_alive: bool, cross_project_ok: bool
 ) -> ClaimDecision:
-    """Re-check a queued work delivery right before a bot gets it (seed §7: target, scope, rights)."""
+    """Re-check a queued work delivery right before a bot gets it (target, scope, rights)."""
     if request_state not in (RequestState.PENDING, RequestState.AWAITING_INPUT):
         return ClaimDecision(False, reason=f"request_{request_state.value}")
     if not target_alive:

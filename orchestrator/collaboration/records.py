@@ -1,4 +1,4 @@
-"""The four records of the mailbox (seed 003 §4), as read from the store."""
+"""The four records of the mailbox, as read from the store."""
 
 from __future__ import annotations
 

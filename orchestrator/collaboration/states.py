@@ -1,4 +1,4 @@
-"""The three state axes of a collaboration (seed 003 §4) and their transition tables.
+"""The three state axes of a collaboration and their transition tables.
 
 Pure: every allowed move is a row of a table; anything else is an `IllegalTransition`.
 The axes never mix: a request's state says what the target did with it, a delivery's state
@@ -99,7 +99,7 @@ REQUEST_TRANSITIONS: dict[tuple[RequestState, RequestEvent], RequestState] = {
     },
     (_R.PENDING, _RE.STOPPED): _R.REVOKED,
     (_R.AWAITING_INPUT, _RE.STOPPED): _R.REVOKED,
-    (_R.PROCESSING, _RE.STOPPED): _R.PROCESSING,  # seed §5.3: a started target may still reply
+    (_R.PROCESSING, _RE.STOPPED): _R.PROCESSING,  # a started target may still reply
     **{(s, _RE.STOPPED): s for s in _REQUEST_CLOSED},
     (_R.PENDING, _RE.START_UNCERTAIN): _R.REVIEW,
     (_R.PROCESSING, _RE.START_UNCERTAIN): _R.REVIEW,

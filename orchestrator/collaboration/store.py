@@ -1,4 +1,4 @@
-"""The mailbox store: `state/collaboration.sqlite3` (SPEC §11).
+"""The mailbox store: `state/collaboration.sqlite3`.
 
 It reuses `StateStore` (WAL, busy timeout, `BEGIN IMMEDIATE`, versioned migrations; an
 unknown newer version refuses to open) with its own migrations and `synchronous=FULL`: an
@@ -428,7 +428,7 @@ class Mailbox:
     # which messages a delivery carries -------------------------------------------------
     @staticmethod
     def attach(tx: Transaction, delivery_id: str, message_id: str) -> None:
-        # message_id is the primary key: a message rides in at most one delivery (seed §9 dedup).
+        # message_id is the primary key: a message rides in at most one delivery (no duplicate delivery).
         tx.execute("INSERT INTO delivery_messages (message_id, delivery_id) VALUES (?, ?)", (message_id, delivery_id))
 
     @staticmethod

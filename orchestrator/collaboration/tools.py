@@ -1,4 +1,4 @@
-"""The two collaboration tools (SPEC §11, §12): `contact_session` and `reply_to_collaboration`.
+"""The two collaboration tools: `contact_session` and `reply_to_collaboration`.
 
 Their arguments are only what the model may choose. Source session, source run and work
 generation come from the trusted `ToolCall`; an argument trying to name them is refused.

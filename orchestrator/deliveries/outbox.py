@@ -1,4 +1,4 @@
-"""Outgoing deliveries: what `send_file` / `send_image` hand to the chat bot (SPEC §7).
+"""Outgoing deliveries: what `send_file` / `send_image` hand to the chat bot.
 
 A delivery is a row in the state store plus its bytes in `{data}/outbox/{delivery_id}` (`DataLayout.outbox_file`)
 (host only: no sandbox mounts it). The bot fetches the bytes with `GET /v1/deliveries/{id}`,

@@ -1,4 +1,4 @@
-"""Public artifacts: `GET /uploads/{uid}/{file}` (SPEC §7, §12) and this service's own upload
+"""Public artifacts: `GET /uploads/{uid}/{file}` and this service's own upload
 URLs, which the host serves from disk instead of fetching them over the network.
 
 Only what the orchestrator published is public: the random names `publish_artifact` wrote are

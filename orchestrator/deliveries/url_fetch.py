@@ -1,4 +1,4 @@
-"""Fetching an http(s) URL on the host for `send_file` / `send_image` (SPEC §7): size cap,
+"""Fetching an http(s) URL on the host for `send_file` / `send_image`: size cap,
 one overall timeout, and never a private-range address.
 
 The host name is resolved first and every address it resolves to is checked; the request then

@@ -1,1 +1,1 @@
-"""The HTTP API (SPEC §12)."""
+"""The HTTP API: routes, bodies, auth and the request guard."""

@@ -27,7 +27,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app = FastAPI(
         title="Sandbox Orchestrator",
         version=__version__,
-        description="Per-user sandboxes for multi-user AI agents (SPEC §12).",
+        description="Per-user sandboxes for multi-user AI agents.",
         lifespan=lifespan,
     )
     app.state.service = service

@@ -1,4 +1,4 @@
-"""Bearer-token auth (SPEC §12): the bot token for the API, the admin token for /v1/admin/*.
+"""Bearer-token auth: the bot token for the API, the admin token for /v1/admin/*.
 
 With no token configured at all, authentication is off and the server listens on loopback
 only (enforced by `orchestrator serve`).
@@ -109,6 +109,6 @@ def parse_acting_user(values: list[str]) -> int | None:
 
 
 async def acting_user(request: Request) -> int | None:
-    """`X-Acting-User: {uid}`: the person a request is made for (SPEC §12). With it, every
+    """`X-Acting-User: {uid}`: the person a request is made for. With it, every
     person-facing route acts for that person only (docs/decisions.md lists them)."""
     return parse_acting_user(request.headers.getlist("x-acting-user"))

@@ -1,4 +1,4 @@
-"""Bodies of the chat-record and session-list endpoints (SPEC §12). Unknown fields are refused."""
+"""Bodies of the chat-record and session-list endpoints. Unknown fields are refused."""
 
 from __future__ import annotations
 

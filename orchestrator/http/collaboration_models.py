@@ -1,4 +1,4 @@
-"""Response bodies of the collaboration endpoints (SPEC §11)."""
+"""Response bodies of the collaboration endpoints."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Collaboration between sessions (SPEC §11): the inbox a chat bot polls, the list of a
+"""Collaboration between sessions: the inbox a chat bot polls, the list of a
 session's requests, and stop."""
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def delete_session(
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> DeletedOut:
-    """Tombstone, then cleanup (SPEC §9). 503 `session_cleanup_pending`: repeat to continue."""
+    """Tombstone, then cleanup (docs/sessions.md). 503 `session_cleanup_pending`: repeat to continue."""
     record = service.sessions.delete(session_id, acting_user=acting, actor=caller.actor)
     return DeletedOut(session_id=record.session_id, deleted=True, cleanup_done=record.cleanup_done_at is not None)
 
@@ -212,7 +212,7 @@ async def call_tool(
 ) -> Response:
     if acting is not None:  # costs one run read, and only with the header
         await run_in_threadpool(own_run, service, run_id, acting)
-    # The hot path (SPEC §14): the dispatcher awaits the sandbox on the loop and does its
+    # The hot path (docs/performance.md): the dispatcher awaits the sandbox on the loop and does its
     # blocking work in threads of its own, never in the default pool; its outcome is plain
     # JSON already, so it skips FastAPI's response validation.
     outcome = await service.dispatcher.dispatch_async(

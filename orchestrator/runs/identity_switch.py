@@ -1,4 +1,4 @@
-"""The runtime identity switch (SPEC §8): read at start, flipped without a restart.
+"""The runtime identity switch: read at start, flipped without a restart.
 
 Sources, latest change wins: the configured value (environment or settings file), an admin
 PUT (persisted, so an emergency rollback survives a restart), and edits of the watched

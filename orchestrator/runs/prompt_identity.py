@@ -1,4 +1,4 @@
-"""The prompt's runtime identity section (SPEC §7, seed 002 §5.9.1, D8).
+"""The prompt's runtime identity section (docs/bots.md says where a bot puts it).
 
 Rendered only when the runtime user is not the session owner, so an ordinary session's
 prompt prefix does not change by a single byte.

@@ -1,4 +1,4 @@
-"""Runs: resolving the identities of a run, persisting them, and building its context (SPEC §3, §7)."""
+"""Runs: resolving the identities of a run, persisting them, and building its context (docs/bots.md)."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ class RunService:
         self.end_listeners: list[RunListener] = []
 
     def _persist_last_runtime_user(self, session: SessionRecord, user_id: int, *, reason: str) -> None:
-        # D2: a failure to persist must not block the run; the in-memory value is authoritative.
+        # A failure to persist must not block the run; the in-memory value is authoritative.
         try:
             self._sessions.set_last_runtime_user(session.session_id, user_id)
         except sqlite3.Error as exc:
@@ -107,7 +107,7 @@ class RunService:
             parent_record = self._sessions.get_any(session.parent_session_id)
             if parent_record is not None:
                 parent = parent_record.parent_identity
-                # seed 002 §5.8: every follow-up refreshes the child's identity from the parent.
+                # Every follow-up refreshes the child's identity from the parent.
                 last_runtime = inherited_runtime_user(parent)
                 self._persist_last_runtime_user(session, last_runtime, reason="subagent_inherit")
         try:
@@ -148,7 +148,7 @@ class RunService:
             for user_id in {runtime, request.speaker_user_id} - {None}:
                 UserRepository.ensure(tx, user_id)
             if session.group is not None and request.speaker_user_id is not None and request.trigger in SPEAKER_TRIGGERS:
-                # SPEC §12: a user who speaks in a group session joins the group (its workspace mounts).
+                # A user who speaks in a group session joins the group (its workspace mounts).
                 UserRepository.add_group_member(tx, session.group, request.speaker_user_id)
             tx.execute(
                 "INSERT OR IGNORE INTO session_runtime_users (session_id, user_id, first_at) VALUES (?, ?, ?)",
@@ -201,8 +201,8 @@ class RunService:
             workdir=str(workdir),
             upload_dir=str(upload_dir),
             skills=skills,
-            archive_hint_enabled=identity.runtime_is_owner,  # D6
-            memory_user_id=runtime,  # D5: injection and extraction follow the runtime user
+            archive_hint_enabled=identity.runtime_is_owner,  # archives are the owner's
+            memory_user_id=runtime,  # memory injection and extraction follow the runtime user
             prompt_identity_section=self._identity_section(session, identity),
         )
         for listener in self.start_listeners:

@@ -1,4 +1,4 @@
-"""Deploying the sandbox agent into `{data}/agent/` (SPEC §2, §13).
+"""Deploying the sandbox agent into `{data}/agent/`.
 
 A release is the agent's code plus the files of every distribution it imports, taken from
 the orchestrator's own environment with `importlib.metadata` (same versions, no network),

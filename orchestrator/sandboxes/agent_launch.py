@@ -104,7 +104,7 @@ def agent_limits(settings: Settings) -> AgentLimits:
 
 
 def shell_environment(layout: DataLayout, user_id: int) -> dict[str, str]:
-    """Per-user CLI installs go to `deps/{uid}` (SPEC §2): npm and pip user prefixes there."""
+    """Per-user CLI installs go to `deps/{uid}`: npm and pip user prefixes there."""
     deps = layout.deps_dir(user_id)
     npm, python = deps / "npm", deps / "python"
     return {

@@ -1,4 +1,4 @@
-"""The sandbox lifecycle interface (SPEC §13), kept as small as JupyterHub's spawners.
+"""The sandbox lifecycle interface, kept as small as JupyterHub's spawners.
 
 A backend knows *where* a user's sandbox runs; *what* can be done in it is the sandbox
 agent's wire API (`sandbox_agent.wire`).

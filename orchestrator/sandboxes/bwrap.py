@@ -1,5 +1,5 @@
-"""The mount plan as a real mount namespace for the process backend (SPEC §13: "where bwrap is
-installed it may apply the plan's mounts"), opt-in with `ORCH_PROCESS_SANDBOX=bwrap`.
+"""The mount plan as a real mount namespace for the process backend (where bwrap is
+installed it may apply the plan's mounts), opt-in with `ORCH_PROCESS_SANDBOX=bwrap`.
 
 Inside, the agent and its shells see the system read-only (/usr, /etc and the merged-/usr
 links), /dev, /proc, and exactly the plan's mounts at their sandbox paths (`tmp/{uid}` at

@@ -1,4 +1,4 @@
-"""Which backend runs sandboxes (SPEC §13, ORCH_BACKEND): `docker`, `process`, or `auto` —
+"""Which backend runs sandboxes (ORCH_BACKEND): `docker`, `process`, or `auto` —
 docker when an engine answers and the sandbox image exists and fits this orchestrator, else
 process."""
 

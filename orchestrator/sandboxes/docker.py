@@ -1,4 +1,4 @@
-"""The docker backend (SPEC §13): one long-lived container per user, built from the mount plan,
+"""The docker backend: one long-lived container per user, built from the mount plan,
 talked to over the agent's Unix socket (never over the container's IP).
 
 - The warm path of a tool call touches no Docker API: the user's slot caches the container's

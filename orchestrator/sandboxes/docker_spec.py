@@ -1,4 +1,4 @@
-"""The docker backend's deciders (SPEC §13): what a user's container looks like, and what to do
+"""The docker backend's deciders: what a user's container looks like, and what to do
 with the container that exists. Pure: values in, values out; no engine needed to test them.
 """
 
@@ -54,7 +54,7 @@ class BindMount:
 @dataclass(frozen=True)
 class ContainerSpec:
     """Everything `docker create` gets for one user's sandbox. No secret is in here: the
-    per-sandbox token is a 0600 file in the socket directory (SPEC §13)."""
+    per-sandbox token is a 0600 file in the socket directory."""
 
     name: str
     image: str

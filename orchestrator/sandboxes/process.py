@@ -1,4 +1,4 @@
-"""The `process` backend (SPEC §13): one sandbox agent subprocess per runtime user, on
+"""The `process` backend: one sandbox agent subprocess per runtime user, on
 `sockets/{uid}/agent.sock`, enforcing that user's mount plan with the PathSandbox.
 
 - Concurrent first calls for one user start exactly one agent (a lock per user).

@@ -1,4 +1,4 @@
-"""What a session's chat records hold (SPEC §9), as values: messages, turns, the transcript.
+"""What a session's chat records hold, as values: messages, turns, the transcript.
 
 Pure: building a transcript from messages, and (de)serializing both, never touches disk.
 `messages.json` keeps every message appended; `transcript.json` is derived from it on every
@@ -31,7 +31,7 @@ class ToolCallSummary:
 
 @dataclass(frozen=True)
 class NewMessage:
-    """A message as a client appends it (SPEC §12 body of POST .../messages)."""
+    """A message as a client appends it (the body of POST .../messages)."""
 
     role: Role
     content: str

@@ -1,4 +1,4 @@
-"""The chat record store (SPEC §9): `sessions/actor-{owner}/{scope}/session-{sha256}/chat/`.
+"""The chat record store: `sessions/actor-{owner}/{scope}/session-{sha256}/chat/`.
 
 Files: `owner.json` (the original id, owner and scope, checked on every access),
 `messages.json`, `transcript.json`, and `deleted.json` (the tombstone). Every access walks

@@ -1,4 +1,4 @@
-"""Cleaning up after a session's tombstone (SPEC §9): ordered, idempotent steps.
+"""Cleaning up after a session's tombstone: ordered, idempotent steps.
 
 Deletion marks the session deleted first (index row and `chat/deleted.json`), so it is gone
 from lists, reads and search at once; these steps then remove what it left behind. A step

@@ -1,4 +1,4 @@
-"""Cross-session reading (SPEC §10, seed 000): who may read which conversation. Pure.
+"""Cross-session reading (docs/sessions.md): who may read which conversation. Pure.
 
     can_read(A → B) = project(A).cross_session_read      project switch, default false
                   AND A.allow_cross_read                outbound, default true
@@ -63,7 +63,7 @@ class ReadVerdict(str, Enum):
 
 
 def read_verdict(project_cross_session_read: bool, reader: Conversation, target: Conversation) -> ReadVerdict:
-    """SPEC §10's formula for reading `target` from a run in `reader` (A → B).
+    """The formula for reading `target` from a run in `reader` (A → B).
 
     `project_cross_session_read` is project(A)'s switch; pass `project_gate(...)`, which is
     false for a personal conversation (it has no project, so nothing can turn it on).

@@ -1,4 +1,4 @@
-"""Project settings (SPEC §10 `cross_session_read`, §11 `cross_project_collaboration`)."""
+"""Project settings: `cross_session_read` and `cross_project_collaboration`."""
 
 from __future__ import annotations
 

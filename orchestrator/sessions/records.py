@@ -22,7 +22,7 @@ class Channel(str, Enum):
     OPENAPI = "openapi"
 
 
-# Flags a PATCH may change (SPEC §12).
+# Flags a PATCH may change.
 SESSION_FLAGS = ("title", "archived", "pinned", "allow_cross_read", "cross_private")
 
 
@@ -139,7 +139,7 @@ class SessionRepository:
         )
 
     def set_last_runtime_user(self, session_id: str, user_id: int) -> None:
-        """D2: persisted at the start of every run."""
+        """Persisted at the start of every run; a failed write does not block the run."""
         with self._store.write() as tx:
             tx.execute(
                 "UPDATE sessions SET last_runtime_user_id = ? WHERE session_id = ?", (user_id, session_id)

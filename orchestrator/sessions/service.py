@@ -47,7 +47,7 @@ class NewSession:
 
 
 class SessionService:
-    """The session endpoints' rules: who may see what (SPEC §9, §12), records, deletion.
+    """The session endpoints' rules: who may see what, records, deletion.
 
     Every method that takes `acting_user` decides visibility from the index row alone,
     before any chat record is opened: not visible looks exactly like not found (404).
@@ -105,7 +105,7 @@ class SessionService:
                     raise NotFound(f"parent session {new.parent_session_id} not found", field="parent_session_id")
         with self._store.write() as tx:
             if self._sessions.get_in(tx, session_id) is not None:
-                # A deleted id stays taken forever (SPEC §9).
+                # A deleted id stays taken forever.
                 raise Conflict(f"session {session_id} already exists", field="session_id")
             last_runtime = None
             if new.parent_session_id is not None:
@@ -114,7 +114,7 @@ class SessionService:
                     raise NotFound(
                         f"parent session {new.parent_session_id} not found", field="parent_session_id"
                     )
-                # seed 002 §5.8: a subagent inherits the parent's runtime identity at spawn.
+                # A subagent inherits the parent's runtime identity at spawn.
                 last_runtime = inherited_runtime_user(parent.parent_identity)
             UserRepository.ensure(tx, new.owner_user_id)
             if new.project_id is not None:
@@ -155,7 +155,7 @@ class SessionService:
     def get(self, session_id: str, *, acting_user: int | None = None, owner_only: bool = False) -> SessionRecord:
         """A live session as seen by `acting_user` (None: the bot itself, trusted for everyone).
 
-        Not visible looks exactly like not found (SPEC §9): 404, never 403. Group members see
+        Not visible looks exactly like not found: 404, never 403. Group members see
         their group's sessions; only the owner may change or delete one (`owner_only`). A
         deleted session whose cleanup is unfinished is 503 `session_cleanup_pending` for its
         owner (so the client knows to repeat the DELETE) and 404 for everybody else.

@@ -1,4 +1,4 @@
-"""What a model sees of other conversations (SPEC §10): compact, capped, marked untrusted. Pure.
+"""What a model sees of other conversations: compact, capped, marked untrusted. Pure.
 
 `render_conversation` is `read_conversation`'s output: the untrusted-content notice first,
 text in full up to a per-message cap, tool calls as name + status only, tool results left

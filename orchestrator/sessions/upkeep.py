@@ -1,4 +1,4 @@
-"""Start-up upkeep of session storage (SPEC §9): report chat storage with wrong modes, and
+"""Start-up upkeep of session storage: report chat storage with wrong modes, and
 finish the cleanups of sessions deleted by a process that died before it was done."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a run needs from skill sync: the skills it may use, and those that failed (D7)."""
+"""What a run needs from skill sync: the skills it may use, and those that failed (left out)."""
 
 from __future__ import annotations
 

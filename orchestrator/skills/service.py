@@ -1,4 +1,4 @@
-"""The skill provider of runs (SPEC §5, §7; seed 002 §5.3, D7): syncs the runtime user's skill
+"""The skill provider of runs: syncs the runtime user's skill
 links into the session and tells the run what it may use. It also owns what keeps the skill
 store current and small: the hot-update watcher callback and the GC."""
 
@@ -27,7 +27,7 @@ DAY_S = 86_400.0
 
 
 def run_skills(result: SyncResult) -> RunSkills:
-    """D7: available = what is linked now (system + the runtime user's personal - failed)."""
+    """Available = what is linked now (system + the runtime user's personal - failed)."""
     return RunSkills(
         available=result.available,
         failed=result.failed,
@@ -37,7 +37,7 @@ def run_skills(result: SyncResult) -> RunSkills:
 
 class SkillService:
     def __init__(self, layout: DataLayout, directories: UserDirectories | None = None) -> None:
-        """`directories` gives a user's skill places their owners and modes (SPEC §13); the
+        """`directories` gives a user's skill places their owners and modes; the
         `orchestrator gc` command runs without it."""
         self.layout = layout
         self.directories = directories

@@ -1,10 +1,10 @@
-"""Where the bytes of `send_file`, `send_image` and `publish_artifact` come from (SPEC §7).
+"""Where the bytes of `send_file`, `send_image` and `publish_artifact` come from.
 
 In this order:
 1. an http(s) URL of this service's own `/uploads/` is read from disk (no network round trip);
 2. any other http(s) URL is fetched by the host (size cap, timeout, no private addresses);
 3. a local path is first pre-checked lexically on the host: another member's `uploads/` or
-   `runtime/` gets its actionable error here, *before* any sandbox is asked (appendix D #1),
+   `runtime/` gets its actionable error here, *before* any sandbox is asked,
    the same for every backend;
 4. only then the acting (runtime) user's sandbox reads it with `read_bytes`, so its
    PathSandbox decides everything else exactly as for the model's own file tools.

@@ -1,4 +1,4 @@
-"""The container tools (SPEC §6, §12): they run in the acting user's sandbox agent. Their
+"""The container tools: they run in the acting user's sandbox agent. Their
 argument models are the wire models the agent validates with, so the schema `GET /v1/tools`
 shows is exactly what the agent accepts."""
 

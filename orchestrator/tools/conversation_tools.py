@@ -1,4 +1,4 @@
-"""Host tools that read the owner's other conversations (SPEC §10) and search transcripts (§9).
+"""Host tools that read the owner's other conversations and search transcripts.
 
 `list_conversations`, `read_conversation` and `session_search` act as the session owner
 (identity table) and check, on every call and from fresh state: that the run acts for the

@@ -1,4 +1,4 @@
-"""Dispatching one tool call of a run (SPEC §7, §12): validate, pick the acting identity from
+"""Dispatching one tool call of a run: validate, pick the acting identity from
 the table, run it in the sandbox or on the host, audit it.
 
 A call is awaited on the event loop. Its blocking parts (SQLite, host tools) run in worker

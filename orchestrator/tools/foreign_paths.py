@@ -1,4 +1,4 @@
-"""The host's lexical pre-check of foreign paths (SPEC §7, seed 002 §5.9.3, appendix D #1).
+"""The host's lexical pre-check of foreign paths (docs/hosttools.md).
 
 Before a host tool asks a sandbox for bytes, it classifies the path here. A path inside
 another member's `uploads/{uid}/` gets an error that carries the file's public URL, and a path

@@ -1,4 +1,4 @@
-"""The runtime-scoped host tools (SPEC §7, §12): `publish_artifact`, `send_file`,
+"""The runtime-scoped host tools: `publish_artifact`, `send_file`,
 `send_image`, `dump_user_messages`. They act as the runtime user (the identity table says so)
 and touch only that user's directories, the outbox and the public uploads."""
 

@@ -1,4 +1,4 @@
-"""Which identity each tool acts as (SPEC §7, seed 002 §5.5). One table, one place.
+"""Which identity each tool acts as. One table, one place.
 
 Container tools run in the runtime user's sandbox. Host tools in RUNTIME_SCOPED_TOOLS read
 or write per-user directories and act as the runtime user; every other host tool acts as

@@ -1,4 +1,4 @@
-"""Creating a user's directories on the host (the imperative side of SPEC §2 / §13).
+"""Creating a user's directories on the host (the imperative side of the data layout).
 
 When the orchestrator runs as root, a user's read-write directories belong to that user's
 own unprivileged sandbox uid (base + user id), so the operating system keeps users apart,
@@ -166,7 +166,7 @@ class UserDirectories:
     # --- what callers use --------------------------------------------------------------
 
     def ensure_session_runtime(self, user_id: int, session_id: str, *, is_owner: bool) -> Path:
-        """`runtime/{uid}/{sid}/` with its subdirectories; `compaction/` only for the owner (D6)."""
+        """`runtime/{uid}/{sid}/` with its subdirectories; `compaction/` only for the owner."""
         private = self._private(user_id)
         workdir = self._ensure(self.layout.runtime_dir(user_id, session_id), [self._parent(), private, private])
         subdirs = list(RUNTIME_SUBDIRS) + ([COMPACTION_SUBDIR] if is_owner else [])

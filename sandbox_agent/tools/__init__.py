@@ -1,2 +1,2 @@
-"""The agent's tools (SPEC §6). Each takes a `ToolContext` and its validated arguments and
+"""The agent's tools. Each takes a `ToolContext` and its validated arguments and
 returns a JSON-able result, or raises `AgentToolError`."""

@@ -1,4 +1,4 @@
-"""The mount plan (SPEC §4): pure, deterministic, one source of truth, nothing of anyone else."""
+"""The mount plan: pure, deterministic, one source of truth, nothing of anyone else."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every row of the entry-point table (SPEC §3) in both modes."""
+"""Every row of the entry-point table in both modes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Identity diagnostics are a pure decision (SPEC §6): exact codes and messages."""
+"""Identity diagnostics are a pure decision: exact codes and messages."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The traversal corpus (SPEC §15): every case runs against both resolvers (openat2 and the
+"""The traversal corpus: every case runs against both resolvers (openat2 and the
 O_NOFOLLOW walk). A refusal must be the right structured error and change nothing."""
 
 from __future__ import annotations

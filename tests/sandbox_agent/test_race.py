@@ -1,4 +1,4 @@
-"""The swap race (SPEC §15): another process exchanges a directory and a symlink to outside
+"""The swap race: another process exchanges a directory and a symlink to outside
 with renameat2(RENAME_EXCHANGE) as fast as it can, on the other core, while reads, writes,
 listings and greps run through the tools. Zero escapes in at least 1,000,000 operations.
 

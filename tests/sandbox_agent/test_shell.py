@@ -1,4 +1,4 @@
-"""The shell tool: cwd, HOME, caps, exit codes, and no process left behind (SPEC §6)."""
+"""The shell tool: cwd, HOME, caps, exit codes, and no process left behind."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`orchestrator build-image`: the sandbox image, built offline (SPEC §13).
+"""`orchestrator build-image`: the sandbox image, built offline (docs/docker.md).
 
 Three steps, each reusing what exists:
 1. the base image: `images/build-base.sh` (debootstrap + docker import), unless a base is given;

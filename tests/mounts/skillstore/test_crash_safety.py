@@ -1,4 +1,4 @@
-"""`kill -9` in the middle of materializing and of GC, at many random points (SPEC §15).
+"""`kill -9` in the middle of materializing and of GC, at many random points.
 
 A real child process runs the real sync (or GC) on a real data directory and is killed at a
 random moment; meanwhile a reader keeps opening the view and reading every file through one

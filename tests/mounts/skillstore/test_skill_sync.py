@@ -1,4 +1,4 @@
-"""sync_to_session (SPEC §5, seed 002 §5.3, D7) against real directories."""
+"""sync_to_session against real directories."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_a_broken_skill_is_failed_and_unlinked_and_the_others_are_linked(world: 
     result = world.sync.sync_to_session("default", 5, "s")
     assert result.failed == ("broken",)
     assert result.available == ("good-a", "good-b")
-    assert world.link_names(5, "s") == ["good-a", "good-b"]  # D7: no link for a failed skill
+    assert world.link_names(5, "s") == ["good-a", "good-b"]  # no link for a failed skill
 
 
 def test_a_personal_skill_with_an_escaping_symlink_fails_too(world: SkillWorld) -> None:

@@ -1,5 +1,5 @@
 """Answers back to the source: continuation, work generations, stop, merging and bounds
-(seed 003 §5.2–§5.4 and the stop/continuation rows of §9)."""
+(and the stop/continuation rows of the race and fault matrix)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def asked_and_answered(h: Harness, *, end_source: bool = True) -> tuple[str, str
 
 def test_an_answer_reaches_the_source_after_its_current_run_ends(harness: Harness) -> None:
     source_run, request_id = asked_and_answered(harness, end_source=False)
-    assert harness.claim("A") is None  # A is still in its run: the answer waits (seed §5.2)
+    assert harness.claim("A") is None  # A is still in its run: the answer waits
     assert harness.states("A", request_id) == ("replied", "pending", "active")
     harness.end(source_run)
     item, continuation = harness.take("A")
@@ -126,7 +126,7 @@ def test_automatic_continuations_are_bounded(make_harness) -> None:
     body = h.reply(b2, r2, message="two")
     assert body["ok"] and body["result"]["delivery_id"] is None
     h.end(b2)
-    assert h.claim("A") is None  # the user decides now (seed §5.4)
+    assert h.claim("A") is None  # the user decides now
     view = h.view("A", r2)
     assert (view.request.continuation.value, view.request.continuation_reason) == ("receive_only", "continuation_limit")
     assert view.messages[-1].body == "two"

@@ -1,4 +1,4 @@
-"""Requests, answers and the inbox (seed 003 §5–§6, and the race and fault matrix of §9)."""
+"""Requests, answers and the inbox (and the race and fault matrix)."""
 
 from __future__ import annotations
 

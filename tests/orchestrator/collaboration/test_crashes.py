@@ -1,4 +1,4 @@
-"""Crashes as real process kills (seed 003 §9: before/after commit, after claim, after
+"""Crashes as real process kills (before/after commit, after claim, after
 start-before-link, after reply-before-notify).
 
 `orchestrator serve` runs as a subprocess with ORCH_CRASH_AT naming a crash point; it kills

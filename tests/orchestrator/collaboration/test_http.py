@@ -1,4 +1,4 @@
-"""The collaboration endpoints (SPEC §11, §12): the inbox, the list, stop, and a whole loop
+"""The collaboration endpoints: the inbox, the list, stop, and a whole loop
 between two chat bots through the HTTP API.
 
 The chat bots are the one simulated part: there is no chat platform here, so

@@ -1,4 +1,4 @@
-"""The collaboration rules as pure decisions (seed 003 §5–§7)."""
+"""The collaboration rules as pure decisions."""
 
 from __future__ import annotations
 

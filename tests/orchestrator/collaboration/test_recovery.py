@@ -1,5 +1,5 @@
 """After a restart, or when a claim expires: uncertain starts are marked for review and never
-replayed (seed 003 §6). Restarts here reopen the same data directory in a new service; the
+replayed. Restarts here reopen the same data directory in a new service; the
 real process kills are in test_crashes.py."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The three state axes (seed 003 §4), table-driven: every allowed move, and everything else refused."""
+"""The three state axes, table-driven: every allowed move, and everything else refused."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ REQUEST_CASES = [
     (R.REPLIED, RE.RUN_ENDED_NO_RESULT, R.REPLIED),
     (R.PENDING, RE.STOPPED, R.REVOKED),
     (R.AWAITING_INPUT, RE.STOPPED, R.REVOKED),
-    (R.PROCESSING, RE.STOPPED, R.PROCESSING),  # seed §5.3: a started target may still reply
+    (R.PROCESSING, RE.STOPPED, R.PROCESSING),  # a started target may still reply
     (R.REPLIED, RE.STOPPED, R.REPLIED),
     (R.PENDING, RE.START_UNCERTAIN, R.REVIEW),
     (R.PROCESSING, RE.START_UNCERTAIN, R.REVIEW),

@@ -1,4 +1,4 @@
-"""The mailbox file (SPEC §11): WAL, synchronous=FULL, schema version, unique keys and
+"""The mailbox file: WAL, synchronous=FULL, schema version, unique keys and
 conditional updates."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host's URL fetch (SPEC §7): size cap, timeout, redirects, and no private-range address
+"""The host's URL fetch: size cap, timeout, redirects, and no private-range address
 is ever connected to. Only loopback traffic: the server is this test's own."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The prompt's runtime identity section (SPEC §7, seed 002 §5.9.1): a pure rendering."""
+"""The prompt's runtime identity section: a pure rendering."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""orchestrator/tools/conversation_tools.py through the API: seed 000's acceptance matrix, the
+"""orchestrator/tools/conversation_tools.py through the API: the cross-session acceptance matrix, the
 fail-closed identity rule, the output format, search scoping, and the audit of every call."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def not_found_like_unknown(api: SessionsApi, run: dict, target: str) -> None:
     assert error == {**unknown, "message": unknown["message"].replace("no-such-id", target), "conversation_id": target}
 
 
-# seed 000's acceptance table, row by row ----------------------------------------------------
+# the acceptance table, row by row -----------------------------------------------------------
 def test_all_off_by_default(world: SessionsApi) -> None:
     run = world.run("A")
     refused(read(world, run, "B"), "forbidden")

@@ -1,4 +1,4 @@
-"""orchestrator/sessions/cross_session.py: the formula of SPEC §10, seed 000's acceptance table, pure."""
+"""orchestrator/sessions/cross_session.py: the read formula and its acceptance table, pure."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from orchestrator.identity import IdentityMode
 A = Conversation("A", 17, "p1")
 B = Conversation("B", 17, "p1")
 
-# seed 000 acceptance table: scenario, project switch, A.allow_cross_read, target, expected
+# acceptance table: scenario, project switch, A.allow_cross_read, target, expected
 MATRIX = [
     ("all off (defaults)", False, True, B, ReadVerdict.GATE_CLOSED),
     ("normal", True, True, B, ReadVerdict.ALLOWED),

@@ -1,4 +1,4 @@
-"""Deletion (SPEC §9): tombstone first, then cleanup; 503 while unfinished; a repeated DELETE
+"""Deletion: tombstone first, then cleanup; 503 while unfinished; a repeated DELETE
 continues it; a process killed mid-cleanup leaves the session hidden; ids are never reused."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Every session endpoint checks the acting user and scope before reading anything (SPEC §9,
-§12): anything not theirs is 404 exactly like an unknown id, and no chat file is opened."""
+"""Every session endpoint checks the acting user and scope before reading anything:
+anything not theirs is 404 exactly like an unknown id, and no chat file is opened."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Skills in the run context (SPEC §5, §7, §12; D7), hot updates through the real watcher and
+"""Skills in the run context (a failed skill is left out), hot updates through the real watcher and
 the periodic GC of a running service."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_each_speaker_gets_system_and_own_personal_skills_never_the_owners(
     for entry in catalog.values():
         assert Path(entry["path"]).parent == skills_dir  # runtime/{runtime}/{sid}/skills/{name}
     assert (Path(catalog["pdf"]["path"]) / "SKILL.md").read_text() == "# pdf\nfill forms\n"
-    assert sorted(os.listdir(skills_dir)) == ["pdf", "qin-notes"]  # D7: no link for broken
+    assert sorted(os.listdir(skills_dir)) == ["pdf", "qin-notes"]  # no link for broken
     assert not any("alice" in name for name in os.listdir(skills_dir))
 
     a = start_run(client, "g-sk", "scheduled")  # the owner's identity

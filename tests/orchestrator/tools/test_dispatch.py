@@ -1,4 +1,4 @@
-"""The dispatcher's per-call checks stay live after the latency work (SPEC §7, §14): the run and
+"""The dispatcher's per-call checks stay live after the latency work: the run and
 its session are read on every call, and a sandbox's plan follows memberships at once."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host's lexical pre-check (SPEC §7): a pure decision, no disk, no sandbox."""
+"""The host's lexical pre-check: a pure decision, no disk, no sandbox."""
 
 from __future__ import annotations
 

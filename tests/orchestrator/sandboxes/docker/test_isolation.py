@@ -1,4 +1,4 @@
-"""SPEC §15 "Real Docker": from B's container, A's runtime, uploads and home are not there;
+"""Real Docker: from B's container, A's runtime, uploads and home are not there;
 skill views are read-only and the content store cannot be changed by anything B runs; there
 is no network. Everything runs through the API, as a model's tool calls would."""
 
@@ -84,7 +84,7 @@ def test_skill_views_are_read_only_and_the_store_survives_an_attack_from_inside(
     }
     assert len(stored) >= 5  # the five skill files, and the store's manifests
 
-    # The model reads a skill through its session link (SPEC §5), inside B's container.
+    # The model reads a skill through its session link, inside B's container.
     skill_md = f"{run['workdir']}/skills/pdf/SKILL.md"
     assert tool(docker_client, run["run_id"], "read_file", path=skill_md)["result"]["content"].startswith("# pdf")
     refused = tool(docker_client, run["run_id"], "write_file", path=skill_md, content="pwned")

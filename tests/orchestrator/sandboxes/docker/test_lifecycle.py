@@ -1,4 +1,4 @@
-"""The docker backend's lifecycle against a real engine (SPEC §13, §15): one container per
+"""The docker backend's lifecycle against a real engine: one container per
 user under concurrency, recovery from kills and crashes, adoption across orchestrator
 restarts, recreation on plan drift and agent restart on BUILD drift (both only when idle),
 idle stop, and a clear error when a sandbox cannot start."""
