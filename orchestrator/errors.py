@@ -1,4 +1,4 @@
-"""Typed errors with stable codes. `orchestrator.api` maps them to HTTP in one place."""
+"""Typed errors with stable codes. `orchestrator/http/errors.py` maps them to HTTP in one place."""
 
 from __future__ import annotations
 
