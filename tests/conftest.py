@@ -87,11 +87,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.skip(problem)
 
 
+_KEPT_ENV = frozenset({"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID"})
+
+
 @pytest.fixture(autouse=True)
 def _clean_identity_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Tests build their own settings; the developer's environment must not leak in.
+    # Tests build their own settings; the developer's environment must not leak in. The uid
+    # block stays: parallel test runs on one host each give theirs, or their agents' sweeps of
+    # "every process of my uid" would kill each other's agents.
     for key in list(os.environ):
-        if key.startswith("ORCH_") and key != "ORCH_REQUIRE_DOCKER":
+        if key.startswith("ORCH_") and key not in _KEPT_ENV:
             monkeypatch.delenv(key, raising=False)
 
 

@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SECTION = "\N{SECTION SIGN}"  # spelled by name so this file does not cite anything itself
+SECTION = "\N{SECTION SIGN}"
 # What a citation looks like: a section sign (alone or after "SPEC"), a design note by
 # number ("seed 00…"), or a decision id such as D7 used as a reference.
 CITATION = re.compile("|".join([re.escape(SECTION), r"\bseed 0{2}", r"(?<![\w.\-/])D\d{1,2}(?![\w.\-/])"]))
@@ -58,6 +58,8 @@ def test_no_tracked_file_cites_the_specification_or_the_design_notes() -> None:
     assert any(path.name == "README.md" for path in files), "the file list is empty: nothing was checked"
     hits = []
     for path in files:
+        if path == Path(__file__):
+            continue  # its examples of what a citation looks like are not citations
         try:
             text = path.read_text(encoding="utf-8")
         except (FileNotFoundError, UnicodeDecodeError):
