@@ -1,4 +1,4 @@
-# The sandbox image (SPEC §13). Built by `orchestrator build-image`, which also makes the
+# The sandbox image. Built by `orchestrator build-image`, which also makes the
 # wheelhouse and (where no registry is reachable) the local base image, and builds with
 # `--network none`:
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build a local base image from Debian packages, for hosts that cannot reach a container
-# registry (SPEC §13): `debootstrap --variant=minbase` into a directory, then `docker import`.
+# registry: `debootstrap --variant=minbase` into a directory, then `docker import`.
 #
 #   images/build-base.sh [REPOSITORY]      (default: sandbox-orchestrator/base)
 #
