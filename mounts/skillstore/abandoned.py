@@ -7,7 +7,6 @@ writer (or the GC) removes it. flock locks go away with the process, even after 
 
 from __future__ import annotations
 
-import fcntl
 import os
 import secrets
 import stat
@@ -15,6 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mounts.fs.flags import DIR_FLAGS
+from mounts.fs.lock import acquire
 from mounts.fs.tree_removal import remove_tree
 
 STAGING_PREFIX = ".staging-"
@@ -23,12 +24,11 @@ LEFTOVER_PREFIXES = (STAGING_PREFIX, TRASH_PREFIX)
 
 
 def _lock_dir(path: Path, *, blocking: bool) -> int | None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(path, DIR_FLAGS)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-    except BlockingIOError:
-        os.close(fd)
-        return None
+        if not acquire(fd, blocking=blocking):
+            os.close(fd)
+            return None
     except BaseException:
         os.close(fd)
         raise

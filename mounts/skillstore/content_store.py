@@ -25,6 +25,9 @@ from mounts.skillstore.fingerprint import ManifestError, SkillManifest
 from mounts.layout import DataLayout
 from mounts.log_fields import kv
 from mounts.skillstore.scan import STORE_DIR_MODE, SourceChanged, copy_skill, scan_skill
+from mounts.fs.atomic_write import replace_file_at
+from mounts.fs.flags import DIR_FLAGS
+from mounts.fs.nofollow import closing_fd
 from mounts.fs.tree_removal import remove_tree
 
 log = logging.getLogger(__name__)
@@ -130,9 +133,8 @@ class ContentStore:
         path = self.layout.content_manifest(fingerprint)
         if path.exists():
             return
+        # The temp file sits in a locked staging directory: a killed writer's is swept with it.
         with owned_staging(lambda token: self.layout.content_staging(fingerprint, token)) as tmp_dir:
-            tmp = tmp_dir / "manifest.json"
-            tmp.write_text(manifest.to_json())
-            os.chmod(tmp, 0o444)
-            os.rename(tmp, path)
+            with closing_fd(os.open(tmp_dir, DIR_FLAGS)) as tmp_fd, closing_fd(os.open(path.parent, DIR_FLAGS)) as fd:
+                replace_file_at(fd, path.name, manifest.to_json().encode(), mode=0o444, temp_dir_fd=tmp_fd)
             remove_tree(tmp_dir)

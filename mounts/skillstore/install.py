@@ -16,8 +16,6 @@ unlocked `.staging-*` or `.trash-*` directory, which the next install or removal
 
 from __future__ import annotations
 
-import errno
-import logging
 import os
 import secrets
 from collections.abc import Callable
@@ -25,20 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mounts.skillstore.abandoned import owned_staging, remove_abandoned
+from mounts.fs.atomic_write import fsync_dir, write_new_file_at
+from mounts.fs.flags import DIR_FLAGS
 from mounts.fs.lock import flocked
+from mounts.fs.nofollow import closing_fd
+from mounts.fs.rename_swap import put_in_place
+from mounts.fs.tree_removal import remove_tree
 from mounts.layout import DataLayout
-from mounts.log_fields import kv
-from mounts.fs.rename_swap import exchange, rename_noreplace
 from mounts.skillstore.package import SkillPackage
 from mounts.skillstore.scan import InvalidSkill, SkillVanished, SourceChanged, scan_skill
-from mounts.fs.tree_removal import remove_tree
-
-log = logging.getLogger(__name__)
 
 SOURCE_DIR_MODE = 0o755  # host-side sources; a user's personal ones sit in their 0750 dir
 SOURCE_FILE_MODE = 0o644
 SOURCE_EXEC_MODE = 0o755
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class SkillNotInstalled(LookupError):
@@ -124,84 +121,29 @@ class SkillInstaller:
             previous = installed_fingerprint(target)
             trash = self.layout.skill_source_trash(user_id, secrets.token_hex(8))
             os.rename(target, trash)  # gone at once and whole; deleting may take a while
-            _fsync_dir(parent)
+            fsync_dir(parent)
             remove_tree(trash)
         return Removed(name, target, previous)
 
 
 def _place(parent: Path, staged: str, name: str) -> bool:
     """Move the staged tree to `name`; True when nothing had that name (created)."""
-    fd = os.open(parent, _DIR_FLAGS)
-    try:
-        try:
-            try:
-                rename_noreplace(fd, staged, name)
-                created = True
-            except FileExistsError:
-                exchange(fd, staged, name)
-                created = False
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS):
-                raise
-            created = _place_without_renameat2(fd, staged, name, exc)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return created
-
-
-def _place_without_renameat2(fd: int, staged: str, name: str, why: OSError) -> bool:
-    # A filesystem or kernel without renameat2 flags (EINVAL/ENOSYS): under our lock, move
-    # the old tree aside (to the staging name's twin) and the new one in. The name is missing
-    # for an instant; readers retry that like any vanished source.
-    log.warning("atomic exchange unavailable, replacing in two renames %s", kv(skill=name, error=why.strerror))
-    try:
-        os.stat(name, dir_fd=fd, follow_symlinks=False)
-    except FileNotFoundError:
-        os.rename(staged, name, src_dir_fd=fd, dst_dir_fd=fd)
-        return True
-    aside = f"{staged}.old"
-    os.rename(name, aside, src_dir_fd=fd, dst_dir_fd=fd)
-    os.rename(staged, name, src_dir_fd=fd, dst_dir_fd=fd)
-    os.rename(aside, staged, src_dir_fd=fd, dst_dir_fd=fd)  # where the caller deletes the old tree
-    return False
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, _DIR_FLAGS)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with closing_fd(os.open(parent, DIR_FLAGS)) as fd:
+        return put_in_place(fd, staged, name)
 
 
 def _write_tree(root: Path, package: SkillPackage) -> None:
     """Write the package below the (fresh, empty, locked) directory `root`, durably: a
     replacement must not turn into an empty file after a power loss."""
-    root_fd = os.open(root, _DIR_FLAGS)
-    try:
+    with closing_fd(os.open(root, DIR_FLAGS)) as root_fd:
         for directory in package.directories:  # parents first
             os.mkdir(directory, 0o700, dir_fd=root_fd)
         for file in package.files:
-            fd = os.open(
-                file.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=root_fd
-            )
-            try:
-                view = memoryview(file.data)
-                while view:
-                    view = view[os.write(fd, view) :]
-                os.fchmod(fd, SOURCE_EXEC_MODE if file.executable else SOURCE_FILE_MODE)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            mode = SOURCE_EXEC_MODE if file.executable else SOURCE_FILE_MODE
+            write_new_file_at(root_fd, file.path, file.data, mode=mode)
         for directory in reversed(package.directories):  # children first
-            fd = os.open(directory, _DIR_FLAGS, dir_fd=root_fd)
-            try:
+            with closing_fd(os.open(directory, DIR_FLAGS, dir_fd=root_fd)) as fd:
                 os.fchmod(fd, SOURCE_DIR_MODE)
                 os.fsync(fd)
-            finally:
-                os.close(fd)
         os.fchmod(root_fd, SOURCE_DIR_MODE)
         os.fsync(root_fd)
-    finally:
-        os.close(root_fd)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mounts import ids
+from mounts.fs.flags import CREATE_FLAGS, DIR_FLAGS, READ_FLAGS
 from mounts.skillstore.fingerprint import (
     SKILL_DOC,
     EntryKind,
@@ -106,7 +107,7 @@ class _Writer:
 
 
 def _open_dir(name: str, dir_fd: int | None, expected: os.stat_result | None) -> int:
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
     if expected is not None and not os.path.samestat(expected, os.fstat(fd)):
         os.close(fd)
         raise SourceChanged(f"{name} was replaced during the scan")
@@ -114,8 +115,8 @@ def _open_dir(name: str, dir_fd: int | None, expected: os.stat_result | None) ->
 
 
 def _hash_file(name: str, dir_fd: int, expected: os.stat_result, copy_to: _Writer | None) -> tuple[str, int]:
-    # O_NONBLOCK: if the file was swapped for a FIFO after lstat, open must not hang.
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    # READ_FLAGS carry O_NONBLOCK: if the file was swapped for a FIFO after lstat, open must not hang.
+    fd = os.open(name, READ_FLAGS, dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or not os.path.samestat(expected, st):
@@ -163,7 +164,7 @@ def _walk(dir_fd: int, prefix: str, out: list[ManifestEntry], dest_fd: int | Non
             executable = bool(st.st_mode & 0o111)
             writer = None
             if dest_fd is not None:
-                out_fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dest_fd)
+                out_fd = os.open(name, CREATE_FLAGS, 0o600, dir_fd=dest_fd)
                 writer = _Writer(out_fd)
             try:
                 sha, size = _hash_file(name, dir_fd, st, writer)

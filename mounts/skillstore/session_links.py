@@ -8,7 +8,6 @@ from `runtime/` with O_NOFOLLOW and then works only relative to the directory's 
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import stat
@@ -16,11 +15,12 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 from mounts import ids
+from mounts.fs.atomic_write import replace_symlink_at
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root, remove_file_at
 from mounts.layout import DataLayout
 from mounts.skillstore.link_plan import plan_link_changes
 
 TEMP_LINK_PREFIX = ".link-"
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 PrepareDir = Callable[[int, str], None]
 
@@ -52,34 +52,22 @@ class SessionLinker:
     @contextmanager
     def _skills_dir(self, user_id: int, session_id: str, *, create: bool) -> Iterator[int]:
         root = self.layout.runtime_root
-        parts = self.layout.session_skills_dir(user_id, session_id).relative_to(root).parts
+        path = self.layout.session_skills_dir(user_id, session_id)
         for attempt in (1, 2):
-            fds: list[int] = []
             try:
-                fds.append(os.open(root, _DIR_FLAGS))
-                for part in parts:
-                    fds.append(os.open(part, _DIR_FLAGS, dir_fd=fds[-1]))
-            except FileNotFoundError as exc:
-                for fd in fds:
-                    os.close(fd)
+                with closing_fd(open_root(root)) as root_fd:
+                    fd = open_dirs(root_fd, path.relative_to(root).parts)
+            except FileNotFoundError:
+                fd = None  # runtime/ itself is missing
+            except UnsafePath as exc:
+                raise LinksDirUnavailable(f"a component of the session's skills directory is not a directory: {exc}") from None
+            if fd is None:
                 if create and attempt == 1:
                     self._prepare(user_id, session_id)
                     continue
-                raise LinksDirUnavailable(f"{self.layout.session_skills_dir(user_id, session_id)} is missing") from exc
-            except OSError as exc:
-                for fd in fds:
-                    os.close(fd)
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise LinksDirUnavailable(
-                        "a component of the session's skills directory is not a directory"
-                    ) from exc
-                raise
-            for fd in fds[:-1]:
-                os.close(fd)
-            try:
-                yield fds[-1]
-            finally:
-                os.close(fds[-1])
+                raise LinksDirUnavailable(f"{path} is missing")
+            with closing_fd(fd):
+                yield fd
             return
 
     @staticmethod
@@ -127,11 +115,11 @@ class SessionLinker:
         with self._skills_dir(user_id, session_id, create=True) as fd:
             existing = self._links(fd)
             for name in [n for n in existing if n.startswith(TEMP_LINK_PREFIX)]:
-                _unlink_quietly(name, fd)  # a killed run's temporary link
+                remove_file_at(fd, name)  # a killed run's temporary link
                 existing.pop(name)
             changes = plan_link_changes(desired, existing, self.managed_roots(user_id))
             for name in changes.remove:
-                _unlink_quietly(name, fd)
+                remove_file_at(fd, name)
             for name, target in changes.create:
                 try:
                     self._replace_link(fd, name, target)
@@ -141,20 +129,6 @@ class SessionLinker:
 
     @staticmethod
     def _replace_link(dir_fd: int, name: str, target: str) -> None:
-        tmp = f"{TEMP_LINK_PREFIX}{ids.token(secrets.token_hex(8))}"
-        os.symlink(target, tmp, dir_fd=dir_fd)
-        try:
-            # rename(2) replaces a symlink or file atomically; over a directory it fails
-            # (EISDIR), and a directory the sandbox made there is left alone.
-            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except OSError:
-            _unlink_quietly(tmp, dir_fd)
-            raise
-
-
-def _unlink_quietly(name: str, dir_fd: int) -> None:
-    try:
-        os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
+        # Over a directory the sandbox made there the rename fails (EISDIR): it is left alone.
+        replace_symlink_at(dir_fd, name, target, temp=f"{TEMP_LINK_PREFIX}{ids.token(secrets.token_hex(8))}")
 

@@ -33,6 +33,9 @@ from mounts.skillstore.fingerprint import SkillManifest
 from mounts.layout import VIEW_VERSIONS_DIR, DataLayout, view_link_target, view_version_fingerprint
 from mounts.log_fields import kv
 from mounts.skillstore.scan import STORE_DIR_MODE, STORE_EXEC_MODE, STORE_FILE_MODE
+from mounts.fs.atomic_write import replace_symlink_at
+from mounts.fs.flags import CREATE_FLAGS, READ_FLAGS, ROOT_FLAGS
+from mounts.fs.nofollow import closing_fd
 from mounts.fs.tree_removal import remove_tree
 from mounts.skillstore.view_plan import (
     RETIRED_VERSION_GRACE_S,
@@ -180,9 +183,9 @@ class SkillViews:
         staging = self.layout.user_view_staging(user_id, secrets.token_hex(8))
         os.mkdir(staging, 0o700)
         try:
-            root_fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            root_fd = os.open(staging, ROOT_FLAGS)
             try:
-                entry_fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                entry_fd = os.open(entry, ROOT_FLAGS)
                 try:
                     for path in plan.dirs:
                         os.mkdir(path, 0o700, dir_fd=root_fd)
@@ -235,8 +238,8 @@ class SkillViews:
         # Under the user's lock nobody else works here; a killed run's temporary link is
         # removed by the next clean_user.
         tmp_link = self.layout.user_view_temp_link(user_id, secrets.token_hex(8))
-        os.symlink(view_link_target(fingerprint), tmp_link)
-        os.rename(tmp_link, link)  # atomic: readers resolve the old or the new version
+        with closing_fd(os.open(link.parent, ROOT_FLAGS)) as dir_fd:
+            replace_symlink_at(dir_fd, link.name, view_link_target(fingerprint), temp=tmp_link.name)
 
     def _touch_version(self, user_id: int, fingerprint: str) -> None:
         now = self._clock()
@@ -263,9 +266,9 @@ class SkillViews:
 
 
 def _copy_file(src_dir_fd: int, dst_dir_fd: int, path: str, executable: bool) -> None:
-    src = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir_fd)
+    src = os.open(path, READ_FLAGS, dir_fd=src_dir_fd)
     try:
-        dst = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dst_dir_fd)
+        dst = os.open(path, CREATE_FLAGS, 0o600, dir_fd=dst_dir_fd)
         try:
             with open(src, "rb", closefd=False) as fsrc, open(dst, "wb", closefd=False) as fdst:
                 shutil.copyfileobj(fsrc, fdst, 1 << 20)

@@ -16,7 +16,6 @@ import logging
 import os
 import secrets
 import sqlite3
-import stat
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
@@ -24,7 +23,8 @@ from mounts import ids
 from mounts.layout import DataLayout
 from orchestrator.errors import Gone, NotFound
 from orchestrator.log import kv
-from mounts.fs.nofollow import closing_fd, open_dirs, open_root, remove_file_at, replace_file_at
+from mounts.fs.atomic_write import replace_file_at
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_regular_at, open_root, remove_file_at
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.state_store import StateStore
 
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 # An outbox file without a row is left this long (a delivery being created has a file but no
 # row yet) before the sweep removes it.
 ORPHAN_GRACE_S = 3600.0
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -137,20 +136,25 @@ class DeliveryStore:
         return delivery
 
     def open_bytes(self, delivery: Delivery) -> int:
-        """A file descriptor on the delivery's bytes (the caller closes it); marks it fetched."""
+        """A file descriptor on the delivery's bytes (the caller closes it); marks it fetched.
+        Anything but our regular file under its name (a FIFO, a link) is 410, never waited on."""
         with closing_fd(self._outbox_fd()) as dir_fd:
             try:
-                fd = os.open(ids.file_name(delivery.delivery_id), _READ_FLAGS, dir_fd=dir_fd)
-            except FileNotFoundError:
-                raise Gone(f"delivery {delivery.delivery_id} has no bytes any more") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
+                fd = open_regular_at(dir_fd, ids.file_name(delivery.delivery_id))
+            except UnsafePath as exc:
+                log.warning("outbox file refused %s", kv(delivery=delivery.delivery_id, reason=exc.reason))
+                fd = None
+        if fd is None:
             raise Gone(f"delivery {delivery.delivery_id} has no bytes any more")
-        with self._store.write() as tx:
-            tx.execute(
-                "UPDATE deliveries SET fetched_at = COALESCE(fetched_at, ?) WHERE delivery_id = ?",
-                (_iso(datetime.now(timezone.utc)), delivery.delivery_id),
-            )
+        try:
+            with self._store.write() as tx:
+                tx.execute(
+                    "UPDATE deliveries SET fetched_at = COALESCE(fetched_at, ?) WHERE delivery_id = ?",
+                    (_iso(datetime.now(timezone.utc)), delivery.delivery_id),
+                )
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def read_bytes(self, delivery: Delivery) -> bytes:

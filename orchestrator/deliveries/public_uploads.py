@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import mimetypes
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
@@ -24,11 +23,10 @@ from urllib.parse import unquote, urlsplit
 from mounts import ids
 from mounts.layout import DataLayout
 from orchestrator.clock import now_iso
-from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_regular_at, open_root
 from orchestrator.state_store import StateStore
 from orchestrator.users.dirs import UserDirectories
 
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 # Served inline; anything else (HTML, SVG, scripts...) is an attachment, so an uploaded page
@@ -130,24 +128,24 @@ def open_upload_fd(layout: DataLayout, ref: UploadRef, *, owner_uid: int) -> Ope
     if dir_fd is None:
         return None
     with closing_fd(dir_fd):
+        # A hard link planted by the sandbox to a file it does not own (a root-owned one it
+        # may write) would publish that file: only the user's own single-link files.
         try:
-            fd = os.open(ref.file_name, _READ_FLAGS, dir_fd=dir_fd)
+            fd = open_regular_at(dir_fd, ref.file_name, owner_uid=owner_uid)
+        except UnsafePath:
+            return None
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR, errno.EACCES):
+            if exc.errno in (errno.ENOTDIR, errno.EACCES):
                 return None
             raise
-        try:
-            info = os.fstat(fd)
-            # A hard link planted by the sandbox to a file it does not own (a root-owned one it
-            # may write) would publish that file: only the user's own single-link files.
-            if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != owner_uid:
-                os.close(fd)
-                return None
-            os.set_blocking(fd, True)
-        except BaseException:
-            os.close(fd)
-            raise
-    return OpenedUpload(fd=fd, size=info.st_size, media_type=media_type_of(ref.file_name))
+    if fd is None:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+    except BaseException:
+        os.close(fd)
+        raise
+    return OpenedUpload(fd=fd, size=size, media_type=media_type_of(ref.file_name))
 
 
 class PublishedUploads:

@@ -13,6 +13,7 @@ the interpreter for them is chosen by actually running candidates as such a uid.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import importlib.metadata as metadata
@@ -28,6 +29,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from mounts.fs.atomic_write import replace_file_at, replace_symlink_at
+from mounts.fs.nofollow import closing_fd, open_root
+from mounts.fs.tree_removal import remove_tree
 from mounts.layout import DataLayout
 from orchestrator.log import kv
 from sandbox_agent.build import PACKAGE_DIR, compute_build_id, source_files
@@ -216,9 +220,10 @@ class AgentDeployment:
             except OSError as exc:
                 if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
                     raise
-                shutil.rmtree(staging)  # another orchestrator deployed the same release first
+                remove_tree(staging)  # another orchestrator deployed the same release first
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the original error is the one to report
+                remove_tree(staging)
             raise
         log.info("deployed the sandbox agent %s", kv(release=release_id[:16], build=build, linked=linked, copied=copied))
 
@@ -230,13 +235,9 @@ class AgentDeployment:
                 return
         except OSError:
             pass
-        temp = current.with_name(f".current-{secrets.token_hex(6)}")
-        os.symlink(relative, temp)
-        os.replace(temp, current)
-        build_temp = self.layout.agent_build_file.with_name(f".BUILD-{secrets.token_hex(6)}")
-        build_temp.write_text(build + "\n")
-        os.chmod(build_temp, 0o644)
-        os.replace(build_temp, self.layout.agent_build_file)
+        with closing_fd(open_root(self.layout.agent_dir)) as dir_fd:
+            replace_symlink_at(dir_fd, current.name, relative, temp=f".current-{secrets.token_hex(6)}")
+            replace_file_at(dir_fd, self.layout.agent_build_file.name, f"{build}\n".encode(), mode=0o644)
 
     def _prune(self, *, keep: str) -> None:
         """Keep the current release and the newest few: agents started from an older one may
@@ -248,7 +249,10 @@ class AgentDeployment:
             reverse=True,
         )
         for old in entries[KEEP_RELEASES - 1 :]:
-            shutil.rmtree(old, ignore_errors=True)
+            try:
+                remove_tree(old)
+            except OSError as exc:  # a release we cannot remove now is tried again next deploy
+                log.warning("old agent release not removed %s", kv(release=old.name, error=exc))
 
     # --- the interpreter --------------------------------------------------------------
 

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from mounts.fs.atomic_write import replace_file_at
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_regular_at
 from mounts.layout import AGENT_CONFIG_FILE, TOKEN_FILE, DataLayout
 from orchestrator.sandboxes.base import SandboxUser
 from orchestrator.settings import Settings
@@ -45,26 +46,9 @@ TOKEN_READ_MAX = 256  # bytes read back from a token file: a token is 43
 
 def write_private_file(dir_fd: int, name: str, content: str, *, group: int | None) -> None:
     """Atomically place `name` in the directory `dir_fd`: mode 0640 with `group` (the sandbox's
-    gid, which may read it), else 0600; owned by us. Written under a random name with
-    O_EXCL|O_NOFOLLOW, then renamed, so a reader never sees half a file."""
-    temp = f".{name}.{secrets.token_hex(6)}"
-    mode = 0o640 if group is not None else 0o600
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
-    try:
-        try:
-            if group is not None:
-                os.fchown(fd, -1, group)
-            os.fchmod(fd, mode)  # the umask must not narrow what the sandbox needs to read
-            os.write(fd, content.encode())
-        finally:
-            os.close(fd)
-        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        try:
-            os.unlink(temp, dir_fd=dir_fd)
-        except OSError:
-            pass
-        raise
+    gid, which may read it), else 0600; owned by us (`mounts.fs.atomic_write`)."""
+    owner = None if group is None else (-1, group)
+    replace_file_at(dir_fd, name, content.encode(), mode=0o640 if group is not None else 0o600, owner=owner)
 
 
 def read_agent_token(directories: UserDirectories, user_id: int) -> str | None:
@@ -76,20 +60,14 @@ def read_agent_token(directories: UserDirectories, user_id: int) -> str | None:
     except (OSError, UnsafeDirectory):
         return None
     try:
-        fd = os.open(TOKEN_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None
-    finally:
-        os.close(dir_fd)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        with closing_fd(dir_fd):
+            fd = open_regular_at(dir_fd, TOKEN_FILE, owner_uid=os.geteuid())
+        if fd is None:
             return None
-        token = os.read(fd, TOKEN_READ_MAX).decode("ascii", "replace").strip()
-    except OSError:
+        with closing_fd(fd):
+            token = os.read(fd, TOKEN_READ_MAX).decode("ascii", "replace").strip()
+    except (OSError, UnsafePath):
         return None
-    finally:
-        os.close(fd)
     return token if valid_token(token) else None
 
 
@@ -150,10 +128,14 @@ def prepare_agent_launch(
         max_processes=settings.sandbox_pids if sandbox_uid is not None else None,
         sweep_uid=sandbox_uid is not None,  # a uid of its own: every process of it is this sandbox's
     )
-    dir_fd = directories.open_agent_secrets_dir(user_id, create=True)
-    try:
-        write_private_file(dir_fd, TOKEN_FILE, token + "\n", group=sandbox_uid)
-        write_private_file(dir_fd, AGENT_CONFIG_FILE, config.model_dump_json(indent=2), group=sandbox_uid)
-    finally:
-        os.close(dir_fd)
+    with closing_fd(directories.open_agent_secrets_dir(user_id, create=True)) as dir_fd:
+        try:
+            write_private_file(dir_fd, TOKEN_FILE, token + "\n", group=sandbox_uid)
+            write_private_file(dir_fd, AGENT_CONFIG_FILE, config.model_dump_json(indent=2), group=sandbox_uid)
+        except UnsafePath as exc:
+            # Only root writes there: something else at the token's or config's name was not
+            # put there by us, and the agent is not started on top of it.
+            raise UnsafeDirectory(
+                f"{layout.agent_secrets_dir(user_id)}: {exc.component} {exc.reason}; remove it and retry"
+            ) from None
     return AgentLaunch(config=config, config_path=layout.agent_config_path(user_id), token=token)

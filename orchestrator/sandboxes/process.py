@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -36,6 +35,7 @@ import anyio
 from anyio import to_thread
 import psutil
 
+from mounts.fs.tree_removal import remove_tree
 from mounts.layout import DataLayout
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
@@ -253,14 +253,8 @@ class ProcessBackend:
     def _remove_stale_socket(self, socket_path: Path) -> None:
         """So that readiness can only be the new agent. The socket dir is the user's: whatever
         sits at the socket's name (even a directory) goes. Safe as root: `sockets/` is root's,
-        so `sockets/{uid}` cannot be swapped for a link, unlink never follows the last
-        component, and rmtree walks on directory fds and refuses a link at its top."""
-        try:
-            os.unlink(socket_path)
-        except FileNotFoundError:
-            pass
-        except IsADirectoryError:
-            shutil.rmtree(socket_path)
+        so `sockets/{uid}` cannot be swapped for a link, and the removal never follows a link."""
+        remove_tree(socket_path)
 
     def _wait_healthy(self, agent: _Agent) -> None:
         deadline = time.monotonic() + self.start_timeout_s

@@ -10,8 +10,6 @@ each other. Not root: nothing is registered (all sandboxes run as the orchestrat
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import logging
 import os
@@ -19,6 +17,9 @@ import re
 import stat
 from pathlib import Path
 
+from mounts.fs.flags import DIR_FLAGS, LOCK_FLAGS
+from mounts.fs.lock import acquire, flocked_at, is_held
+from mounts.fs.nofollow import UnsafePath, open_regular_at
 from orchestrator.log import kv
 from orchestrator.startup_checks import StartupRefused
 from orchestrator.sandboxes.uid_blocks import Claim, UidBlock, conflict_message, overlapping_claim
@@ -29,7 +30,6 @@ _INSTANCE_ID = re.compile(r"[0-9a-f]{12}")
 _SUFFIX = ".json"
 _LOCK_NAME = ".registry.lock"
 _MAX_FILE_BYTES = 4096
-_NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _safe_dir(path: Path) -> int:
@@ -40,7 +40,7 @@ def _safe_dir(path: Path) -> int:
             os.mkdir(part, 0o755)
         except FileExistsError:
             pass
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
+    fd = os.open(path, DIR_FLAGS)
     st = os.fstat(fd)
     if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         os.close(fd)
@@ -51,8 +51,10 @@ def _safe_dir(path: Path) -> int:
 def _read_claim(dir_fd: int, name: str) -> tuple[int, Claim | None] | None:
     """Open another instance's file; (fd, its claim or None when malformed); None: gone."""
     try:
-        fd = os.open(name, os.O_RDONLY | _NOFOLLOW, dir_fd=dir_fd)
-    except (FileNotFoundError, OSError):
+        fd = open_regular_at(dir_fd, name)
+    except (OSError, UnsafePath):
+        return None
+    if fd is None:
         return None
     try:
         data = json.loads(os.read(fd, _MAX_FILE_BYTES))
@@ -67,18 +69,6 @@ def _read_claim(dir_fd: int, name: str) -> tuple[int, Claim | None] | None:
     return fd, claim
 
 
-def _held(fd: int) -> bool:
-    """True while some process holds the file's exclusive flock (its owner is alive)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return True
-        raise
-    fcntl.flock(fd, fcntl.LOCK_UN)
-    return False
-
-
 class UidBlockRegistration:
     """This instance's claim, held until `release()`."""
 
@@ -91,7 +81,7 @@ class UidBlockRegistration:
     def release(self) -> None:
         if self._fd is None:
             return
-        with _RegistryLock(self._dir_fd):
+        with flocked_at(self._dir_fd, _LOCK_NAME, exclusive=True):
             try:
                 os.unlink(self._name, dir_fd=self._dir_fd)
             except FileNotFoundError:
@@ -99,18 +89,6 @@ class UidBlockRegistration:
             os.close(self._fd)
             self._fd = None
         os.close(self._dir_fd)
-
-
-class _RegistryLock:
-    def __init__(self, dir_fd: int) -> None:
-        self._dir_fd = dir_fd
-
-    def __enter__(self) -> None:
-        self._fd = os.open(_LOCK_NAME, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600, dir_fd=self._dir_fd)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self._fd)  # releases the lock
 
 
 def register(
@@ -126,7 +104,7 @@ def register(
     name = instance_id + _SUFFIX
     dir_fd = _safe_dir(directory)
     try:
-        with _RegistryLock(dir_fd):
+        with flocked_at(dir_fd, _LOCK_NAME, exclusive=True):
             others = _live_claims(dir_fd, skip=name)
             other = overlapping_claim(ours, others)
             if other is not None:
@@ -155,7 +133,7 @@ def _live_claims(dir_fd: int, *, skip: str) -> list[Claim]:
             continue
         fd, claim = opened
         try:
-            if not _held(fd):
+            if not is_held(fd):
                 # Its owner is gone (crashed, killed): the block is free again.
                 os.unlink(name, dir_fd=dir_fd)
                 log.info("removed a stale uid block claim %s", kv(file=name))
@@ -171,13 +149,9 @@ def _live_claims(dir_fd: int, *, skip: str) -> list[Claim]:
 def _claim_own_file(dir_fd: int, name: str, ours: Claim) -> int | None:
     """The fd holding our file's flock; None when another service on the same data dir already
     holds it (that claim covers the data dir; our block was still checked against the others)."""
-    fd = os.open(name, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644, dir_fd=dir_fd)
+    fd = os.open(name, LOCK_FLAGS, 0o644, dir_fd=dir_fd)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
+        if not acquire(fd, blocking=False):
             # Another service on this very data dir (a second one in this process, or a child
             # process as the crash tests start): the same instance id, whose claim stays its
             # holder's. Refusing a second server on one data dir is not this check's business.

@@ -15,7 +15,6 @@ see a session is decided before this module is asked to open anything.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -38,10 +37,10 @@ from orchestrator.sessions.chat_records import (
 )
 from orchestrator.errors import NotFound, OrchestratorError
 from orchestrator.log import kv
+from mounts.fs.atomic_write import FILE_MODE, TEMP_SUFFIX, replace_file_at
+from mounts.fs.lock import holding
 from mounts.fs.nofollow import (
     DIR_MODE,
-    FILE_MODE,
-    TEMP_SUFFIX,
     UnsafePath,
     closing_fd,
     entry_exists,
@@ -50,9 +49,8 @@ from mounts.fs.nofollow import (
     open_root,
     read_file_at,
     remove_file_at,
-    remove_tree_at,
-    replace_file_at,
 )
+from mounts.fs.tree_removal import remove_tree_at
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -158,11 +156,8 @@ class ChatStore:
         with lock:
             # flock serializes against other processes (a CLI, a cleanup subprocess); it is
             # released when the directory fd closes, even if this process is killed.
-            fcntl.flock(dir_fd, fcntl.LOCK_EX)
-            try:
+            with holding(dir_fd):
                 yield
-            finally:
-                fcntl.flock(dir_fd, fcntl.LOCK_UN)
 
     def _check_owner(self, key: ChatKey, dir_fd: int, *, write_missing: bool) -> None:
         raw = read_file_at(dir_fd, OWNER_FILE)

@@ -20,7 +20,8 @@ from enum import Enum
 
 from mounts.layout import DataLayout, GroupRef
 from orchestrator.sessions.chat_store import ChatKey, ChatStore
-from mounts.fs.nofollow import closing_fd, open_dirs, open_root, remove_tree_at
+from mounts.fs.nofollow import closing_fd, open_dirs, open_root
+from mounts.fs.tree_removal import remove_tree_at
 
 
 class CleanupPhase(str, Enum):

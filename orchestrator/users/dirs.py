@@ -24,11 +24,13 @@ chown or chmod whatever such a link points at.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
 from pathlib import Path
 
+from mounts.fs.nofollow import UnsafePath, open_dir_at, open_root
 from mounts.layout import COMPACTION_SUBDIR, RUNTIME_SUBDIRS, DataLayout
 from mounts.plan import Mount, MountPlan
 from mounts.ids import MAX_USER_ID
@@ -41,8 +43,6 @@ PRIVATE_PURPOSES = frozenset({"runtime", "uploads", "home", "deps", "tmp", "sock
 # agent_secrets: the agent's token and config, which the host writes and reads as root.
 USER_READ_ONLY_PURPOSES = frozenset({"skill_views", "userskills", "agent_secrets"})
 SHARED_PURPOSES = frozenset({"share"})  # group workspaces ("group:...") have their own gid
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Ownership = tuple[int, int, int] | None  # (uid, gid, mode); None: leave as found
 
@@ -123,22 +123,17 @@ class UserDirectories:
         names = path.relative_to(self.layout.root).parts
         if create:
             self.layout.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = open_root(self.layout.root)
         try:
             for depth, name in enumerate(names):
-                if create:
-                    try:
-                        os.mkdir(name, 0o700, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                 try:
-                    child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                except FileNotFoundError:
-                    raise
-                except OSError as exc:
+                    child = open_dir_at(fd, name, create=create)
+                except UnsafePath as exc:
                     raise UnsafeDirectory(
-                        f"{path}: {name} is not a plain directory ({exc.strerror}); remove it and retry"
-                    ) from exc
+                        f"{path}: {exc.component} is not a plain directory ({exc.reason}); remove it and retry"
+                    ) from None
+                if child is None:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
                 os.close(fd)
                 fd = child
                 want = levels[depth] if depth < len(levels) else None

@@ -2,22 +2,20 @@
 session's user messages), owned by that user's sandbox uid so their sandbox can use them.
 
 The user owns those directories and may have planted symlinks in them: the directory is
-opened one component at a time with O_NOFOLLOW from the data root, the file is created with
-O_EXCL under a temporary name relative to that descriptor, handed to the user's uid with
-`fchown` (never a path-based chown), and renamed into place.
+opened one component at a time with O_NOFOLLOW from the data root, and the file is written
+with `mounts.fs.atomic_write.replace_file_at` relative to that descriptor: created with O_EXCL
+under a temporary name, handed to the user's uid with `fchown` (never a path-based chown),
+fsynced and renamed into place.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 
+from mounts.fs.atomic_write import replace_file_at
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root
 from mounts.layout import DataLayout
-from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root, remove_file_at
 from orchestrator.users.dirs import UserDirectories
-
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class UserFileWriter:
@@ -33,21 +31,10 @@ class UserFileWriter:
             dir_fd = open_dirs(root_fd, parts)
         if dir_fd is None:
             raise UnsafePath(str(directory), "does not exist")
+        owner = None
+        if self._directories.chown:
+            uid = self._directories.sandbox_uid(user_id)
+            owner = (uid, uid)
         with closing_fd(dir_fd):
-            temp = f".{name}.{secrets.token_hex(6)}.tmp"
-            fd = os.open(temp, _CREATE_FLAGS, 0o600, dir_fd=dir_fd)
-            try:
-                with closing_fd(fd):
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view) :]
-                    if self._directories.chown:
-                        uid = self._directories.sandbox_uid(user_id)
-                        os.fchown(fd, uid, uid)
-                    os.fchmod(fd, mode)
-                    os.fsync(fd)
-                os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            except BaseException:
-                remove_file_at(dir_fd, temp)
-                raise
+            replace_file_at(dir_fd, name, data, mode=mode, owner=owner)
         return directory / name

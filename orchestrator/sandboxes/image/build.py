@@ -9,7 +9,6 @@ Three steps, each reusing what exists:
 
 from __future__ import annotations
 
-import fcntl
 import importlib.metadata
 import os
 import platform
@@ -24,6 +23,7 @@ from pathlib import Path
 import docker
 from docker.errors import APIError, BuildError, ImageNotFound
 
+from mounts.fs.lock import flocked
 from orchestrator.sandboxes.image.compat import agent_lock_digest
 from orchestrator.sandboxes.image.recipe import (
     LABEL_RECIPE,
@@ -131,13 +131,9 @@ def agent_pins(sources: BuildSources, installed: dict[str, InstalledDistribution
 @contextmanager
 def _exclusive(path: Path) -> Iterator[None]:
     """Serialize builds of one checkout (two test sessions, or a test and a developer)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the wheelhouse, with the usual mode
+    with flocked(path, exclusive=True):
+        yield
 
 
 class ImageBuilder:

@@ -13,15 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mounts.fs.nofollow import (
-    UnsafePath,
-    closing_fd,
-    open_dirs,
-    open_root,
-    read_file_at,
-    remove_tree_at,
-    replace_file_at,
-)
+from mounts.fs.atomic_write import replace_file_at
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root, read_file_at
+from mounts.fs.tree_removal import remove_tree_at
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -155,7 +149,8 @@ def test_remove_tree_of_a_symlink_removes_only_the_link(tmp_path: Path) -> None:
 NON_ROOT_REMOVAL = """
 import os, sys
 sys.path.insert(0, sys.argv[1])
-from nofollow import closing_fd, open_root, remove_tree_at
+from mounts.fs.nofollow import closing_fd, open_root
+from mounts.fs.tree_removal import remove_tree_at
 base = sys.argv[2]
 top = os.path.join(base, "sid")
 os.makedirs(os.path.join(top, "locked", "inner"))
@@ -177,10 +172,15 @@ def test_remove_tree_as_an_unprivileged_owner_unlocks_what_a_sandbox_locked() ->
     base = tempfile.mkdtemp(prefix="nofollow-")
     lib = tempfile.mkdtemp(prefix="nofollow-lib-")
     try:
-        # The module is stdlib-only: a world-readable copy works wherever the checkout lives.
-        shutil.copy(REPO / "mounts" / "fs" / "nofollow.py", lib)
-        os.chmod(lib, 0o755)
-        os.chmod(Path(lib) / "nofollow.py", 0o644)
+        # The toolkit is stdlib-only: a world-readable copy works wherever the checkout lives.
+        copy = Path(lib) / "mounts" / "fs"
+        copy.mkdir(parents=True)
+        for module in ("flags.py", "nofollow.py", "tree_removal.py"):
+            shutil.copy(REPO / "mounts" / "fs" / module, copy)
+        for package in (copy.parent, copy):
+            (package / "__init__.py").touch()
+        for path in [Path(lib), *Path(lib).rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
         os.chown(base, 65534, 65534)
         result = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c",

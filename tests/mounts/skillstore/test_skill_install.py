@@ -125,13 +125,13 @@ def test_leftovers_of_a_killed_install_go_but_live_ones_stay(layout: DataLayout)
 def test_without_renameat2_flags_it_falls_back_to_two_renames(layout: DataLayout, monkeypatch) -> None:
     import errno
 
-    import mounts.skillstore.install as skill_install
+    import mounts.fs.rename_swap as rename_swap
 
     def unsupported(*_args: object) -> None:
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(skill_install, "rename_noreplace", unsupported)
-    monkeypatch.setattr(skill_install, "exchange", unsupported)
+    monkeypatch.setattr(rename_swap, "rename_noreplace", unsupported)
+    monkeypatch.setattr(rename_swap, "exchange", unsupported)
     installer = SkillInstaller(layout)
     assert installer.install(None, version("pdf", 1, files=2)).created
     replaced = installer.install(None, version("pdf", 2, files=1))
