@@ -79,10 +79,12 @@ def replace_file_at(
     os.fsync(dir_fd)  # the rename itself survives a power loss
 
 
-def replace_symlink_at(dir_fd: int, name: str, target: str, *, temp: str) -> None:
+def replace_symlink_at(dir_fd: int | None, name: str, target: str, *, temp: str) -> None:
     """Point the symlink `name` at `target` in one step: readers resolve the old target or the
     new one, never none. `temp` is the caller's temporary name (its sweeper knows it). rename(2)
-    replaces a symlink or a file; over a directory it fails (EISDIR), leaving the directory."""
+    replaces a symlink or a file; over a directory it fails (EISDIR), leaving the directory.
+    `dir_fd` None: `name` and `temp` are paths in a directory only the host writes (the views'
+    hot path saves opening it once more)."""
     os.symlink(target, temp, dir_fd=dir_fd)
     try:
         os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

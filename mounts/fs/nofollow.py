@@ -97,8 +97,18 @@ def open_dir_at(parent_fd: int, name: str, *, create: bool = False) -> int | Non
 
 
 def open_dirs(root_fd: int, parts: Sequence[str], *, create: bool = False) -> int | None:
-    """Walk `parts` below `root_fd`, each component without following symlinks."""
-    fd = os.dup(root_fd)
+    """Walk `parts` below `root_fd`, each component without following symlinks; the new fd of
+    the last one, or None when one is missing and not `create`."""
+    return _walk(os.dup(root_fd), parts, create=create)
+
+
+def open_below(root: Path, parts: Sequence[str], *, create: bool = False) -> int | None:
+    """`open_dirs` from the trusted root `root` itself (one descriptor less to open and close)."""
+    return _walk(open_root(root), parts, create=create)
+
+
+def _walk(fd: int, parts: Sequence[str], *, create: bool) -> int | None:
+    """Walk from `fd`, which this consumes (closes)."""
     for part in parts:
         try:
             child = open_dir_at(fd, part, create=create)
@@ -165,8 +175,9 @@ def read_file_at(dir_fd: int, name: str) -> bytes | None:
     return b"".join(chunks)
 
 
-def remove_file_at(dir_fd: int, name: str) -> bool:
-    """Unlink `name` (a symlink is unlinked, never followed). False when it was missing."""
+def remove_file_at(dir_fd: int | None, name: str) -> bool:
+    """Unlink `name` (a symlink is unlinked, never followed). False when it was missing.
+    (`dir_fd` None: `name` is a path.)"""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from mounts import ids
 from mounts.fs.atomic_write import replace_symlink_at
-from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root, remove_file_at
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_below, remove_file_at
 from mounts.layout import DataLayout
 from mounts.skillstore.link_plan import plan_link_changes
 
@@ -55,8 +55,7 @@ class SessionLinker:
         path = self.layout.session_skills_dir(user_id, session_id)
         for attempt in (1, 2):
             try:
-                with closing_fd(open_root(root)) as root_fd:
-                    fd = open_dirs(root_fd, path.relative_to(root).parts)
+                fd = open_below(root, path.relative_to(root).parts)
             except FileNotFoundError:
                 fd = None  # runtime/ itself is missing
             except UnsafePath as exc:

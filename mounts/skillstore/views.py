@@ -35,7 +35,6 @@ from mounts.log_fields import kv
 from mounts.skillstore.scan import STORE_DIR_MODE, STORE_EXEC_MODE, STORE_FILE_MODE
 from mounts.fs.atomic_write import replace_symlink_at
 from mounts.fs.flags import CREATE_FLAGS, READ_FLAGS, ROOT_FLAGS
-from mounts.fs.nofollow import closing_fd
 from mounts.fs.tree_removal import remove_tree
 from mounts.skillstore.view_plan import (
     RETIRED_VERSION_GRACE_S,
@@ -238,8 +237,7 @@ class SkillViews:
         # Under the user's lock nobody else works here; a killed run's temporary link is
         # removed by the next clean_user.
         tmp_link = self.layout.user_view_temp_link(user_id, secrets.token_hex(8))
-        with closing_fd(os.open(link.parent, ROOT_FLAGS)) as dir_fd:
-            replace_symlink_at(dir_fd, link.name, view_link_target(fingerprint), temp=tmp_link.name)
+        replace_symlink_at(None, str(link), view_link_target(fingerprint), temp=str(tmp_link))
 
     def _touch_version(self, user_id: int, fingerprint: str) -> None:
         now = self._clock()

@@ -24,7 +24,7 @@ from mounts.layout import DataLayout
 from orchestrator.errors import Gone, NotFound
 from orchestrator.log import kv
 from mounts.fs.atomic_write import replace_file_at
-from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_regular_at, open_root, remove_file_at
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_below, open_regular_at, remove_file_at
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.state_store import StateStore
 
@@ -89,8 +89,7 @@ class DeliveryStore:
         self.ttl_s = ttl_s
 
     def _outbox_fd(self) -> int:
-        with closing_fd(open_root(self._layout.root)) as root_fd:
-            fd = open_dirs(root_fd, self._layout.outbox_root.relative_to(self._layout.root).parts, create=True)
+        fd = open_below(self._layout.root, self._layout.outbox_root.relative_to(self._layout.root).parts, create=True)
         assert fd is not None
         return fd
 

@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlsplit
 from mounts import ids
 from mounts.layout import DataLayout
 from orchestrator.clock import now_iso
-from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_regular_at, open_root
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_below, open_regular_at
 from orchestrator.state_store import StateStore
 from orchestrator.users.dirs import UserDirectories
 
@@ -120,11 +120,10 @@ def open_upload_fd(layout: DataLayout, ref: UploadRef, *, owner_uid: int) -> Ope
     regular file of `owner_uid`. A symlink, a FIFO, a directory, a file of somebody else (root
     included) or a hard link all count as "no such file": the public route says 404 and
     nothing more."""
-    with closing_fd(open_root(layout.root)) as root_fd:
-        try:
-            dir_fd = open_dirs(root_fd, ["uploads", str(ref.owner_user_id)])
-        except UnsafePath:  # uploads/{uid} itself swapped for a symlink
-            return None
+    try:
+        dir_fd = open_below(layout.root, ["uploads", str(ref.owner_user_id)])
+    except UnsafePath:  # uploads/{uid} itself swapped for a symlink
+        return None
     if dir_fd is None:
         return None
     with closing_fd(dir_fd):

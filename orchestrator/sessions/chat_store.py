@@ -44,6 +44,7 @@ from mounts.fs.nofollow import (
     UnsafePath,
     closing_fd,
     entry_exists,
+    open_below,
     open_dir_at,
     open_dirs,
     open_root,
@@ -138,8 +139,7 @@ class ChatStore:
 
     @contextmanager
     def _open_chat_dir(self, key: ChatKey, *, create: bool) -> Iterator[int | None]:
-        with closing_fd(open_root(self._layout.root)) as root:
-            fd = open_dirs(root, self._parts(key), create=create)
+        fd = open_below(self._layout.root, self._parts(key), create=create)
         if fd is None:
             yield None
             return

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mounts.fs.atomic_write import replace_file_at
-from mounts.fs.nofollow import UnsafePath, closing_fd, open_dirs, open_root
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_below
 from mounts.layout import DataLayout
 from orchestrator.users.dirs import UserDirectories
 
@@ -27,8 +27,7 @@ class UserFileWriter:
         """Write `directory/name` (a directory below the data root that exists and belongs to
         `user_id`). Raises `UnsafePath` when a component is not a plain directory."""
         parts = directory.relative_to(self._layout.root).parts
-        with closing_fd(open_root(self._layout.root)) as root_fd:
-            dir_fd = open_dirs(root_fd, parts)
+        dir_fd = open_below(self._layout.root, parts)
         if dir_fd is None:
             raise UnsafePath(str(directory), "does not exist")
         owner = None
