@@ -20,7 +20,7 @@ from enum import Enum
 
 from mounts.layout import DataLayout, GroupRef
 from orchestrator.sessions.chat_store import ChatKey, ChatStore
-from mounts.fs.nofollow import closing_fd, open_dirs, open_root
+from mounts.fs.nofollow import closing_fd, open_below
 from mounts.fs.tree_removal import remove_tree_at
 
 
@@ -112,8 +112,7 @@ def remove_runtime_dirs(layout: DataLayout, deleted: DeletedSession) -> int:
     removed = 0
     for user_id in deleted.runtime_user_ids:
         parts = layout.runtime_dir(user_id, deleted.session_id).relative_to(layout.root).parts
-        with closing_fd(open_root(layout.root)) as root:
-            parent = open_dirs(root, parts[:-1])
+        parent = open_below(layout.root, parts[:-1])
         if parent is None:
             continue
         with closing_fd(parent):
