@@ -59,6 +59,7 @@ def flocked_at(dir_fd: int, name: str, *, exclusive: bool) -> Iterator[None]:
 
 @contextmanager
 def flocked(path: Path, *, exclusive: bool) -> Iterator[None]:
+    """Hold a lock on the lock file `path` of a host-owned directory (created when missing)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with closing_fd(os.open(path, LOCK_FLAGS, 0o600)) as fd:  # closing releases it
         acquire(fd, exclusive=exclusive)
