@@ -285,10 +285,14 @@ def kill_call(leader: Leader, *, rounds: int = 50) -> int:
     needle = f"{MARKER_ENV}={leader.marker}".encode()
     killed: set[int] = set()
     for _ in range(rounds):
+        # Scan first, then look at the calls in flight: a call that starts in between is
+        # registered (spawn does it atomically with the fork) before this snapshot, so it is
+        # among `others` and its processes are spared. The other order took a call starting
+        # in that window for a leftover of this one and killed it.
+        table = scan()
         with _lock:
             others = [other for other in _active if other != leader]
             kept = set(_kept)
-        table = scan()
         _reap_orphans(table)  # zombies adopted from this call's kills and from earlier calls
         victims = select_victims(
             table,
