@@ -114,6 +114,14 @@ class DataLayout:
     def session_skill_link(self, user_id: int, session_id: str, skill: str) -> Path:
         return self.session_skills_dir(user_id, session_id) / ids.name(skill, "skill")
 
+    def shell_output_dir(self, user_id: int, session_id: str) -> Path:
+        """Where the agent spools a `shell` call's output too long for its answer."""
+        return self.runtime_dir(user_id, session_id) / "shell-output"
+
+    def incoming_dir(self, user_id: int, session_id: str) -> Path:
+        """Where files a bot uploads from the chat land for the runtime user's tools."""
+        return self.runtime_dir(user_id, session_id) / "incoming"
+
     def user_messages_dir(self, user_id: int, session_id: str) -> Path:
         """Where `dump_user_messages` writes (readable by the same runtime user's tools)."""
         return self.runtime_dir(user_id, session_id) / "user-messages"

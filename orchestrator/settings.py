@@ -56,6 +56,24 @@ class Settings(BaseSettings):
     )
     output_cap_bytes: int = Field(256 * 1024, gt=0, description="Cap on a tool's text output.")
     read_bytes_max: int = Field(20 * 1024 * 1024, gt=0, description="Cap on read_bytes / send_file size.")
+    shell_output_cap_bytes: int = Field(
+        32 * 1024,
+        ge=256,
+        description="Text a shell answer shows of stdout and stderr together; a longer stream keeps its head "
+        "and tail around an 'N bytes omitted' marker and is spooled in full to the session's shell-output/.",
+    )
+    shell_spool_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="Bytes of spooled shell output kept per session (oldest files rotated out; one file holds "
+        "at most half of it); 0 turns the spool off.",
+    )
+    upload_max_bytes: int = Field(
+        50 * 1024 * 1024,
+        gt=0,
+        description="Largest file a bot may upload into a sandbox (PUT /v1/runs/{run_id}/files/incoming/{name}); "
+        "larger bodies answer 413.",
+    )
     url_fetch_timeout_s: float = Field(15.0, gt=0, description="Timeout when the host fetches an http(s) URL.")
     url_fetch_allow_loopback: bool = Field(
         False, description="Let send_* fetch loopback URLs (tests, single-host setups); private ranges never."

@@ -114,7 +114,7 @@ def answer_length(content_length: str | None, chunked: bool, limit: int, socket_
 def tool_request(arguments: dict[str, Any], cwd: str, context: CallContext | None) -> bytes:
     body: dict[str, Any] = {"arguments": arguments, "cwd": cwd}
     if context is not None:
-        body["context"] = context.model_dump()
+        body["context"] = context.model_dump(exclude_none=True)
     return json.dumps(body).encode()
 
 

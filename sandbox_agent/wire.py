@@ -102,6 +102,9 @@ class AgentLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     output_cap_bytes: int = Field(256 * 1024, gt=0)
+    # stdout and stderr of one shell call together, head and tail (tools/shell_output.py)
+    shell_output_cap_bytes: int = Field(32 * 1024, ge=256)
+    shell_spool_max_bytes: int = Field(64 * 1024 * 1024, ge=0)  # per session; 0: no spool
     read_bytes_max: int = Field(20 * 1024 * 1024, gt=0)
     shell_timeout_s: float = Field(60.0, gt=0)
     shell_timeout_max_s: float = Field(600.0, gt=0)
@@ -163,13 +166,19 @@ class AgentConfig(BaseModel):
 _CONTEXT_ID = Field(None, min_length=1, max_length=200)
 
 
-class CallContext(BaseModel):
-    """What a call was made for: ending the run or deleting the session cancels it."""
-
+class _CallIds(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_id: str | None = _CONTEXT_ID
     session_id: str | None = _CONTEXT_ID
+
+
+class CallContext(_CallIds):
+    """What a call was made for: ending the run or deleting the session cancels it. The host
+    also names the session's `shell-output/` directory (as the sandbox sees it), where a
+    shell call spools output too long for its answer."""
+
+    output_dir: str | None = Field(None, min_length=1, max_length=TOOL_PATH_MAX)
 
 
 class ToolRequest(BaseModel):
@@ -180,7 +189,7 @@ class ToolRequest(BaseModel):
     context: CallContext | None = None
 
 
-class CancelRequest(CallContext):
+class CancelRequest(_CallIds):
     """`POST /v1/calls/cancel`: the calls of this run, or of this session (at least one)."""
 
     @model_validator(mode="after")

@@ -74,6 +74,8 @@ def read_agent_token(directories: UserDirectories, user_id: int) -> str | None:
 def agent_limits(settings: Settings) -> AgentLimits:
     return AgentLimits(
         output_cap_bytes=settings.output_cap_bytes,
+        shell_output_cap_bytes=settings.shell_output_cap_bytes,
+        shell_spool_max_bytes=settings.shell_spool_max_bytes,
         read_bytes_max=settings.read_bytes_max,
         shell_timeout_s=settings.tool_timeout_s,
         shell_timeout_max_s=settings.tool_timeout_max_s,

@@ -216,7 +216,12 @@ class ToolDispatcher:
                 call.spec.name,
                 call.arguments.model_dump(mode="json", exclude_none=True),
                 cwd=call.workdir,
-                context=CallContext(run_id=call.run.run_id, session_id=call.run.session_id),
+                context=CallContext(
+                    run_id=call.run.run_id,
+                    session_id=call.run.session_id,
+                    # The runtime dir is mounted at its host path: the sandbox sees the same one.
+                    output_dir=str(self._layout.shell_output_dir(call.run.runtime_user_id, call.run.session_id)),
+                ),
             )
         except ToolError as exc:
             return ToolOutcome(ok=False, error=exc.body())

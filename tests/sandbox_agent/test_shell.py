@@ -45,9 +45,10 @@ def test_a_signal_death_is_reported_like_a_shell(tree: Tree, sandbox: PathSandbo
 
 
 def test_output_cap_has_a_visible_marker_and_the_command_is_not_blocked(tree: Tree, sandbox: PathSandbox) -> None:
-    result = run(tree, sandbox, "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2", output_cap_bytes=1000)
-    assert result["stdout"].startswith("a" * 1000)
-    assert "[... output truncated: 2999000 more bytes not shown ...]" in result["stdout"]
+    result = run(tree, sandbox, "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2", shell_output_cap_bytes=1000)
+    # 995 bytes of the 1000 for stdout (stderr needs 5): a quarter head, the rest tail
+    assert result["stdout"] == "a" * 248 + "\n[... 2999005 bytes omitted ...]\n" + "a" * 747
+    assert result["stdout_bytes"] == 3000000
     assert result["truncated"] is True
     assert result["stderr"] == "done\n"
     assert result["exit_code"] == 0
