@@ -20,6 +20,7 @@ from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries.outbox import DeliveryStore
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
+from orchestrator.users.incoming import IncomingFiles
 from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval_s
 from orchestrator.log import kv
@@ -159,6 +160,7 @@ class OrchestratorService:
             timeout_s=settings.url_fetch_timeout_s, allow_loopback=settings.url_fetch_allow_loopback
         )
         self.uploads = PublishedUploads(self.store, self.layout, self.directories)
+        self.incoming = IncomingFiles(self.layout, self.directories, self.group_gids, settings.upload_max_bytes)
         register_host_tools(
             self.tools,
             HostTools(

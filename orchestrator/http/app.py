@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from orchestrator import __version__
-from orchestrator.http import routes_collaboration, routes_core, routes_files, routes_sessions, routes_skills
+from orchestrator.http import routes_collaboration, routes_core, routes_files, routes_sessions, routes_skills, routes_uploads
 from orchestrator.http.auth import has_valid_token
 from orchestrator.http.errors import install_error_handlers
 from orchestrator.http.request_guard import RequestGuard
@@ -40,5 +40,6 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_sessions.router)
     app.include_router(routes_collaboration.router)
     app.include_router(routes_files.router)
+    app.include_router(routes_uploads.router)
     app.include_router(routes_skills.router)
     return app

@@ -1,0 +1,183 @@
+"""Files from the chat into the sandbox (issue 14 item 6): `PUT /v1/runs/{run_id}/files/incoming/{name}`.
+
+Real agents, real sandbox uids (as root), real files. The attacks are made the way a hostile
+sandbox would: through the run's own `shell`, before the bot uploads."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from mounts.layout import GroupRef
+from orchestrator.errors import InvalidInput
+from orchestrator.users.incoming import candidate_names, upload_name
+from tests.agent_env import Served, serving, traversable_tmp  # noqa: F401 - a fixture
+from tests.api_calls import MEMBER, OWNER, group_session, start_run, tool
+from tests.conftest import make_settings
+from tests.orchestrator.sandboxes.test_concurrent_output import UID_BLOCK
+
+AS_ROOT = os.geteuid() == 0
+CAP = 256 * 1024
+
+
+@pytest.fixture
+def served(traversable_tmp: Path) -> Iterator[Served]:
+    data = traversable_tmp / "data"
+    data.mkdir()
+    with serving(make_settings(data, upload_max_bytes=CAP, **UID_BLOCK)) as pair:
+        yield pair
+
+
+@pytest.fixture
+def outside(traversable_tmp: Path) -> Path:
+    """A root-owned directory outside the data dir with a file the attacks aim at."""
+    path = traversable_tmp / "outside"
+    path.mkdir()
+    (path / "passwd").write_text("root:x:0:0\n")
+    os.chmod(path, 0o777)  # so that only the orchestrator's refusal keeps an upload out of it
+    return path
+
+
+def member_run(client) -> dict:  # type: ignore[no-untyped-def]
+    return start_run(client, group_session(client), trigger="group_message", speaker_user_id=MEMBER)
+
+
+def put(client, run_id: str, name: str, data: bytes, **params: str):  # type: ignore[no-untyped-def]
+    return client.put(f"/v1/runs/{run_id}/files/incoming/{quote(name, safe='')}", content=data, params=params)
+
+
+def test_item6_an_upload_lands_in_the_runtime_users_incoming_dir(served: Served) -> None:
+    client, service = served
+    run = member_run(client)
+    data = os.urandom(200_000)
+    answer = put(client, run["run_id"], "photo 1.png", data)
+    assert answer.status_code == 201, answer.text
+    body = answer.json()
+    incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
+    assert body["path"] == str(incoming / "photo 1.png") and body["size"] == len(data) and body["scope"] == "personal"
+    st = os.stat(body["path"])
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    if AS_ROOT:
+        assert st.st_uid == service.directories.sandbox_uid(MEMBER)
+    # the model reads it with its own tools, in its own sandbox
+    read = tool(client, run["run_id"], "shell", command=f"sha256sum '{body['path']}'")
+    assert read["result"]["stdout"].split()[0] == hashlib.sha256(data).hexdigest(), read
+    again = put(client, run["run_id"], "photo 1.png", b"second")
+    assert again.status_code == 201 and again.json()["path"] == str(incoming / "photo 1-2.png")
+    assert Path(body["path"]).read_bytes() == data  # never overwritten
+
+
+def test_item6_too_large_is_413_and_leaves_nothing(served: Served) -> None:
+    client, service = served
+    run = member_run(client)
+    incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
+    declared = put(client, run["run_id"], "big.bin", b"x" * (CAP + 1))
+    assert declared.status_code == 413 and declared.json()["error"]["code"] == "too_large", declared.text
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: the cap is counted while streaming
+        for _ in range(CAP // 65536 + 2):
+            yield b"y" * 65536
+
+    streamed = client.put(f"/v1/runs/{run['run_id']}/files/incoming/big.bin", content=chunks())
+    assert streamed.status_code == 413, streamed.text
+    assert list(incoming.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["a\x01b", "a\nb", ".hidden", "x" * 201, "é" * 101, "a\\b", "a\u202eb"])
+def test_item6_bad_names_are_422(served: Served, name: str) -> None:
+    client, service = served
+    run = member_run(client)
+    answer = put(client, run["run_id"], name, b"data")
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["error"]["code"] == "invalid_request"
+    assert list(service.layout.incoming_dir(MEMBER, run["session_id"]).iterdir()) == []
+
+
+def test_item6_an_ended_run_refuses_uploads(served: Served) -> None:
+    client, _ = served
+    run = member_run(client)
+    assert client.post(f"/v1/runs/{run['run_id']}/end", json={"status": "succeeded"}).status_code == 200
+    answer = put(client, run["run_id"], "late.txt", b"late")
+    assert answer.status_code == 409 and "ended" in answer.json()["error"]["message"], answer.text
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the host writes as root only when it runs as root")
+def test_item6_a_planted_symlink_at_the_name_is_not_followed(served: Served, outside: Path) -> None:
+    client, service = served
+    run = member_run(client)
+    incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
+    planted = tool(client, run["run_id"], "shell", command=f"ln -s {outside}/passwd {incoming}/x && ls -l {incoming}")
+    assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
+    answer = put(client, run["run_id"], "x", b"attacker-chosen bytes\n")
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["path"] == str(incoming / "x-2")
+    assert (outside / "passwd").read_text() == "root:x:0:0\n"
+    assert os.readlink(incoming / "x") == f"{outside}/passwd"
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the host writes as root only when it runs as root")
+def test_item6_an_incoming_dir_replaced_by_a_symlink_is_refused(served: Served, outside: Path) -> None:
+    client, service = served
+    run = member_run(client)
+    incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
+    planted = tool(client, run["run_id"], "shell", command=f"rmdir {incoming} && ln -s {outside} {incoming}")
+    assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
+    answer = put(client, run["run_id"], "y.txt", b"attacker-chosen bytes\n")
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "unsafe_directory", answer.text
+    assert sorted(p.name for p in outside.iterdir()) == ["passwd"]
+
+
+def test_item6_group_scope_goes_to_the_chats_files_readable_by_members(served: Served) -> None:
+    client, service = served
+    run = member_run(client)
+    answer = put(client, run["run_id"], "minutes.txt", b"the team's minutes\n", scope="group")
+    assert answer.status_code == 201, answer.text
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    workspace = service.layout.group_dir(GroupRef("feishu", "oc_team"))
+    assert answer.json()["path"] == str(workspace / "chat-files" / day / "minutes.txt")
+    read = tool(client, run["run_id"], "read_file", path=answer.json()["path"])
+    assert read["ok"] and read["result"]["content"] == "the team's minutes\n", read
+    owner_run = start_run(client, run["session_id"], trigger="group_message", speaker_user_id=OWNER)
+    assert tool(client, owner_run["run_id"], "read_file", path=answer.json()["path"])["ok"]
+    if AS_ROOT:  # the chat's files: no member changes or removes them
+        changed = tool(client, run["run_id"], "shell", command=f"rm -f {answer.json()['path']}; echo x >> {answer.json()['path']}")
+        assert Path(answer.json()["path"]).read_bytes() == b"the team's minutes\n", changed
+        st = os.stat(workspace / "chat-files")
+        assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o2750)
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="members squat names only where root owns the rest")
+def test_item6_a_member_squatting_chat_files_is_refused(served: Served, outside: Path) -> None:
+    client, service = served
+    run = member_run(client)
+    workspace = service.layout.group_dir(GroupRef("feishu", "oc_team"))
+    planted = tool(client, run["run_id"], "shell", command=f"ln -s {outside} {workspace}/chat-files")
+    assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
+    answer = put(client, run["run_id"], "z.txt", b"bytes", scope="group")
+    assert answer.status_code == 409 and answer.json()["error"]["code"] == "unsafe_directory", answer.text
+    assert sorted(p.name for p in outside.iterdir()) == ["passwd"]
+
+
+def test_item6_group_scope_needs_a_group_session(served: Served) -> None:
+    client, _ = served
+    created = client.post("/v1/sessions", json={"owner_user_id": OWNER, "channel": "web"})
+    assert created.status_code == 201, created.text
+    run = start_run(client, created.json()["session_id"], trigger="web")
+    answer = put(client, run["run_id"], "a.txt", b"x", scope="group")
+    assert answer.status_code == 422 and answer.json()["error"]["field"] == "scope", answer.text
+
+
+def test_upload_names() -> None:
+    for bad in ["", ".", "..", ".x", "a/b", "a\\b", "a\x00b", "a\tb", "\u202e", "x" * 201, "\ud800"]:
+        with pytest.raises(InvalidInput):
+            upload_name(bad)
+    assert upload_name("Résumé 2026 (final).pdf") == "Résumé 2026 (final).pdf"
+    assert candidate_names("a.tar.gz")[:3] == ["a.tar.gz", "a.tar-2.gz", "a.tar-3.gz"]
+    assert candidate_names("README")[1] == "README-2"
