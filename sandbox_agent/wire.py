@@ -39,6 +39,21 @@ class WriteFileArgs(_Args):
     content: str = Field(..., description="The complete new content of the file (UTF-8 text).")
 
 
+# write_bytes: base64 of at most this many bytes (a model's tool call is no upload channel;
+# bots upload larger files with PUT /v1/runs/{run_id}/files/incoming/{name}).
+WRITE_BYTES_MAX = 8 * 1024 * 1024
+WRITE_BYTES_BASE64_MAX = (WRITE_BYTES_MAX + 2) // 3 * 4
+
+
+class WriteBytesArgs(_Args):
+    path: str = Field(..., description=_PATH_DOC + " Missing parent directories are created.")
+    content_base64: str = Field(
+        ...,
+        max_length=WRITE_BYTES_BASE64_MAX,
+        description=f"The complete new content of the file, base64-encoded (at most {WRITE_BYTES_MAX} bytes decoded).",
+    )
+
+
 class EditFileArgs(_Args):
     path: str = Field(..., description=_PATH_DOC)
     old: str = Field(..., min_length=1, description="Exact text to replace; it must occur exactly once.")
@@ -76,6 +91,7 @@ class ReadBytesArgs(_Args):
 TOOL_ARGUMENTS: dict[str, type[_Args]] = {
     "read_file": ReadFileArgs,
     "write_file": WriteFileArgs,
+    "write_bytes": WriteBytesArgs,
     "edit_file": EditFileArgs,
     "list_dir": ListDirArgs,
     "glob_search": GlobSearchArgs,

@@ -35,6 +35,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 PROTECTED_PREFIX = "/v1/"
 _SKILL_PUT = re.compile(r"^/v1/(admin/skills|users/[^/]+/skills)/[^/]+/?$")
 _TOOL_CALL = re.compile(r"^/v1/runs/[^/]+/tools/[^/]+/?$")
+_UPLOAD = re.compile(r"^/v1/runs/[^/]+/files/incoming/[^/]+/?$")
 JSON_OVERHEAD = 1024 * 1024  # field names, quoting and escapes around the largest value
 
 
@@ -43,10 +44,13 @@ def body_limit(method: str, path: str, settings: Settings) -> int:
 
     A skill PUT carries the whole skill as JSON: base64 (4/3) or escaped text (a newline or a
     quote doubles), so twice the skill's cap plus some per file. A tool call carries at most a
-    file's content (write_file), bounded like what read_bytes may return. Everything else is
+    file's content (write_file), bounded like what read_bytes may return. An upload into a
+sandbox is the file itself, up to ORCH_UPLOAD_MAX_BYTES. Everything else is
     small (ORCH_HTTP_BODY_MAX_BYTES)."""
     if method == "PUT" and _SKILL_PUT.match(path):
         return 2 * settings.skill_upload_max_bytes + 512 * settings.skill_upload_max_files + JSON_OVERHEAD
+    if method == "PUT" and _UPLOAD.match(path):  # the raw file, streamed to disk
+        return settings.upload_max_bytes
     if method == "POST" and _TOOL_CALL.match(path):
         return settings.read_bytes_max + JSON_OVERHEAD
     return settings.http_body_max_bytes

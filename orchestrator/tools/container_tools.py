@@ -29,6 +29,14 @@ CONTAINER_TOOL_SPECS = (
         ToolPlace.CONTAINER,
     ),
     ToolSpec(
+        "write_bytes",
+        "Create or replace a file with bytes that are not text (an image, an archive), given as base64 in "
+        f"`content_base64` (at most {wire.WRITE_BYTES_MAX} bytes decoded), atomically; missing parent directories "
+        "are created. Same places and refusals as write_file." + _PATHS,
+        wire.WriteBytesArgs,
+        ToolPlace.CONTAINER,
+    ),
+    ToolSpec(
         "edit_file",
         "Replace the exact text `old` with `new` in a file. `old` must occur exactly once: no match and "
         "several matches are errors that say which." + _PATHS,
@@ -59,7 +67,9 @@ CONTAINER_TOOL_SPECS = (
         "shell",
         "Run a bash command in the working directory, with HOME set to your home directory. On timeout "
         "(timeout_s, default from the server) the whole process tree is killed and the output so far is "
-        "returned with exit code 124. Processes do not outlive the call. Output is capped.",
+        "returned with exit code 124. Processes do not outlive the call. Long output keeps its head and tail "
+        "around an 'N bytes omitted' marker and is saved in full to `stdout_file` / `stderr_file` (read it with "
+        "read_file or grep_search); binary output is reported by size (`stdout_binary`).",
         wire.ShellArgs,
         ToolPlace.CONTAINER,
     ),

@@ -18,7 +18,17 @@ class ActingIdentity(str, Enum):
 
 
 CONTAINER_TOOLS = frozenset(
-    {"shell", "read_file", "write_file", "edit_file", "glob_search", "grep_search", "list_dir", "read_bytes"}
+    {
+        "shell",
+        "read_file",
+        "write_file",
+        "write_bytes",
+        "edit_file",
+        "glob_search",
+        "grep_search",
+        "list_dir",
+        "read_bytes",
+    }
 )
 RUNTIME_SCOPED_TOOLS = frozenset({"dump_user_messages", "publish_artifact", "send_file", "send_image"})
 OWNER_SCOPED_TOOLS = frozenset(

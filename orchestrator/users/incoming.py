@@ -51,7 +51,7 @@ class UploadScope(str, Enum):
 
 class UploadTooLarge(OrchestratorError):
     status_code = 413
-    code = "too_large"
+    code = "payload_too_large"  # the code of the request guard's 413 too
 
 
 class UnsafeUploadDirectory(Conflict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 import mimetypes
 import os
@@ -13,7 +15,7 @@ from sandbox_agent.errors import AgentToolError
 from sandbox_agent.path_sandbox import READ_FLAGS, WriteTarget, os_error
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.output import looks_binary
-from sandbox_agent.wire import EditFileArgs, ReadBytesArgs, ReadBytesResult, ReadFileArgs, WriteFileArgs
+from sandbox_agent.wire import EditFileArgs, ReadBytesArgs, ReadBytesResult, ReadFileArgs, WriteBytesArgs, WriteFileArgs
 
 _SNIFF = 8192
 _CHUNK = 1 << 20
@@ -162,12 +164,25 @@ def _encode(text: str, what: str) -> bytes:
 
 
 def write_file(ctx: ToolContext, args: WriteFileArgs) -> dict[str, Any]:
-    data = _encode(args.content, "content")
+    return _write(ctx, args.path, _encode(args.content, "content"))
+
+
+def write_bytes(ctx: ToolContext, args: WriteBytesArgs) -> dict[str, Any]:
+    """write_file for bytes that are not text (images, archives), given as base64."""
+    try:
+        # Line breaks and spaces (as `base64` wraps its output) are not errors; anything else is.
+        data = base64.b64decode("".join(args.content_base64.split()), validate=True)
+    except (binascii.Error, ValueError):
+        raise AgentToolError("invalid_arguments", "`content_base64` is not valid base64.") from None
+    return _write(ctx, args.path, data)
+
+
+def _write(ctx: ToolContext, path: str, data: bytes) -> dict[str, Any]:
     if len(data) > ctx.limits.read_bytes_max:
         raise AgentToolError(
             "too_large", f"The content is {len(data)} bytes; the limit is {ctx.limits.read_bytes_max}.", None
         )
-    with ctx.sandbox.write_target(args.path, ctx.cwd) as target:
+    with ctx.sandbox.write_target(path, ctx.cwd) as target:
         try:
             _write_into(target, data)
         except OSError as exc:

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from sandbox_agent import wire
 from sandbox_agent.tools.context import ToolContext
-from sandbox_agent.tools.files import edit_file, read_bytes, read_file, write_file
+from sandbox_agent.tools.files import edit_file, read_bytes, read_file, write_bytes, write_file
 from sandbox_agent.tools.search import glob_search, grep_search, list_dir
 from sandbox_agent.tools.shell import shell
 
@@ -18,6 +18,7 @@ ToolFunction = Callable[[ToolContext, Any], dict[str, Any]]
 TOOLS: dict[str, tuple[type[BaseModel], ToolFunction]] = {
     "read_file": (wire.ReadFileArgs, read_file),
     "write_file": (wire.WriteFileArgs, write_file),
+    "write_bytes": (wire.WriteBytesArgs, write_bytes),
     "edit_file": (wire.EditFileArgs, edit_file),
     "list_dir": (wire.ListDirArgs, list_dir),
     "glob_search": (wire.GlobSearchArgs, glob_search),

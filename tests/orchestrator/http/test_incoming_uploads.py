@@ -24,7 +24,7 @@ from tests.conftest import make_settings
 from tests.orchestrator.sandboxes.test_concurrent_output import UID_BLOCK
 
 AS_ROOT = os.geteuid() == 0
-CAP = 256 * 1024
+CAP = 6 * 1024 * 1024  # above the 4 MiB body cap of routes without their own
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def put(client, run_id: str, name: str, data: bytes, **params: str):  # type: ig
 def test_item6_an_upload_lands_in_the_runtime_users_incoming_dir(served: Served) -> None:
     client, service = served
     run = member_run(client)
-    data = os.urandom(200_000)
+    data = os.urandom(5 * 1024 * 1024)
     answer = put(client, run["run_id"], "photo 1.png", data)
     assert answer.status_code == 201, answer.text
     body = answer.json()
@@ -79,7 +79,7 @@ def test_item6_too_large_is_413_and_leaves_nothing(served: Served) -> None:
     run = member_run(client)
     incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
     declared = put(client, run["run_id"], "big.bin", b"x" * (CAP + 1))
-    assert declared.status_code == 413 and declared.json()["error"]["code"] == "too_large", declared.text
+    assert declared.status_code == 413 and declared.json()["error"]["code"] == "payload_too_large", declared.text
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: the cap is counted while streaming
         for _ in range(CAP // 65536 + 2):
@@ -181,3 +181,20 @@ def test_upload_names() -> None:
     assert upload_name("Résumé 2026 (final).pdf") == "Résumé 2026 (final).pdf"
     assert candidate_names("a.tar.gz")[:3] == ["a.tar.gz", "a.tar-2.gz", "a.tar-3.gz"]
     assert candidate_names("README")[1] == "README-2"
+
+
+def test_item6_write_bytes_writes_binary_content_with_write_files_path_rules(served: Served) -> None:
+    import base64
+
+    client, service = served
+    run = member_run(client)
+    data = bytes(range(256)) * 64
+    written = tool(client, run["run_id"], "write_bytes", path="out/blob.bin", content_base64=base64.b64encode(data).decode())
+    assert written["ok"] and written["result"]["bytes_written"] == len(data), written
+    assert (Path(run["workdir"]) / "out" / "blob.bin").read_bytes() == data
+    bad = tool(client, run["run_id"], "write_bytes", path="x.bin", content_base64="not base64!")
+    assert bad["ok"] is False and bad["error"]["code"] == "invalid_arguments", bad
+    outside = tool(client, run["run_id"], "write_bytes", path="/etc/x.bin", content_base64="AAAA")
+    assert outside["ok"] is False, outside
+    listed = client.get("/v1/tools").json()
+    assert any(t["name"] == "write_bytes" for t in (listed["tools"] if isinstance(listed, dict) else listed))
