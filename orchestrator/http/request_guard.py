@@ -5,7 +5,8 @@ within a time bound. A plain ASGI middleware, so nothing of the app runs before 
 - `/v1/...` without a valid token (bot or admin): 401 at once; the route dependencies stay
   the authority for roles (bot or admin) and `X-Acting-User`.
 - A declared `Content-Length` above the cap: 413 at once; a chunked body is counted while it
-  arrives and cut at the cap (413). The body, once read, is handed to the app from memory.
+  arrives and cut at the cap (413). The body, once read, is handed to the app from memory;
+  only an upload into a sandbox (`streams_body`) is handed on as it arrives, under the same bounds.
 - A body that stalls for `ORCH_HTTP_BODY_STALL_S`, or is not complete within
   `ORCH_HTTP_BODY_TIMEOUT_S`, is answered 408 and the connection is closed.
 """
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.log import kv
 from orchestrator.settings import Settings
 
@@ -89,6 +91,24 @@ class BodyTimeout(Exception):
     pass
 
 
+class StreamedBodyTooLarge(OrchestratorError):
+    """A streamed body went past its cap: raised into the route reading it, which the app's
+    error mapping answers like any refusal (413)."""
+
+    status_code = 413
+    code = "payload_too_large"
+
+
+class StreamedBodyTimeout(OrchestratorError):
+    status_code = 408
+    code = "request_timeout"
+
+
+def streams_body(method: str, path: str) -> bool:
+    """Pure: whether the route reads its body itself, as it arrives (an upload into a sandbox)."""
+    return method == "PUT" and _UPLOAD.match(path) is not None
+
+
 class RequestGuard:
     def __init__(self, app: ASGIApp, *, settings: Settings, authorized: Callable[[str | None], bool]) -> None:
         self.app = app
@@ -111,12 +131,14 @@ class RequestGuard:
         if length is not None and length > limit:
             await self._refuse(send, too_large(limit))
             return
+        if streams_body(scope["method"], path):
+            await self._stream(scope, receive, send, limit, path)
+            return
         try:
             body = await self._read_body(receive, limit)
         except BodyTimeout as exc:
             log.warning("request body timed out %s", kv(path=path, reason=str(exc)))
-            timeout = (("timeout_s", self.settings.http_body_timeout_s), ("stall_s", self.settings.http_body_stall_s))
-            await self._refuse(send, Refusal(408, "request_timeout", f"the request body {exc}", timeout))
+            await self._refuse(send, self._timeout_refusal(exc))
             return
         if body is None:
             await self._refuse(send, too_large(limit))
@@ -125,23 +147,61 @@ class RequestGuard:
             return
         await self.app(scope, _replay(body, receive), send)
 
+    async def _stream(self, scope: Scope, receive: Receive, send: Send, limit: int, path: str) -> None:
+        """An upload: the app reads the body as it arrives (to disk, not to memory), under the
+        same cap, stall and time bounds; a breach the app has not answered yet is our 413/408."""
+        deadline = time.monotonic() + self.settings.http_body_timeout_s
+        total = 0
+        started = False
+
+        async def bounded_receive() -> Message:
+            nonlocal total
+            try:
+                message = await self._next_message(receive, deadline)
+            except BodyTimeout as exc:
+                log.warning("request body timed out %s", kv(path=path, reason=str(exc)))
+                raise StreamedBodyTimeout(f"the request body {exc}") from None
+            total += len(message.get("body", b""))
+            if total > limit:
+                raise StreamedBodyTooLarge(f"the request body is larger than this route takes ({limit} bytes)")
+            return message
+
+        async def noting_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, bounded_receive, noting_send)
+        except (StreamedBodyTooLarge, StreamedBodyTimeout) as exc:
+            if started:  # answered by the app's error mapping (the usual case)
+                return
+            await self._refuse(send, Refusal(exc.status_code, exc.code, str(exc)))
+
+    def _timeout_refusal(self, exc: BodyTimeout) -> Refusal:
+        timeout = (("timeout_s", self.settings.http_body_timeout_s), ("stall_s", self.settings.http_body_stall_s))
+        return Refusal(408, "request_timeout", f"the request body {exc}", timeout)
+
+    async def _next_message(self, receive: Receive, deadline: float) -> Message:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BodyTimeout(f"did not arrive within {self.settings.http_body_timeout_s:g} s")
+        wait = min(left, self.settings.http_body_stall_s)
+        try:
+            async with asyncio.timeout(wait):  # no extra task, unlike wait_for (hot path)
+                return await receive()
+        except TimeoutError:
+            if wait < self.settings.http_body_stall_s:
+                raise BodyTimeout(f"did not arrive within {self.settings.http_body_timeout_s:g} s") from None
+            raise BodyTimeout(f"stalled for {self.settings.http_body_stall_s:g} s") from None
+
     async def _read_body(self, receive: Receive, limit: int) -> bytes | dict | None:
         """The whole body; None above `limit`; the disconnect message when the client left."""
         chunks: list[bytes] = []
         total = 0
         deadline = time.monotonic() + self.settings.http_body_timeout_s
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise BodyTimeout(f"did not arrive within {self.settings.http_body_timeout_s:g} s")
-            wait = min(left, self.settings.http_body_stall_s)
-            try:
-                async with asyncio.timeout(wait):  # no extra task, unlike wait_for (hot path)
-                    message = await receive()
-            except TimeoutError:
-                if wait < self.settings.http_body_stall_s:
-                    raise BodyTimeout(f"did not arrive within {self.settings.http_body_timeout_s:g} s") from None
-                raise BodyTimeout(f"stalled for {self.settings.http_body_stall_s:g} s") from None
+            message = await self._next_message(receive, deadline)
             if message["type"] == "http.disconnect":
                 return dict(message)
             chunk = message.get("body", b"")

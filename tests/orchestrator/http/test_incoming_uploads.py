@@ -198,3 +198,29 @@ def test_item6_write_bytes_writes_binary_content_with_write_files_path_rules(ser
     assert outside["ok"] is False, outside
     listed = client.get("/v1/tools").json()
     assert any(t["name"] == "write_bytes" for t in (listed["tools"] if isinstance(listed, dict) else listed))
+
+
+def test_item6_a_stalled_upload_is_408_and_leaves_nothing(traversable_tmp: Path) -> None:
+    """Over a real socket: the upload is streamed past the request guard, which still bounds it."""
+    import socket
+
+    from orchestrator.http.app import create_app
+    from tests.conftest import API_TOKEN
+    from tests.live_server import live_server
+
+    data = traversable_tmp / "data"
+    data.mkdir()
+    with serving(make_settings(data, http_body_stall_s=0.5, **UID_BLOCK)) as (client, service):
+        run = member_run(client)
+        with live_server(create_app(service)) as url:
+            host, port = url.removeprefix("http://").split(":")
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                head = (
+                    f"PUT /v1/runs/{run['run_id']}/files/incoming/slow.bin HTTP/1.1\r\nHost: {host}\r\n"
+                    f"Authorization: Bearer {API_TOKEN}\r\nContent-Length: 100000\r\n\r\n"
+                )
+                sock.sendall(head.encode() + b"x" * 1000)  # then nothing: a stalled client
+                answer = sock.recv(65536).decode(errors="replace")
+        assert answer.startswith("HTTP/1.1 408"), answer
+        assert "request_timeout" in answer
+        assert list(service.layout.incoming_dir(MEMBER, run["session_id"]).iterdir()) == []
