@@ -49,6 +49,16 @@ def member_run(client) -> dict:  # type: ignore[no-untyped-def]
     return start_run(client, group_session(client), trigger="group_message", speaker_user_id=MEMBER)
 
 
+def planted_run(served: Served, command: str) -> tuple[dict, Path]:
+    """A member's run whose own shell ran `command` (with {incoming} filled in): the attack."""
+    client, service = served
+    run = member_run(client)
+    incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
+    planted = tool(client, run["run_id"], "shell", command=command.format(incoming=incoming))
+    assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
+    return run, incoming
+
+
 def put(client, run_id: str, name: str, data: bytes, **params: str):  # type: ignore[no-untyped-def]
     return client.put(f"/v1/runs/{run_id}/files/incoming/{quote(name, safe='')}", content=data, params=params)
 
@@ -110,12 +120,8 @@ def test_item6_an_ended_run_refuses_uploads(served: Served) -> None:
 
 @pytest.mark.skipif(not AS_ROOT, reason="the host writes as root only when it runs as root")
 def test_item6_a_planted_symlink_at_the_name_is_not_followed(served: Served, outside: Path) -> None:
-    client, service = served
-    run = member_run(client)
-    incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
-    planted = tool(client, run["run_id"], "shell", command=f"ln -s {outside}/passwd {incoming}/x && ls -l {incoming}")
-    assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
-    answer = put(client, run["run_id"], "x", b"attacker-chosen bytes\n")
+    run, incoming = planted_run(served, f"ln -s {outside}/passwd {{incoming}}/x")
+    answer = put(served[0], run["run_id"], "x", b"attacker-chosen bytes\n")
     assert answer.status_code == 201, answer.text
     assert answer.json()["path"] == str(incoming / "x-2")
     assert (outside / "passwd").read_text() == "root:x:0:0\n"
@@ -124,12 +130,8 @@ def test_item6_a_planted_symlink_at_the_name_is_not_followed(served: Served, out
 
 @pytest.mark.skipif(not AS_ROOT, reason="the host writes as root only when it runs as root")
 def test_item6_an_incoming_dir_replaced_by_a_symlink_is_refused(served: Served, outside: Path) -> None:
-    client, service = served
-    run = member_run(client)
-    incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
-    planted = tool(client, run["run_id"], "shell", command=f"rmdir {incoming} && ln -s {outside} {incoming}")
-    assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
-    answer = put(client, run["run_id"], "y.txt", b"attacker-chosen bytes\n")
+    run, _ = planted_run(served, f"rmdir {{incoming}} && ln -s {outside} {{incoming}}")
+    answer = put(served[0], run["run_id"], "y.txt", b"attacker-chosen bytes\n")
     assert answer.status_code == 409 and answer.json()["error"]["code"] == "unsafe_directory", answer.text
     assert sorted(p.name for p in outside.iterdir()) == ["passwd"]
 
