@@ -17,7 +17,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import threading
 import time
 from typing import Any
 
