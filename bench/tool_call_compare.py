@@ -5,7 +5,8 @@ one from `git archive REV` of the same repository, each with its own data dir an
 both on the same interpreter. Then alternates blocks of calls between them, so both see the
 same machine load:
 1. a small `read_file` through `POST /v1/runs/{id}/tools/read_file` (median, p99), and the
-   same call straight to each one's agent over its Unix socket (the agent's share);
+   same call straight to each one's agent over its Unix socket (the agent's share); and a
+   small `shell` call (`echo hello`);
 2. `send_file` of a 1 MiB file by path (the sandbox's `read_bytes` and the delivery);
 3. with `--backend docker`, `docker exec <container> cat <file>` as the reference (targets: docs/performance.md).
 
@@ -50,7 +51,8 @@ def export_revision(rev: str, into: Path) -> Path:
     return target
 
 
-UID_BASES = {"baseline": 300_000_000, "current": 100_000}
+# BENCH_UID_OFFSET moves both blocks, when other instances on this host hold these uids.
+UID_BASES = {name: base + int(os.environ.get("BENCH_UID_OFFSET", "0")) for name, base in {"baseline": 300_000_000, "current": 100_000}.items()}
 
 
 @dataclass
@@ -164,6 +166,8 @@ def main() -> None:
             for server in servers:
                 for _ in range(BLOCK):
                     server.timed("read_file_api", lambda: server.call("read_file", path="small.txt"))
+                for _ in range(BLOCK // 5):  # the shell's output path (readers, caps, the sweep)
+                    server.timed("shell_echo_api", lambda: server.call("shell", command="echo hello"))
                 agent, cwd = agents[server.name], server.run["workdir"]
                 for _ in range(BLOCK):
                     server.timed("read_file_agent_direct", lambda: agent.call("read_file", {"path": "small.txt"}, cwd=cwd))
@@ -192,6 +196,8 @@ def main() -> None:
                 print(f"{server.name}_docker_exec_over_api_ratio: {statistics.median(server.samples['docker_exec_cat']) / api:.1f} x")
         before, after = (statistics.median(s.samples["read_file_api"]) for s in servers)
         print(f"read_file_api_speedup: {before / after:.2f} x")
+        before, after = (statistics.median(s.samples["shell_echo_api"]) for s in servers)
+        print(f"shell_echo_api_speedup: {before / after:.2f} x")
         before, after = (statistics.median(s.samples["send_file_1mib_by_path"]) for s in servers)
         print(f"send_file_1mib_by_path_speedup: {before / after:.2f} x")
     finally:
