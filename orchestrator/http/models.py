@@ -255,7 +255,7 @@ class ToolCallOut(BaseModel):
 
 
 class IdentityModeIn(Body):
-    mode: IdentityMode
+    mode: IdentityMode | None = Field(..., description="`null`: drop the admin's change; the configured mode applies")
 
 
 class IdentityModeOut(BaseModel):
@@ -263,3 +263,5 @@ class IdentityModeOut(BaseModel):
     source: str
     changed_at: str
     invalid_value: str | None
+    configured_mode: IdentityMode  # what applies without (or after clearing) an admin change
+    configured_source: str

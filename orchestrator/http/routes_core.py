@@ -30,7 +30,8 @@ router = APIRouter()
 
 def _mode_out(state: IdentityModeState) -> IdentityModeOut:
     return IdentityModeOut(
-        mode=state.mode, source=state.source, changed_at=state.changed_at, invalid_value=state.invalid_value
+        mode=state.mode, source=state.source, changed_at=state.changed_at, invalid_value=state.invalid_value,
+        configured_mode=state.configured_mode, configured_source=state.configured_source,
     )
 
 

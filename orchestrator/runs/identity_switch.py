@@ -1,8 +1,16 @@
 """The runtime identity switch: read at start, flipped without a restart.
 
-Sources, latest change wins: the configured value (environment or settings file), an admin
-PUT (persisted, so an emergency rollback survives a restart), and edits of the watched
-settings file (an edit supersedes an earlier admin override). Every change is audited.
+The configured value is `ORCH_RUNTIME_IDENTITY` from the environment, else from the settings
+file, else the default. Between it and an admin PUT the newest change wins
+(docs/operations.md, "Which identity mode applies"):
+
+- an admin PUT is persisted, so an emergency switch survives a restart, and stays in force
+  until the configured value changes: a start that finds another configured mode than the
+  previous start recorded, or an edit of the watched settings file, is the newer decision and
+  clears the admin's;
+- `PUT {"mode": null}` clears the admin's change at once (back to the configured value).
+
+Every change is audited. The decision at start is the pure `decide_at_start`.
 """
 
 from __future__ import annotations
@@ -10,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dotenv import dotenv_values
@@ -20,12 +28,15 @@ from orchestrator.clock import now_iso
 from orchestrator.log import kv
 from orchestrator.identity import IdentityMode, parse_identity_mode
 from orchestrator.settings import Settings
-from orchestrator.state_store import StateStore
+from orchestrator.state_store import StateStore, Transaction
 
 log = logging.getLogger(__name__)
 
 ENV_KEY = "ORCH_RUNTIME_IDENTITY"
 OVERRIDE_KEY = "runtime_identity"
+# The configured mode the last start (or settings-file edit) saw: a different one at the next
+# start is a change made after any admin PUT still stored.
+CONFIGURED_KEY = "runtime_identity.configured"
 
 
 @dataclass(frozen=True)
@@ -34,12 +45,42 @@ class IdentityModeState:
     source: str  # default | environment | settings_file | admin
     changed_at: str
     invalid_value: str | None
+    configured_mode: IdentityMode  # what applies without (or after clearing) an admin change
+    configured_source: str  # default | environment | settings_file
+
+
+@dataclass(frozen=True)
+class StartDecision:
+    state: IdentityModeState
+    clears_override: bool  # the configured value changed since the admin's change: it wins
+    record_configured: bool  # the configured mode differs from the one recorded last time
+
+
+def decide_at_start(
+    configured: IdentityModeState, recorded_configured: str | None, override: IdentityModeState | None
+) -> StartDecision:
+    """Pure: which mode applies at start. `recorded_configured` is the configured mode the
+    previous start saw (None: never recorded, e.g. the first start of this version, when a
+    stored admin change is kept: it is the latest decision known)."""
+    changed = recorded_configured is not None and recorded_configured != configured.mode.value
+    record = recorded_configured != configured.mode.value
+    if override is None or changed:
+        return StartDecision(configured, clears_override=override is not None, record_configured=record)
+    return StartDecision(override, clears_override=False, record_configured=record)
 
 
 def read_settings_file_value(path: Path) -> str | None:
     if not path.is_file():
         return None
     return dotenv_values(path).get(ENV_KEY)
+
+
+def configured_source(settings: Settings, file_value: str | None) -> str:
+    if "runtime_identity" not in settings.model_fields_set:
+        return "default"
+    if ENV_KEY not in os.environ and file_value is not None:
+        return "settings_file"
+    return "environment"  # the environment (or, in tests, the Settings constructor)
 
 
 class RuntimeIdentitySwitch:
@@ -49,35 +90,55 @@ class RuntimeIdentitySwitch:
         self._lock = threading.Lock()
         self._file_value = read_settings_file_value(self._settings_file) if self._settings_file else None
         mode, invalid = settings.identity_mode
-        source = "default"
-        if ENV_KEY in os.environ:
-            source = "environment"
-        elif self._file_value is not None:
-            source = "settings_file"
+        source = configured_source(settings, self._file_value)
         if invalid is not None:
             log.warning(
                 "invalid runtime identity mode, falling back to the default %s",
                 kv(invalid_value=invalid, mode=mode.value, source=source),
             )
-        self._state = IdentityModeState(mode=mode, source=source, changed_at=now_iso(), invalid_value=invalid)
-        override = self._load_override()
-        if override is not None:
-            self._state = override
+        now = now_iso()
+        configured = IdentityModeState(mode, source, now, invalid, mode, source)
+        with self._store.write() as tx:
+            override = self._load_override(tx, configured)
+            recorded = tx.one("SELECT value FROM runtime_overrides WHERE key = ?", (CONFIGURED_KEY,))
+            decision = decide_at_start(configured, recorded["value"] if recorded else None, override)
+            if decision.clears_override:
+                assert override is not None
+                tx.execute("DELETE FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
+                audit.record(
+                    tx,
+                    actor=source,
+                    action="runtime_identity.change",
+                    source=source,
+                    reason="the configured mode changed after the admin's change",
+                    **{"from": override.mode.value, "to": mode.value},
+                )
+            if decision.record_configured:
+                _upsert(tx, CONFIGURED_KEY, mode.value, actor=source, at=now)
+        self._state = decision.state
+        if decision.clears_override:
+            assert override is not None
+            log.warning(
+                "runtime identity mode: the configured value changed since the admin's change, which no longer "
+                "applies %s",
+                kv(mode=mode.value, source=source, admin_mode=override.mode.value, admin_changed_at=override.changed_at),
+            )
+        elif override is not None:
             log.warning(
                 "runtime identity mode set by an earlier admin change %s",
                 kv(mode=override.mode.value, changed_at=override.changed_at, configured=mode.value),
             )
         log.info("runtime identity mode %s", kv(mode=self._state.mode.value, source=self._state.source))
 
-    def _load_override(self) -> IdentityModeState | None:
-        with self._store.read() as tx:
-            row = tx.one("SELECT * FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
+    @staticmethod
+    def _load_override(tx: Transaction, configured: IdentityModeState) -> IdentityModeState | None:
+        row = tx.one("SELECT * FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
         if row is None:
             return None
         mode, invalid = parse_identity_mode(row["value"])
         if invalid is not None:
             return None
-        return IdentityModeState(mode=mode, source="admin", changed_at=row["changed_at"], invalid_value=None)
+        return replace(configured, mode=mode, source="admin", changed_at=row["changed_at"], invalid_value=None)
 
     def state(self) -> IdentityModeState:
         return self._state
@@ -85,33 +146,38 @@ class RuntimeIdentitySwitch:
     def mode(self) -> IdentityMode:
         return self._state.mode
 
-    def set_by_admin(self, mode: IdentityMode, *, actor: str) -> IdentityModeState:
+    def set_by_admin(self, mode: IdentityMode | None, *, actor: str) -> IdentityModeState:
+        """`mode` None: drop the admin's change, the configured value applies again."""
         with self._lock:
             previous = self._state
             now = now_iso()
             with self._store.write() as tx:
-                tx.execute(
-                    "INSERT INTO runtime_overrides (key, value, actor, changed_at) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (key) DO UPDATE SET value = excluded.value, actor = excluded.actor,"
-                    " changed_at = excluded.changed_at",
-                    (OVERRIDE_KEY, mode.value, actor, now),
-                )
+                if mode is None:
+                    tx.execute("DELETE FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
+                    state = replace(
+                        previous, mode=previous.configured_mode, source=previous.configured_source, changed_at=now
+                    )
+                else:
+                    _upsert(tx, OVERRIDE_KEY, mode.value, actor=actor, at=now)
+                    state = replace(previous, mode=mode, source="admin", changed_at=now, invalid_value=None)
                 audit.record(
                     tx,
                     actor=actor,
                     action="runtime_identity.change",
                     source="admin",
-                    **{"from": previous.mode.value, "to": mode.value},
+                    reset=mode is None,
+                    **{"from": previous.mode.value, "to": state.mode.value},
                 )
-            self._state = IdentityModeState(mode=mode, source="admin", changed_at=now, invalid_value=None)
+            self._state = state
         log.warning(
             "runtime identity mode changed %s",
-            kv(actor=actor, source="admin", from_mode=previous.mode.value, to_mode=mode.value),
+            kv(actor=actor, source=state.source, from_mode=previous.mode.value, to_mode=state.mode.value, reset=mode is None),
         )
-        return self._state
+        return state
 
     def reload_settings_file(self) -> IdentityModeState:
-        """Apply an edit of the settings file; a file whose value did not change is ignored."""
+        """Apply an edit of the settings file; a file whose value did not change is ignored, and
+        so is any edit while the environment sets the mode (the environment wins over the file)."""
         if self._settings_file is None:
             return self._state
         value = read_settings_file_value(self._settings_file)
@@ -119,7 +185,14 @@ class RuntimeIdentitySwitch:
             if value == self._file_value:
                 return self._state
             self._file_value = value
+            if ENV_KEY in os.environ:
+                log.warning(
+                    "settings file edit of the runtime identity mode ignored: the environment sets it %s",
+                    kv(file=self._settings_file, file_value=value, environment=os.environ[ENV_KEY]),
+                )
+                return self._state
             mode, invalid = parse_identity_mode(value)
+            source = "default" if value is None else "settings_file"
             if invalid is not None:
                 log.warning(
                     "invalid runtime identity mode in the settings file, using the default %s",
@@ -130,6 +203,7 @@ class RuntimeIdentitySwitch:
             with self._store.write() as tx:
                 # A file edit is the newer decision: it supersedes an admin override.
                 tx.execute("DELETE FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
+                _upsert(tx, CONFIGURED_KEY, mode.value, actor=source, at=now)
                 audit.record(
                     tx,
                     actor="settings_file",
@@ -139,11 +213,18 @@ class RuntimeIdentitySwitch:
                     invalid_value=invalid,
                     **{"from": previous.mode.value, "to": mode.value},
                 )
-            self._state = IdentityModeState(
-                mode=mode, source="settings_file", changed_at=now, invalid_value=invalid
-            )
+            self._state = IdentityModeState(mode, source, now, invalid, mode, source)
         log.warning(
             "runtime identity mode changed %s",
             kv(actor="settings_file", from_mode=previous.mode.value, to_mode=mode.value),
         )
         return self._state
+
+
+def _upsert(tx: Transaction, key: str, value: str, *, actor: str, at: str) -> None:
+    tx.execute(
+        "INSERT INTO runtime_overrides (key, value, actor, changed_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (key) DO UPDATE SET value = excluded.value, actor = excluded.actor,"
+        " changed_at = excluded.changed_at",
+        (key, value, actor, at),
+    )
