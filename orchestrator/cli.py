@@ -136,6 +136,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         data_dir=Path(args.data_dir).resolve() if args.data_dir else None,
         backend=args.backend,
         keep=args.keep,
+        url=args.url,
     )
     with OrchestratorClient(args.url, token=token, admin_token=admin_token, timeout=args.timeout) as client:
         return run_smoke(client, options, sys.stdout)

@@ -153,6 +153,7 @@ class Health(Model):
     version: str
     backend: str
     runtime_identity: str
+    runtime_identity_source: str | None = None
 
 
 class User(Model):
@@ -341,6 +342,8 @@ class IdentityMode(Model):
     source: str
     changed_at: str
     invalid_value: str | None
+    configured_mode: str | None = None
+    configured_source: str | None = None
 
 
 class SkillEntry(Model):
@@ -670,7 +673,8 @@ class OrchestratorClient:
     def get_runtime_identity(self) -> IdentityMode:
         return IdentityMode.model_validate(self._json("GET", "/v1/admin/runtime-identity", admin=True))
 
-    def set_runtime_identity(self, mode: Literal["execution", "owner"]) -> IdentityMode:
+    def set_runtime_identity(self, mode: Literal["execution", "owner"] | None) -> IdentityMode:
+        """`None`: drop the admin's change, back to the configured mode."""
         return IdentityMode.model_validate(
             self._json("PUT", "/v1/admin/runtime-identity", json={"mode": mode}, admin=True)
         )

@@ -165,4 +165,17 @@ def test_the_smoke_reports_a_server_that_runs_group_members_as_the_owner(agent_d
     assert re.search(r"^FAIL B speaks in A's group session.*runtime identity \d+, expected B=", report, re.M), report
     assert re.search(r"^FAIL last_runtime_user_id follows the speakers", report, re.M)
     assert re.search(r"^PASS A speaks", report, re.M)  # what holds in owner mode still passes
+    # The mode and its source come first, and every failure says owner mode is why.
+    assert report.splitlines()[0] == "runtime identity mode: owner (source: environment)", report
+    failed = [line for line in report.splitlines() if line.startswith("FAIL")]
+    assert all(" (owner mode) — " in line or " — not run: " in line for line in failed), report
+    assert "ORCH_RUNTIME_IDENTITY=execution" in report.splitlines()[1]
     assert report.splitlines()[-1].endswith("failed") and " 0 failed" not in report.splitlines()[-1]
+
+
+def test_the_smoke_against_no_server_prints_one_line_and_fails() -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result = run_smoke_command(url)
+    assert result.returncode == 2, result
+    assert result.stdout.splitlines() == [result.stdout.strip()] and "FAIL" not in result.stdout, result.stdout
+    assert result.stdout.startswith(f"cannot reach {url}: ") and "orchestrator serve" in result.stdout
