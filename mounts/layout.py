@@ -85,6 +85,11 @@ class DataLayout:
         return self.state_dir / "orchestrator.sqlite3"
 
     @property
+    def serve_lock(self) -> Path:
+        """Held (flock) by the one server on this data dir for its lifetime; holds its pid."""
+        return self.state_dir / "serve.lock"
+
+    @property
     def collaboration_db(self) -> Path:
         return self.state_dir / "collaboration.sqlite3"
 

@@ -7,8 +7,12 @@ import ipaddress
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from orchestrator.log import configure_logging, kv
+
+if TYPE_CHECKING:
+    from orchestrator.settings import Settings
 
 log = logging.getLogger("orchestrator")
 
@@ -25,22 +29,42 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _settings(command: str, **overrides: object) -> Settings | None:
+    """The settings, or None after one line per bad setting (naming it and what it accepts)."""
+    from pydantic import ValidationError
+
+    from orchestrator.settings import load_settings, settings_error_lines
+
+    try:
+        return load_settings(**overrides)
+    except ValidationError as exc:
+        for line in settings_error_lines(exc):
+            print(f"orchestrator {command}: {line}", file=sys.stderr)
+        return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from orchestrator.http.app import create_app
     from orchestrator.http.server_protocol import bounded_protocol
     from orchestrator.service import OrchestratorService
-    from orchestrator.settings import load_settings
     from orchestrator.startup_checks import StartupRefused
     from orchestrator.state_store import SchemaTooNewError
 
-    settings = load_settings()
+    settings = _settings("serve")
+    if settings is None:
+        return 2
     host = args.host
     if not settings.auth_enabled:
         if not _is_loopback(host):
-            log.warning("no API or admin token is set: refusing to listen on %s %s", host, kv(listening_on=DEFAULT_HOST))
-            host = DEFAULT_HOST
+            # Without a token anyone who reaches the port could run code in every user's sandbox.
+            print(
+                f"orchestrator serve: refusing to listen on {host} without a token: set ORCH_API_TOKEN (and "
+                f"ORCH_ADMIN_TOKEN) or listen on loopback (--host {DEFAULT_HOST})",
+                file=sys.stderr,
+            )
+            return 2
         log.warning(
             "no API or admin token is set: authentication is off and the server listens on loopback only %s",
             kv(host=host, port=args.port),
@@ -49,12 +73,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Unset: the public upload URLs point at this very server, whatever port it got.
         url_host = host if host not in ("0.0.0.0", "::") else DEFAULT_HOST
         url_host = f"[{url_host}]" if ":" in url_host else url_host
-        settings = load_settings(public_base_url=f"http://{url_host}:{args.port}")
+        settings = _settings("serve", public_base_url=f"http://{url_host}:{args.port}")
+        if settings is None:
+            return 2
         log.info("ORCH_PUBLIC_BASE_URL is not set: upload URLs use %s", kv(public_base_url=settings.public_base_url))
     try:
-        service = OrchestratorService(settings)
+        service = OrchestratorService(settings, exclusive=True)
     except (SchemaTooNewError, StartupRefused) as exc:
-        print(f"orchestrator: {exc}", file=sys.stderr)
+        print(f"orchestrator serve: {exc}", file=sys.stderr)
         return 2
     log.info("serving %s", kv(host=host, port=args.port, data_dir=settings.layout.root))
     uvicorn.run(
@@ -79,9 +105,11 @@ def cmd_build_image(args: argparse.Namespace) -> int:
 
     from orchestrator.sandboxes.image.build import BuildSources, ImageBuildError, ImageBuilder
     from orchestrator.sandboxes.image.recipe import RecipeError
-    from orchestrator.settings import load_settings
 
-    image = args.image or load_settings().sandbox_image
+    settings = _settings("build-image")
+    if settings is None:
+        return 2
+    image = args.image or settings.sandbox_image
     try:
         client = docker.from_env(timeout=600)
         client.ping()
@@ -103,9 +131,10 @@ def cmd_build_image(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from orchestrator.service import build_skill_service
-    from orchestrator.settings import load_settings
 
-    settings = load_settings()
+    settings = _settings("gc")
+    if settings is None:
+        return 2
     days = settings.skill_gc_days if args.days is None else args.days
     if days < 0:
         print("orchestrator gc: --days must not be negative", file=sys.stderr)

@@ -23,6 +23,7 @@ from orchestrator.users.group_gids import GroupGids
 from orchestrator.users.incoming import IncomingFiles
 from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval_s
+from orchestrator import data_dir_lock
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
 from orchestrator.sessions.projects import ProjectRepository
@@ -60,10 +61,20 @@ def build_skill_service(settings: Settings, directories: UserDirectories | None 
 
 
 class OrchestratorService:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, exclusive: bool = False) -> None:
+        """`exclusive` (what `orchestrator serve` asks for): refuse to start while another server
+        holds this data dir, and hold it until close() (orchestrator/data_dir_lock.py)."""
         self.settings = settings
         self.layout = settings.layout
         check_data_dir_location(settings.data_dir, sandbox_ids=settings.sandbox_id_ranges)
+        self.data_dir_lock = data_dir_lock.acquire(self.layout) if exclusive else None
+        try:
+            self._start_checked(settings)
+        except BaseException:
+            self._release_data_dir()
+            raise
+
+    def _start_checked(self, settings: Settings) -> None:
         check_state_present(self.layout)
         # Held until close(): no other live orchestrator on this host may use our sandbox uids.
         self.uid_block = uid_registry.register(
@@ -266,3 +277,9 @@ class OrchestratorService:
         if self.uid_block is not None:
             self.uid_block.release()
             self.uid_block = None
+        self._release_data_dir()
+
+    def _release_data_dir(self) -> None:
+        if self.data_dir_lock is not None:
+            self.data_dir_lock.release()
+            self.data_dir_lock = None

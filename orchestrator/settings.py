@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mounts.ids import MAX_USER_ID
@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     http_limit_concurrency: int = Field(
         1000, gt=0, description="Connections and requests at once; beyond it the server answers 503."
     )
+    access_log: bool = Field(
+        True, description="Log one structured line per HTTP request (logger orchestrator.access, docs/operations.md)."
+    )
     http_max_header_bytes: int = Field(64 * 1024, gt=0, description="Largest request head (request line and headers).")
     transcript_turns: int = Field(200, gt=0, description="Turns kept in a session's transcript.")
     conversation_read_max_chars: int = Field(
@@ -197,6 +200,23 @@ class Settings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return self.api_token is not None or self.admin_token is not None
+
+
+def settings_error_lines(exc: ValidationError) -> list[str]:
+    """Pure: one line per bad setting, naming its variable and what it accepts (no traceback)."""
+    lines = []
+    for error in exc.errors():
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "bool_parsing":
+            message = "Input should be true or false (also 1/0, yes/no, on/off)"
+        if message.startswith("Input should be "):
+            message = "it must be " + message.removeprefix("Input should be ")
+        if not error["loc"]:  # a check across settings: its message names them
+            lines.append(f"invalid settings: {message}")
+            continue
+        variable = "ORCH_" + str(error["loc"][0]).upper()
+        lines.append(f"invalid setting {variable}={error['input']!r}: {message}")
+    return lines
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from orchestrator import __version__
 from orchestrator.http import routes_collaboration, routes_core, routes_files, routes_sessions, routes_skills, routes_uploads
+from orchestrator.http.access_log import AccessLog
 from orchestrator.http.auth import has_valid_token
 from orchestrator.http.errors import install_error_handlers
 from orchestrator.http.request_guard import RequestGuard
@@ -36,6 +37,8 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.add_middleware(
         RequestGuard, settings=settings, authorized=lambda authorization: has_valid_token(settings, authorization)
     )
+    if settings.access_log:
+        app.add_middleware(AccessLog)  # outside the guard: its refusals are logged too
     app.include_router(routes_core.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_collaboration.router)

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from tests.live_server import free_port
+from tests.orchestrator.test_serve_refusals import _KEPT as KEPT_ENV
 
 
 def wait_for_health(url: str, process: subprocess.Popen, timeout: float = 20) -> dict:
@@ -25,12 +26,12 @@ def wait_for_health(url: str, process: subprocess.Popen, timeout: float = 20) ->
     raise AssertionError("server did not answer /healthz")
 
 
-def test_serve_answers_healthz_and_refuses_public_host_without_tokens(tmp_path: Path) -> None:
+def test_serve_answers_healthz_and_says_auth_is_off(tmp_path: Path) -> None:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k in KEPT_ENV}
     env["ORCH_DATA_DIR"] = str(tmp_path / "data")
     process = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "serve", "--host", "0.0.0.0", "--port", str(port)],
+        [sys.executable, "-m", "orchestrator", "serve", "--port", str(port)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
@@ -51,7 +52,7 @@ def test_serve_refuses_a_newer_schema(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)
     conn.execute("PRAGMA user_version = 999")
     conn.close()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k in KEPT_ENV}
     env["ORCH_DATA_DIR"] = str(tmp_path / "data")
     result = subprocess.run(
         [sys.executable, "-m", "orchestrator", "serve", "--port", str(free_port())],
