@@ -260,6 +260,20 @@ class Run(Model):
     ended_at: str | None
 
 
+class RunPage(Model):
+    runs: list[Run]  # newest first
+    next_before: int | None  # pass as `before` for the next (older) page
+
+
+class SandboxState(Model):
+    user_id: int
+    backend: str
+    state: str  # running | stopped | failed | none
+    since: str | None
+    busy: int
+    last_call_at: str | None
+
+
 class ToolInfo(Model):
     name: str
     description: str
@@ -551,7 +565,10 @@ class OrchestratorClient:
         parent_session_id: str | None = None,
         title: str | None = None,
         acting_user: int | None = None,
+        if_exists: Literal["conflict", "return"] | None = None,
     ) -> Session:
+        """`if_exists="return"`: the live session that already has this `session_id` (and the same
+        owner, channel, group, project, parent) instead of `Conflict`: create a chat's session per message."""
         if isinstance(group, tuple):
             group = Group(channel=group[0], chat_id=group[1])
         body = _without_none(
@@ -563,9 +580,28 @@ class OrchestratorClient:
                 "group": group.model_dump() if group else None,
                 "parent_session_id": parent_session_id,
                 "title": title,
+                "if_exists": if_exists,
             }
         )
         return Session.model_validate(self._json("POST", "/v1/sessions", json=body, acting_user=acting_user))
+
+    def group_sessions(self, channel: str, chat_id: str, *, acting_user: int | None = None) -> list[Session]:
+        """A group chat's live sessions, whoever owns them, newest first."""
+        params = {"channel": channel, "chat_id": chat_id}
+        body = self._json("GET", "/v1/sessions", params=params, acting_user=acting_user)
+        return [Session.model_validate(s) for s in body["sessions"]]
+
+    def list_runs(
+        self, session_id: str, *, limit: int = 20, before: int | None = None, acting_user: int | None = None
+    ) -> RunPage:
+        params = _without_none({"limit": limit, "before": before})
+        return RunPage.model_validate(
+            self._json("GET", f"/v1/sessions/{quote(session_id, safe='')}/runs", params=params, acting_user=acting_user)
+        )
+
+    def sandbox(self, user_id: int, *, acting_user: int | None = None) -> SandboxState:
+        """The user's sandbox: backend, state, since when, and the user's last tool call."""
+        return SandboxState.model_validate(self._json("GET", f"/v1/users/{int(user_id)}/sandbox", acting_user=acting_user))
 
     def get_session(self, session_id: str, *, acting_user: int | None = None) -> Session:
         return Session.model_validate(self._json("GET", f"/v1/sessions/{session_id}", acting_user=acting_user))

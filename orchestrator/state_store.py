@@ -149,6 +149,13 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (owner_user_id, file_name)
     );
     """,
+    # 7: the lookups a bot makes (orchestrator/http/routes_lookups.py): a group chat's sessions,
+    # and a user's last tool call (runs by runtime user; last_activity_at is not in the index, so
+    # the write of every tool call does not touch it)
+    """
+    CREATE INDEX sessions_by_group ON sessions (group_channel, group_chat_id) WHERE group_channel IS NOT NULL;
+    CREATE INDEX runs_by_runtime_user ON runs (runtime_user_id);
+    """,
 )
 
 

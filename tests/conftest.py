@@ -87,7 +87,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     pytest.skip(problem)
 
 
-_KEPT_ENV = frozenset({"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID"})
+# The uid registry dir too: a test run may keep its block in a registry of its own.
+KEPT_ENV = frozenset({"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR"})
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +97,7 @@ def _clean_identity_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # block stays: parallel test runs on one host each give theirs, or their agents' sweeps of
     # "every process of my uid" would kill each other's agents.
     for key in list(os.environ):
-        if key.startswith("ORCH_") and key not in _KEPT_ENV:
+        if key.startswith("ORCH_") and key not in KEPT_ENV:
             monkeypatch.delenv(key, raising=False)
 
 

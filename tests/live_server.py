@@ -58,7 +58,9 @@ def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = N
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k == "ORCH_REQUIRE_DOCKER"}
+    from tests.conftest import KEPT_ENV
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k in KEPT_ENV}
     env.update({"ORCH_DATA_DIR": data_dir, **(extra_env or {})})
     log_path = f"{data_dir}.serve.log"
     with open(log_path, "w") as log:

@@ -70,14 +70,17 @@ class AccessLog:
         try:
             await self.app(scope, receive, send_noting_status)
         finally:
-            log.info(
-                "access %s",
-                kv(
-                    method=scope["method"],
-                    route=route_template(scope),
-                    status=status or 500,
-                    duration_ms=round((time.perf_counter() - started) * 1000, 1),
-                    request_id=request_id,
-                    acting_user=acting_user_field(scope),
-                ),
-            )
+            if log.isEnabledFor(logging.INFO):  # nothing formatted when the level hides it
+                self._log(scope, status, started, request_id)
+
+    @staticmethod
+    def _log(scope: Scope, status: int, started: float, request_id: str) -> None:
+        fields = kv(
+            method=scope["method"],
+            route=route_template(scope),
+            status=status or 500,
+            duration_ms=round((time.perf_counter() - started) * 1000, 1),
+            request_id=request_id,
+            acting_user=acting_user_field(scope),
+        )
+        log.info("access %s", fields)

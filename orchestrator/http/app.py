@@ -8,7 +8,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from orchestrator import __version__
-from orchestrator.http import routes_collaboration, routes_core, routes_files, routes_sessions, routes_skills, routes_uploads
+from orchestrator.http import (
+    routes_collaboration,
+    routes_core,
+    routes_files,
+    routes_lookups,
+    routes_sessions,
+    routes_skills,
+    routes_uploads,
+)
 from orchestrator.http.access_log import AccessLog
 from orchestrator.http.auth import has_valid_token
 from orchestrator.http.errors import install_error_handlers
@@ -45,4 +53,5 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_files.router)
     app.include_router(routes_uploads.router)
     app.include_router(routes_skills.router)
+    app.include_router(routes_lookups.router)
     return app

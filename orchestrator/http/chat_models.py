@@ -85,7 +85,7 @@ class MessagesOut(BaseModel):
 
 
 class SessionListOut(BaseModel):
-    owner_user_id: int
+    owner_user_id: int | None  # None: a group's sessions, whoever owns them
     project_id: str | None
     sessions: list[SessionOut]
 

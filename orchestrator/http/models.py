@@ -90,6 +90,11 @@ class SessionCreate(Body):
     group: GroupIn | None = None
     parent_session_id: str | None = None
     title: str | None = Field(None, max_length=500)
+    if_exists: Literal["conflict", "return"] = Field(
+        "conflict",
+        description="`return`: a live session with this `session_id` and the same owner, channel, group, "
+        "project and parent is returned (200) instead of 409, so a bot may create a chat's session per message",
+    )
 
     @field_validator("session_id", "parent_session_id")
     @classmethod

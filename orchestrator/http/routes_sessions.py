@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from mounts import ids
+from mounts.layout import GroupRef
 from orchestrator.errors import InvalidInput
 from orchestrator.http.chat_models import (
     MESSAGES_READ_DEFAULT,
@@ -45,23 +46,27 @@ router = APIRouter()
 @router.post("/v1/sessions", status_code=201, response_model=SessionOut, tags=["sessions"])
 def create_session(
     body: SessionCreate,
+    response: Response,
     acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> SessionOut:
-    record = service.sessions.create(
-        NewSession(
-            owner_user_id=body.owner_user_id,
-            channel=body.channel,
-            session_id=body.session_id,
-            project_id=body.project_id,
-            group=body.group.ref() if body.group else None,
-            parent_session_id=body.parent_session_id,
-            title=body.title,
-        ),
-        actor=caller.actor,
-        acting_user=acting,
+    """201: created. With `if_exists: "return"`, 200 and the session that already has this
+    `session_id` and the same owner, channel, group, project and parent."""
+    new = NewSession(
+        owner_user_id=body.owner_user_id,
+        channel=body.channel,
+        session_id=body.session_id,
+        project_id=body.project_id,
+        group=body.group.ref() if body.group else None,
+        parent_session_id=body.parent_session_id,
+        title=body.title,
     )
+    if body.if_exists == "return":
+        record, created = service.sessions.create_or_get(new, actor=caller.actor, acting_user=acting)
+        response.status_code = 201 if created else 200
+    else:
+        record = service.sessions.create(new, actor=caller.actor, acting_user=acting)
     return SessionOut.of(record)
 
 
@@ -92,6 +97,8 @@ def patch_session(
 def list_sessions(
     owner_user_id: int | None = Query(None, gt=0, le=ids.MAX_USER_ID),
     project_id: str | None = Query(None, max_length=200),
+    channel: str | None = Query(None, max_length=200, description="with chat_id: a group chat's sessions"),
+    chat_id: str | None = Query(None, max_length=200),
     acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
@@ -99,7 +106,11 @@ def list_sessions(
     """The live sessions of one owner in one scope (personal without `project_id`), newest first.
 
     With `X-Acting-User` the owner is that user; asking for another owner then lists nothing.
+    With `channel` and `chat_id`: the group chat's sessions, whoever owns them (with
+    `X-Acting-User`, only for a member of the group).
     """
+    if channel is not None or chat_id is not None:
+        return group_sessions(service, channel, chat_id, acting)
     if project_id is not None:
         project_id = ids.project_id(project_id, "project_id")
     owner = acting if acting is not None else owner_user_id
@@ -219,3 +230,11 @@ async def call_tool(
         run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor
     )
     return JSONResponse(outcome.body())
+
+
+def group_sessions(service: OrchestratorService, channel: str | None, chat_id: str | None, acting: int | None) -> SessionListOut:
+    if channel is None or chat_id is None:
+        raise InvalidInput("channel and chat_id go together", field="chat_id" if chat_id is None else "channel")
+    group = GroupRef(ids.name(channel, "channel"), ids.chat_id(chat_id, "chat_id"))
+    records = service.sessions.list_for_group(group, acting)
+    return SessionListOut(owner_user_id=None, project_id=None, sessions=[SessionOut.of(r) for r in records])

@@ -47,6 +47,10 @@ class RunRecord:
         )
 
 
+# The largest `before` cursor a page of runs takes (SQLite's rowid range).
+MAX_RUN_SEQ = 2**63 - 1
+
+
 def run_from_row(row: sqlite3.Row) -> RunRecord:
     return RunRecord(
         run_id=row["run_id"],
@@ -125,3 +129,22 @@ class RunRepository:
             (session_id, *(t.value for t in triggers), run_id, run_id),
         )
         return row is not None
+
+    def page_of_session(self, session_id: str, *, before: int | None, limit: int) -> list[tuple[int, RunRecord]]:
+        """The session's runs, newest first, as (seq, run): `seq` (the row's insertion order) is
+        the cursor of the next page (`before`)."""
+        with self._store.read() as tx:
+            rows = tx.all(
+                "SELECT rowid AS seq, * FROM runs WHERE session_id = ? AND rowid < ? ORDER BY rowid DESC LIMIT ?",
+                (session_id, MAX_RUN_SEQ if before is None else before, limit),
+            )
+        return [(row["seq"], run_from_row(row)) for row in rows]
+
+    def last_activity_of_user(self, runtime_user_id: int) -> str | None:
+        """When a run of this runtime user last had a tool call (or started, without one)."""
+        with self._store.read() as tx:
+            row = tx.one(
+                "SELECT MAX(COALESCE(last_activity_at, started_at)) AS at FROM runs WHERE runtime_user_id = ?",
+                (runtime_user_id,),
+            )
+        return row["at"] if row else None

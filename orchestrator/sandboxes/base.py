@@ -31,6 +31,7 @@ class SandboxStatus:
     agent_build: str | None = None
     busy: int = 0
     detail: dict[str, Any] | None = None
+    since: str | None = None  # when the sandbox (agent or container) started, ISO 8601 UTC
 
 
 def loses_group_access(running_gids: Iterable[int], planned_gids: Iterable[int]) -> bool:

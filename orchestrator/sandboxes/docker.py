@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
 from typing import Any
 
 import anyio
@@ -31,6 +32,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
+from orchestrator.clock import iso
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
@@ -134,6 +136,15 @@ class _Slot:
         with self.count_lock:
             self.in_flight += delta
             self.last_used = time.monotonic()
+
+
+def docker_time(text: str | None) -> str | None:
+    """Pure: Docker's `2026-12-01T13:49:58.955123456Z` in the stored form; None for its zero time."""
+    if not text or text.startswith("0001-"):
+        return None
+    head, _, fraction = text.rstrip("Z").partition(".")
+    moment = datetime.fromisoformat(head).replace(tzinfo=timezone.utc, microsecond=int((fraction + "000000")[:6]))
+    return iso(moment)
 
 
 class DockerBackend:
@@ -365,6 +376,9 @@ class DockerBackend:
                     agent_build=slot.running_build or container.labels.get(LABEL_BUILD),
                     busy=slot.in_flight,
                     detail={"container": container.name, "container_id": container.id, "status": container.status},
+                    since=docker_time(container.attrs.get("State", {}).get(
+                        "StartedAt" if container.status == "running" else "FinishedAt"
+                    )),
                 )
             )
         return sorted(statuses, key=lambda s: s.user_id)

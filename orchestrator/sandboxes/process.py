@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ import psutil
 
 from mounts.fs.tree_removal import remove_tree
 from mounts.layout import DataLayout
+from orchestrator.clock import iso
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch
@@ -501,6 +503,7 @@ class ProcessBackend:
                 "started_at": agent.started_at,
                 "idle_s": round(time.monotonic() - agent.last_used, 3),
             },
+            since=iso(datetime.fromtimestamp(agent.started_at, timezone.utc)),
         )
 
     def status(self) -> list[SandboxStatus]:

@@ -22,6 +22,9 @@ class Channel(str, Enum):
     OPENAPI = "openapi"
 
 
+# A group chat's sessions one lookup returns at most (newest first).
+GROUP_SESSIONS_MAX = 100
+
 # Flags a PATCH may change.
 SESSION_FLAGS = ("title", "archived", "pinned", "allow_cross_read", "cross_private")
 
@@ -171,5 +174,15 @@ class SessionRepository:
                 "SELECT * FROM sessions WHERE owner_user_id = ? AND project_id IS ? AND deleted_at IS NULL"
                 " ORDER BY updated_at DESC",
                 (owner_user_id, project_id),
+            )
+        return [session_from_row(row) for row in rows]
+
+    def list_for_group(self, group: GroupRef) -> list[SessionRecord]:
+        """A group chat's live sessions, whoever owns them, newest first."""
+        with self._store.read() as tx:
+            rows = tx.all(
+                "SELECT * FROM sessions WHERE group_channel = ? AND group_chat_id = ? AND deleted_at IS NULL"
+                " ORDER BY updated_at DESC LIMIT ?",
+                (group.channel, group.chat_id, GROUP_SESSIONS_MAX),
             )
         return [session_from_row(row) for row in rows]

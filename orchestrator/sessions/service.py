@@ -152,6 +152,37 @@ class SessionService:
             self._chat.init(ChatKey.of(record))
         return record
 
+    def create_or_get(self, new: NewSession, *, actor: str, acting_user: int | None = None) -> tuple[SessionRecord, bool]:
+        """`create`, or the live session that already has `new.session_id` and the same owner,
+        channel, group, project and parent (False: not created), so a bot that keys a chat's
+        session by its own id can send each message's create without making two. A deleted id,
+        one the acting user cannot see, or other attributes stay a conflict."""
+        try:
+            return self.create(new, actor=actor, acting_user=acting_user), True
+        except Conflict:
+            existing = self._sessions.get(new.session_id) if new.session_id is not None else None
+            if existing is None or not self.visible(existing, acting_user):
+                raise
+            differs = [
+                name
+                for name, value in (
+                    ("owner_user_id", new.owner_user_id), ("channel", new.channel), ("group", new.group),
+                    ("project_id", new.project_id), ("parent_session_id", new.parent_session_id),
+                )
+                if getattr(existing, name) != value
+            ]
+            if differs:
+                raise Conflict(
+                    f"session {new.session_id} already exists with another {', '.join(differs)}", field=differs[0]
+                ) from None
+            return existing, False
+
+    def list_for_group(self, group: GroupRef, acting_user: int | None) -> list[SessionRecord]:
+        """The group chat's live sessions the acting user can see (its members see all), newest first."""
+        if acting_user is not None and not self._users.is_group_member(group, acting_user):
+            return []
+        return self._sessions.list_for_group(group)
+
     def get(self, session_id: str, *, acting_user: int | None = None, owner_only: bool = False) -> SessionRecord:
         """A live session as seen by `acting_user` (None: the bot itself, trusted for everyone).
 

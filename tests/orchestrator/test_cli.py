@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from tests.live_server import free_port
-from tests.orchestrator.test_serve_refusals import _KEPT as KEPT_ENV
+from tests.conftest import KEPT_ENV
 
 
 def wait_for_health(url: str, process: subprocess.Popen, timeout: float = 20) -> dict:

@@ -12,15 +12,13 @@ from pathlib import Path
 
 import httpx
 
-from tests.conftest import API_TOKEN
+from tests.conftest import API_TOKEN, KEPT_ENV
 from tests.live_server import free_port, wait_for_health
 
-# Parallel test runs on one host each keep their own sandbox uid block (tests/conftest.py).
-_KEPT = ("ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR")
 
 
 def _env(data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k in _KEPT}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k in KEPT_ENV}
     return {**env, "ORCH_DATA_DIR": str(data_dir), **extra}
 
 

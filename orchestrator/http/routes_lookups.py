@@ -1,0 +1,73 @@
+"""Lookups a chat bot makes (docs/operations.md, "Lookups"): a session's runs, page by page,
+and a user's sandbox: its backend, state, since when, and the user's last tool call. The same
+visibility as the routes beside them: with `X-Acting-User`, the runs of a session that person
+can see, and its own sandbox only."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel
+
+from orchestrator.errors import NotFound
+from orchestrator.http.acting import require_self
+from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.models import RunOut
+from orchestrator.http.params import session_id_param, user_id_param
+from orchestrator.runs.records import MAX_RUN_SEQ
+from orchestrator.service import OrchestratorService
+
+router = APIRouter()
+
+
+class RunListOut(BaseModel):
+    session_id: str
+    runs: list[RunOut]  # newest first
+    next_before: int | None  # pass as `before` for the next (older) page; None: no more
+
+
+class SandboxOut(BaseModel):
+    user_id: int
+    backend: str  # the backend this user's sandbox runs on (its override, or the default)
+    state: str  # running | stopped | failed | none (no sandbox: it starts with the next call)
+    since: str | None  # when the sandbox started (running) or stopped (a stopped container)
+    busy: int  # the user's calls in flight
+    last_call_at: str | None  # the user's last tool call (as a run's runtime user), or None
+
+
+@router.get("/v1/sessions/{session_id}/runs", response_model=RunListOut, tags=["runs"])
+def list_runs(
+    session_id: str = Depends(session_id_param),
+    limit: int = Query(20, ge=1, le=100),
+    before: int | None = Query(None, ge=1, le=MAX_RUN_SEQ, description="next_before of the previous page"),
+    acting: int | None = Depends(acting_user),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> RunListOut:
+    service.sessions.get(session_id, acting_user=acting)
+    page = service.run_repo.page_of_session(session_id, before=before, limit=limit)
+    next_before = page[-1][0] if len(page) == limit else None
+    return RunListOut(session_id=session_id, runs=[RunOut.of(run) for _, run in page], next_before=next_before)
+
+
+@router.get("/v1/users/{user_id}/sandbox", response_model=SandboxOut, tags=["users"])
+def get_sandbox(
+    user_id: int = Depends(user_id_param),
+    acting: int | None = Depends(acting_user),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> SandboxOut:
+    """Never starts a sandbox. 404 for a user the server does not know."""
+    require_self(acting, user_id)
+    if service.users.get(user_id) is None:
+        raise NotFound(f"user {user_id} not found")
+    backend = service.sandboxes.backend_name_for(user_id)
+    found = service.sandboxes.backends[backend].status() if backend in service.sandboxes.backends else []
+    status = next((s for s in found if s.user_id == user_id), None)
+    return SandboxOut(
+        user_id=user_id,
+        backend=backend,
+        state=status.state if status is not None else "none",
+        since=status.since if status is not None else None,
+        busy=status.busy if status is not None else 0,
+        last_call_at=service.run_repo.last_activity_of_user(user_id),
+    )
