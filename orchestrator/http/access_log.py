@@ -17,7 +17,7 @@ import time
 import uuid
 
 from orchestrator.http.auth import parse_acting_user
-from orchestrator.http.request_guard import ASGIApp, Message, Receive, Scope, Send, _header
+from orchestrator.http.request_guard import ASGIApp, Message, Receive, Scope, Send
 from orchestrator.log import kv
 
 log = logging.getLogger("orchestrator.access")
@@ -25,20 +25,23 @@ log = logging.getLogger("orchestrator.access")
 _SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
+def _headers(scope: Scope, name: bytes) -> list[str]:
+    return [value.decode("latin-1") for key, value in scope.get("headers") or () if key == name]
+
+
 def request_id_for(scope: Scope) -> str:
     """The id another layer already gave the request, else the caller's safe one, else a new one."""
     given = scope.get("state", {}).get("request_id")
     if given:
         return str(given)
-    offered = _header(scope, b"x-request-id")
-    return offered if offered is not None and _SAFE_REQUEST_ID.fullmatch(offered) else uuid.uuid4().hex
+    offered = _headers(scope, b"x-request-id")
+    return offered[0] if len(offered) == 1 and _SAFE_REQUEST_ID.fullmatch(offered[0]) else uuid.uuid4().hex
 
 
 def acting_user_field(scope: Scope) -> str | int | None:
     """The acting user as the routes read it; `invalid` for a header they refuse (422)."""
-    values = [v.decode("latin-1") for k, v in scope.get("headers") or () if k == b"x-acting-user"]
     try:
-        return parse_acting_user(values)
+        return parse_acting_user(_headers(scope, b"x-acting-user"))
     except Exception:  # noqa: BLE001 - the route answers it; the log only notes it
         return "invalid"
 
