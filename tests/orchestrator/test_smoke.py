@@ -48,6 +48,8 @@ def run_smoke_command(
 def make_run(data_dir: Path, port: int, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """`make run` in a fresh terminal: the repository's Makefile, its venv, no tokens."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "MAKE", "MFLAGS"))}
+    # A test run's own uid registry (tests/conftest.py) keeps parallel runs from refusing each other.
+    env.update({k: os.environ[k] for k in ("ORCH_UID_REGISTRY_DIR",) if k in os.environ})
     env.update({"ORCH_DATA_DIR": str(data_dir), **(extra_env or {})})
     log_path = Path(f"{data_dir}.make-run.log")
     with open(log_path, "w") as log:
@@ -92,7 +94,8 @@ def assert_only_pass_lines(result: subprocess.CompletedProcess) -> None:
     lines = result.stdout.splitlines()
     assert result.returncode == 0, result.stdout + result.stderr
     assert lines[-1] == f"{CHECKS} passed, 0 failed", result.stdout
-    assert all(line.startswith("PASS ") for line in lines[:-1]) and len(lines) == CHECKS + 1, result.stdout
+    assert lines[0] == "runtime identity mode: execution (source: default)", result.stdout  # the mode comes first
+    assert all(line.startswith("PASS ") for line in lines[1:-1]) and len(lines) == CHECKS + 2, result.stdout
 
 
 @pytest.mark.slow
