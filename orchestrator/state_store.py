@@ -149,7 +149,7 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (owner_user_id, file_name)
     );
     """,
-    # 7: the lookups a bot makes (orchestrator/http/routes_lookups.py): a group chat's sessions,
+    # 6: the lookups a bot makes (orchestrator/http/routes_lookups.py): a group chat's sessions,
     # and a user's last tool call (runs by runtime user; last_activity_at is not in the index, so
     # the write of every tool call does not touch it)
     """
