@@ -58,7 +58,10 @@ def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = N
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k == "ORCH_REQUIRE_DOCKER"}
+    # The uid block of the test run is kept, as in tests/conftest.py: a server on the default
+    # block would collide with the parallel runs of other checkouts.
+    kept = ("ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k in kept}
     env.update({"ORCH_DATA_DIR": data_dir, **(extra_env or {})})
     log_path = f"{data_dir}.serve.log"
     with open(log_path, "w") as log:
