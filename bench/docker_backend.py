@@ -58,7 +58,7 @@ def image_ref(engine: docker.DockerClient) -> str:
 
 def cold_starts(data_dir: Path, image: str) -> None:
     service = OrchestratorService(Settings(data_dir=data_dir, backend="docker", sandbox_image=image))
-    backend = service.docker_backend
+    backend = service.sandboxes.backends.get("docker")
     assert backend is not None
     try:
         service.agent_deployment.ensure()  # deploying the agent code is not part of a start

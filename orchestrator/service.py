@@ -8,7 +8,7 @@ import logging
 from mounts.skillstore.install import SkillInstaller
 from mounts.skillstore.package import PackageLimits
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
-from orchestrator.sandboxes.base import ContainerBackend
+from orchestrator.sandboxes.base import SandboxBackend, reap_interval_s
 from orchestrator.sandboxes.choice import detect_backend
 from orchestrator.sandboxes.docker import DockerBackend
 from orchestrator.sandboxes.process import ProcessBackend
@@ -115,21 +115,21 @@ class OrchestratorService:
             ),
         )
         self.agent_deployment = AgentDeployment(self.layout)
-        self.process_backend = ProcessBackend(settings, self.layout, self.directories, self.agent_deployment)
-        backends: dict[str, ContainerBackend] = {"process": self.process_backend}
+        backends: dict[str, SandboxBackend] = {
+            "process": ProcessBackend(settings, self.layout, self.directories, self.agent_deployment)
+        }
         self.backend_choice = detect_backend(settings)
-        self.docker_backend: DockerBackend | None = None
         if self.backend_choice.docker:
-            self.docker_backend = DockerBackend(
+            backends["docker"] = DockerBackend(
                 settings,
                 self.directories,
                 self.agent_deployment,
                 known_user=lambda user_id: self.users.get(user_id) is not None,
             )
-            backends["docker"] = self.docker_backend
         log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
         self.group_gids = GroupGids(self.store, settings.group_gid_range, groups_root=self.layout.groups_root)
         self.sandboxes = SandboxRouter(
+            settings,
             self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
             process_sandbox=settings.process_sandbox,
         )
@@ -219,12 +219,20 @@ class OrchestratorService:
 
     def start(self) -> None:
         """Background work: the settings-file watcher (identity mode), session storage upkeep,
-        the idle-agent reaper, the skill-source watcher, the periodic skill-store GC, the
+        each backend's idle-sandbox reaper, the skill-source watcher, the periodic skill-store GC, the
         sweep of expired deliveries and the one of runs whose bot went away."""
         self.session_upkeep.start()
-        self.process_backend.start_idle_reaper()
-        if self.docker_backend is not None:
-            self.docker_backend.start()  # adopts this orchestrator's containers, reaps idle ones
+        for backend in self.sandboxes.backends.values():
+            # At once first: the docker backend's first round adopts the containers of the
+            # last run (and removes those of users this orchestrator does not know).
+            self._schedule(
+                PeriodicTask(
+                    f"reap-idle-{backend.name}",
+                    reap_interval_s(self.settings.idle_timeout_s),
+                    backend.reap_idle,
+                    first_delay_s=0.0,
+                )
+            )
         settings_file = self.settings.settings_file
         if settings_file is not None:
             path = settings_file.resolve()
@@ -251,16 +259,17 @@ class OrchestratorService:
                 self.settings.skill_gc_interval_s,
                 lambda: self.skills.collect_garbage(max_age_days=self.settings.skill_gc_days),
             )
-            gc.start()
-            self._tasks.append(gc)
+            self._schedule(gc)
         if self.settings.delivery_sweep_interval_s > 0:
             sweep = PeriodicTask("delivery-sweep", self.settings.delivery_sweep_interval_s, self.deliveries.sweep)
-            sweep.start()
-            self._tasks.append(sweep)
+            self._schedule(sweep)
         if self.settings.run_max_idle_s > 0:
             idle = PeriodicTask("idle-runs", sweep_interval_s(self.settings.run_max_idle_s), self.idle_runs.sweep)
-            idle.start()
-            self._tasks.append(idle)
+            self._schedule(idle)
+
+    def _schedule(self, task: PeriodicTask) -> None:
+        task.start()
+        self._tasks.append(task)
 
     def close(self) -> None:
         self.session_upkeep.stop()

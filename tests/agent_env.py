@@ -57,12 +57,16 @@ def agent_client(agent_service: OrchestratorService) -> Iterator[TestClient]:
 
 
 def blocking_call(backend, user, tool: str, arguments: dict, *, cwd: str, context=None):  # type: ignore[no-untyped-def]
-    """A backend's (async) call from a test thread: on an event loop of its own."""
+    """One call to a backend's sandbox the router's way (`SandboxCaller`: ensure, count, the
+    one retry, the error mapping), from a test thread: on an event loop of its own."""
     import functools
 
     import anyio
 
-    return anyio.run(functools.partial(backend.call, user, tool, arguments, cwd=cwd, context=context))
+    from orchestrator.sandboxes.calling import SandboxCaller
+
+    caller = SandboxCaller(backend.settings)
+    return anyio.run(functools.partial(caller.call, backend, user, tool, arguments, cwd=cwd, context=context))
 
 
 Served = tuple[TestClient, OrchestratorService]

@@ -22,6 +22,7 @@ from orchestrator.http.models import (
 from orchestrator.http.params import chat_id_param, group_channel_param, project_id_param, user_id_param
 from orchestrator.runs.identity_switch import IdentityModeState
 from orchestrator.service import OrchestratorService
+from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.sandboxes.uid_blocks import UidBlock
 from orchestrator.users.repository import KEEP, Keep
 
@@ -51,8 +52,13 @@ async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         "runtime_identity_invalid_value": state.invalid_value,
         # Whether process-backend sandboxes are kept apart (own uids, own network namespace).
         # uid_block: the sandbox uids this instance claims on the host (orchestrator/sandboxes/uid_blocks.py).
-        "isolation": {**service.process_backend.isolation.as_json(), "uid_block": _uid_block(service)},
+        "isolation": {**_process_isolation(service), "uid_block": _uid_block(service)},
     }
+
+
+def _process_isolation(service: OrchestratorService) -> dict[str, object]:
+    process = service.sandboxes.backend_named("process", ProcessBackend)
+    return process.isolation.as_json() if process is not None else {}
 
 
 def _uid_block(service: OrchestratorService) -> list[int]:

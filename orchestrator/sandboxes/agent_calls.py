@@ -1,5 +1,6 @@
-"""What every backend does the same way around one agent call: its deadline, the bounds of
-the agent's answer, and how the agent's errors become tool errors. Pure."""
+"""What every call to a sandbox agent shares whatever the backend: its deadline, the bounds
+of the agent's answer, and the one wording of its failures (agent errors -> `ToolError`).
+Pure."""
 
 from __future__ import annotations
 
@@ -9,12 +10,20 @@ from orchestrator.sandboxes.agent_launch import agent_limits
 from orchestrator.errors import ToolError
 from orchestrator.settings import Settings
 from sandbox_agent.answer_limits import AnswerLimits
-from sandbox_agent.errors import AgentToolError
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 
 # A shell's own deadline is enforced by the agent (it kills the tree and answers); this much
 # more is for the kill, the last output and the answer.
 SHELL_MARGIN_S = 15.0
 HEALTH_TIMEOUT_S = 2.0
+
+# The two outcomes a model is told when its sandbox failed. Exactly one is said: a call that
+# may have reached the agent never also claims it did not run.
+MAY_HAVE_RUN = (
+    "The tool may have run partly: check its effects before repeating it. The sandbox is "
+    "restarted on the next call."
+)
+DID_NOT_RUN = "The tool did not run; try again, and tell the user if it keeps failing."
 
 
 def call_timeout_s(settings: Settings, tool: str, arguments: dict[str, Any]) -> float:
@@ -32,3 +41,21 @@ def answer_limits(settings: Settings) -> AnswerLimits:
 
 def tool_error(exc: AgentToolError) -> ToolError:
     return ToolError(exc.code, exc.message, path=exc.path, **exc.details)
+
+
+def sandbox_unavailable(user_id: int, why: str, *, may_have_run: bool = False, **details: Any) -> ToolError:
+    """The `sandbox_unavailable` error: `may_have_run` when the request may have reached the
+    agent, else the tool certainly did not run."""
+    outcome = MAY_HAVE_RUN if may_have_run else DID_NOT_RUN
+    return ToolError(
+        "sandbox_unavailable", f"The sandbox of user {user_id} is not available ({why}). {outcome}", **details
+    )
+
+
+def call_failure(user_id: int, exc: AgentUnavailable) -> ToolError:
+    """The tool error of a call whose agent stopped answering."""
+    if isinstance(exc, AgentTimedOut):
+        return sandbox_unavailable(user_id, "it did not answer in time", may_have_run=True)
+    if exc.delivered:
+        return sandbox_unavailable(user_id, "it stopped answering during the call", may_have_run=True)
+    return sandbox_unavailable(user_id, exc.message)

@@ -1,17 +1,20 @@
-"""The sandbox lifecycle interface, kept as small as JupyterHub's spawners.
-
-A backend knows *where* a user's sandbox runs; *what* can be done in it is the sandbox
-agent's wire API (`sandbox_agent.wire`).
-"""
+"""The sandbox lifecycle interface, kept as small as JupyterHub's spawners: a backend knows
+*where* a user's sandbox runs and hands out its live agent; *what* can be done in it is the
+sandbox agent's wire API (`sandbox_agent.wire`), and how one call goes (counting, the one
+retry, error wording) is `SandboxCaller`'s (`orchestrator/sandboxes/calling.py`). See
+docs/backends.md."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mounts.plan import MountPlan
-from sandbox_agent.wire import CallContext
+from sandbox_agent.client import AgentClient, AsyncAgentClient
 
 
 @dataclass(frozen=True)
@@ -41,23 +44,69 @@ def loses_group_access(running_gids: Iterable[int], planned_gids: Iterable[int])
     return not set(running_gids) <= set(planned_gids)
 
 
-class ContainerBackend(Protocol):
+def reap_interval_s(idle_timeout_s: float) -> float:
+    """How often a backend's idle sandboxes are looked for: a quarter of the idle timeout, so
+    one is stopped at most a quarter late, within [0.05, 5] s."""
+    return min(max(idle_timeout_s / 4, 0.05), 5.0)
+
+
+class CallCount:
+    """The calls in flight on one agent and when it was last used. The router counts
+    (`calling`); the backend reads it to decide whether an agent is idle (reaping, restarts
+    that wait until no call runs)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.last_used = time.monotonic()
+
+    @contextmanager
+    def calling(self) -> Iterator[None]:
+        with self._lock:
+            self.in_flight += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.in_flight -= 1
+                self.last_used = time.monotonic()
+
+    def touch(self) -> None:
+        with self._lock:
+            self.last_used = time.monotonic()
+
+
+@dataclass(frozen=True, eq=False)
+class LiveAgent:
+    """One user's live agent as a backend hands it out: both clients of its socket (the
+    blocking one for worker threads, the async one for the event loop) and its call count.
+    Compared by identity: `forget` drops exactly the agent a call failed on."""
+
+    user_id: int
+    blocking: AgentClient
+    calls: AsyncAgentClient
+    count: CallCount = field(default_factory=CallCount)
+
+
+class SandboxBackend(Protocol):
+    """Where users' sandboxes run. Every method may be called from any thread; none but
+    `warm` needs to be quick."""
+
     name: str
 
-    def ensure(self, user: SandboxUser) -> SandboxStatus:
-        """Start (or adopt, or recreate) the user's sandbox and wait until its agent answers."""
+    def warm(self, user: SandboxUser) -> LiveAgent | None:
+        """The user's agent when it can take a call as it is: never waits for a lock, never
+        starts or inspects anything (the router's event-loop path). None sends the caller to
+        `ensure`."""
 
-    async def call(
-        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
-    ) -> Any:
-        """Run one tool in the user's sandbox, on the event loop and within the call's deadline
-        (no thread is held while the agent works); raises `ToolError` for tool-level failures."""
+    def ensure(self, user: SandboxUser) -> LiveAgent:
+        """Start (or adopt, or recreate) the user's sandbox and wait until its agent answers;
+        raises `ToolError` (`sandbox_unavailable`, the tool did not run) when it cannot."""
 
-    def call_blocking(
-        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
-    ) -> Any:
-        """`call` for code that runs in a worker thread anyway (host tools), with the same
-        deadline and failure handling, on the agent's blocking client."""
+    def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
+        """Never hand out this agent again (given: only if it is still the user's current
+        one): the next `ensure` starts afresh. `stalled` = it missed a deadline (stopped,
+        paused, hung): it is killed rather than asked to stop. Quick: no start, no wait."""
 
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         """Kill the user's calls in flight for this run or session (whole process trees) and
@@ -70,5 +119,11 @@ class ContainerBackend(Protocol):
     def status(self) -> list[SandboxStatus]:
         """Every sandbox this backend knows about."""
 
+    def reap_idle(self, now: float | None = None) -> list[int]:
+        """Stop the sandboxes idle (no call in flight) for longer than the idle timeout, as of
+        `now` (monotonic; default: now); returns their users. The composition root runs it
+        as a `PeriodicTask` every `reap_interval_s`."""
+
     def close(self) -> None:
         """Release resources at orchestrator shutdown (sandboxes may keep running)."""
+

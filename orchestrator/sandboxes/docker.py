@@ -7,12 +7,11 @@ talked to over the agent's Unix socket (never over the container's IP).
 - A per-user lock makes concurrent first calls create exactly one container.
 - On start, this orchestrator's containers (label `instance` = its data dir) are adopted, and
   those of users it does not know are removed.
-- A call that never reached the agent (connection refused: killed container) is sent once
-  more after the container is recreated; one that may have run is not.
-- Calls are awaited on the event loop (`AsyncAgentClient`), each with a deadline; a container
-  whose agent misses one (paused, stopped, hung) is replaced by the next call. The slow path
-  (Docker API, starts) runs in worker threads of its own.
-- Idle containers are stopped by a reaper thread; containers outlive the orchestrator.
+- After the router forgot the agent (a failed call) the next `ensure` inspects the container
+  and recovers it; a container whose agent missed a deadline (paused, stopped, hung) is
+  replaced. The calls, their one retry and their errors are the router's (docs/backends.md).
+- Idle containers are stopped by `reap_idle` (a periodic task of the composition root, whose
+  first round also adopts); containers outlive the orchestrator.
 """
 
 from __future__ import annotations
@@ -24,19 +23,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any
 
-import anyio
-from anyio import to_thread
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
 from orchestrator.clock import iso
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
-from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
+from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, sandbox_unavailable
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
-from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, loses_group_access
+from orchestrator.sandboxes.base import CallCount, LiveAgent, SandboxStatus, SandboxUser, loses_group_access
 from orchestrator.sandboxes.docker_spec import (
     LABEL_BUILD,
     LABEL_INSTANCE,
@@ -53,14 +49,12 @@ from orchestrator.sandboxes.docker_spec import (
     observed_from_attrs,
     user_of,
 )
-from orchestrator.errors import ToolError
 from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
 from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient, AsyncAgentClient
-from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
-from sandbox_agent.wire import CallContext
+from sandbox_agent.errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -94,18 +88,6 @@ def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
         return None
 
 
-def unavailable(user_id: int, why: str, *, may_have_run: bool = False, **details: Any) -> ToolError:
-    outcome = (
-        "The tool may have run partly: check its effects before repeating it. The sandbox is "
-        "restarted on the next call."
-        if may_have_run
-        else "The tool did not run; try again, and tell the user if it keeps failing."
-    )
-    return ToolError(
-        "sandbox_unavailable", f"The sandbox of user {user_id} is not available ({why}). {outcome}", **details
-    )
-
-
 @dataclass
 class _Slot:
     """One user's container as this orchestrator knows it. Guarded by `lock`."""
@@ -116,26 +98,22 @@ class _Slot:
     plan_hash: str | None = None
     image_id: str | None = None
     running_build: str | None = None
-    agent: AgentClient | None = None  # blocking: health, cancels from threads
-    calls: AsyncAgentClient | None = None  # tool calls, on the event loop
-    in_flight: int = 0  # changed under `count_lock` (never held for long), read under both
-    count_lock: threading.Lock = field(default_factory=threading.Lock)
-    last_used: float = 0.0
+    live: LiveAgent | None = None  # the clients of its agent (blocking: health, cancels)
+    # The calls in flight on the container, whichever client they went through: kept across
+    # reconnections to the same container.
+    count: CallCount = field(default_factory=CallCount)
     stopped: bool = False  # stopped by us (idle, or asked); the next call starts it again
-    stalled: bool = False  # its agent missed a call's deadline: the next call replaces the container
+    # Set by `forget` without the lock (a plain flag): the next `ensure` acts on them.
+    stalled: bool = False  # its agent missed a call's deadline: the container is replaced
+    forgotten: bool = False  # its agent failed a call: the container is inspected again
 
     def forget_agent(self) -> None:
-        if self.agent is not None:
-            self.agent.close()
-        if self.calls is not None:
-            self.calls.close()
-        self.agent = self.calls = None
+        if self.live is not None:
+            self.live.blocking.close()
+            self.live.calls.close()
+        self.live = None
         self.running_build = None
-
-    def count(self, delta: int) -> None:
-        with self.count_lock:
-            self.in_flight += delta
-            self.last_used = time.monotonic()
+        self.forgotten = False
 
 
 def docker_time(text: str | None) -> str | None:
@@ -170,30 +148,15 @@ class DockerBackend:
         self._slots: dict[int, _Slot] = {}
         self._slots_lock = threading.Lock()
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
-        # Callers waiting for a slow path wait in these threads, never in the server's pool.
-        self._slow_threads = anyio.CapacityLimiter(2 * PARALLEL_STARTS)
         self._answer_limits = answer_limits(settings)
         self._image: tuple[str, float] | None = None  # (id, when resolved)
         self._expected_lock = expected_agent_lock()
         self._adopted = False
         self._adopt_lock = threading.Lock()
-        self._stopping = threading.Event()
-        self._reaper: threading.Thread | None = None
 
     # --- the backend's own lifecycle ------------------------------------------------------
-    def start(self) -> None:
-        """Adopt this orchestrator's containers and start the idle reaper."""
-        self.adopt()
-        if self._reaper is None:
-            self._reaper = threading.Thread(target=self._reap_loop, name="docker-idle-reaper", daemon=True)
-            self._reaper.start()
-
     def close(self) -> None:
-        """Stop background work; sandboxes keep running and are adopted by the next start."""
-        self._stopping.set()
-        if self._reaper is not None:
-            self._reaper.join(timeout=10)
-            self._reaper = None
+        """Drop the agents' clients; sandboxes keep running and are adopted by the next start."""
         with self._slots_lock:
             slots = list(self._slots.values())
         for slot in slots:
@@ -217,139 +180,67 @@ class DockerBackend:
                 slot = self._slot(user_id)
                 with slot.lock:
                     slot.container_id = container.id
-                    slot.last_used = time.monotonic()
+                    slot.count.touch()
                     slot.stopped = container.status != "running"
                 adopted.append(user_id)
                 log.info("adopted a sandbox %s", kv(user=user_id, container=container.short_id, status=container.status))
             self._adopted = True
             return adopted
 
-    # --- ContainerBackend -----------------------------------------------------------------
-    def ensure(self, user: SandboxUser) -> SandboxStatus:
+    # --- SandboxBackend -------------------------------------------------------------------
+    def ensure(self, user: SandboxUser) -> LiveAgent:
         self.adopt()
         slot = self._slot(user.user_id)
         with slot.lock:
             self._ensure_locked(slot, user)
-            slot.last_used = time.monotonic()
-            return self._slot_status(slot)
+            assert slot.live is not None
+            slot.count.touch()
+            return slot.live
 
-    async def call(
-        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
-    ) -> Any:
-        slot = self._slot(user.user_id)
-        clients = self._warm(slot, user) or await to_thread.run_sync(
-            self._checkout_slow, slot, user, limiter=self._slow_threads
-        )
-        timeout = call_timeout_s(self.settings, tool, arguments)
-        try:
-            try:
-                return await clients[0].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-            except AgentUnavailable as exc:
-                if exc.delivered:
-                    raise
-                self._log_unreachable(user, exc)
-                clients = await to_thread.run_sync(self._recover, slot, user, limiter=self._slow_threads)
-                return await clients[0].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-        except AgentToolError as exc:
-            raise tool_error(exc) from None
-        except AgentUnavailable as exc:
-            await to_thread.run_sync(self._lose_contact, slot, tool, exc, limiter=self._slow_threads)
-            raise self._failure(user, exc) from None
-        finally:
-            slot.count(-1)
-
-    def call_blocking(
-        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
-    ) -> Any:
-        """`call` for a worker thread (host tools): the blocking client, the same deadline."""
-        slot = self._slot(user.user_id)
-        clients = self._warm(slot, user) or self._checkout_slow(slot, user)
-        timeout = call_timeout_s(self.settings, tool, arguments)
-        try:
-            try:
-                return clients[1].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-            except AgentUnavailable as exc:
-                if exc.delivered:
-                    raise
-                self._log_unreachable(user, exc)
-                clients = self._recover(slot, user)
-                return clients[1].call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-        except AgentToolError as exc:
-            raise tool_error(exc) from None
-        except AgentUnavailable as exc:
-            self._lose_contact(slot, tool, exc)
-            raise self._failure(user, exc) from None
-        finally:
-            slot.count(-1)
-
-    @staticmethod
-    def _log_unreachable(user: SandboxUser, exc: AgentUnavailable) -> None:
-        # Nothing reached the agent (the container was killed, OOM, engine restart): it is
-        # recreated and the call sent once more; it cannot have run twice.
-        log.warning("sandbox unreachable; recovering %s", kv(user=user.user_id, error=exc.message))
-
-    @staticmethod
-    def _failure(user: SandboxUser, exc: AgentUnavailable) -> ToolError:
-        if isinstance(exc, AgentTimedOut):
-            return unavailable(user.user_id, "it did not answer in time", may_have_run=True)
-        if exc.delivered:
-            return unavailable(user.user_id, "it stopped answering during the call", may_have_run=True)
-        return unavailable(user.user_id, exc.message)
-
-    def _warm(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient] | None:
+    def warm(self, user: SandboxUser) -> LiveAgent | None:
         """The slot's agent when the call can go straight to it: adopted, nothing drifted, and
         no slow path holds the slot (nothing here waits or calls Docker)."""
         image = self._image
         if not self._adopted or image is None or time.monotonic() - image[1] >= IMAGE_RECHECK_S:
             return None
-        if not slot.lock.acquire(blocking=False):
+        with self._slots_lock:
+            slot = self._slots.get(user.user_id)
+        if slot is None or not slot.lock.acquire(blocking=False):
             return None
         try:
             if (
-                slot.calls is None
-                or slot.agent is None
+                slot.live is None
                 or slot.stalled
+                or slot.forgotten
                 or slot.plan_hash != user.plan.plan_hash
                 or slot.image_id != image[0]
                 or slot.running_build != self.deployment.build
             ):
                 return None
-            slot.count(+1)
-            return slot.calls, slot.agent
+            return slot.live
         finally:
             slot.lock.release()
 
-    def _checkout_slow(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient]:
-        self.adopt()
-        with slot.lock:
-            self._ensure_locked(slot, user)
-            assert slot.calls is not None and slot.agent is not None
-            slot.count(+1)
-            return slot.calls, slot.agent
-
-    def _recover(self, slot: _Slot, user: SandboxUser) -> tuple[AsyncAgentClient, AgentClient]:
-        with slot.lock:
-            slot.forget_agent()
-            self._ensure_locked(slot, user)
-            assert slot.calls is not None and slot.agent is not None
-            return slot.calls, slot.agent
-
-    def _lose_contact(self, slot: _Slot, tool: str, exc: AgentUnavailable) -> None:
-        log.warning("sandbox failed during a call %s", kv(user=slot.user_id, tool=tool, error=exc.message))
-        with slot.lock:
-            slot.forget_agent()  # the next call inspects the container and recovers
-            slot.stalled = slot.stalled or isinstance(exc, AgentTimedOut)
+    def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
+        with self._slots_lock:
+            slot = self._slots.get(user_id)
+        if slot is None or (agent is not None and slot.live is not agent):
+            return  # already replaced: the new agent did not fail
+        # No lock: a start may hold the slot's for seconds. At worst a just-replaced agent is
+        # inspected once more by the next `ensure`.
+        slot.stalled = slot.stalled or stalled
+        slot.forgotten = True
 
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         # Not under the slot's lock: a container start holds it for seconds. A call still
         # starting its container has not reached the agent: the router's next cancel does.
         with self._slots_lock:
             slot = self._slots.get(user_id)
-        agent = slot.agent if slot is not None else None
-        if agent is None:
+        live = slot.live if slot is not None else None
+        if live is None:
             return 0
         try:
-            return agent.cancel(run_id=run_id, session_id=session_id)
+            return live.blocking.cancel(run_id=run_id, session_id=session_id)
         except AgentUnavailable as exc:
             log.warning("sandbox did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
             self.stop(user_id)
@@ -374,7 +265,7 @@ class DockerBackend:
                     state="running" if container.status == "running" else "stopped",
                     plan_hash=container.labels.get(LABEL_PLAN),
                     agent_build=slot.running_build or container.labels.get(LABEL_BUILD),
-                    busy=slot.in_flight,
+                    busy=slot.count.in_flight,
                     detail={"container": container.name, "container_id": container.id, "status": container.status},
                     since=docker_time(container.attrs.get("State", {}).get(
                         "StartedAt" if container.status == "running" else "FinishedAt"
@@ -388,8 +279,10 @@ class DockerBackend:
         desired = Desired(user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build)
         if slot.stalled:
             self._remove_stalled(slot)
+        elif slot.forgotten:
+            slot.forget_agent()  # inspect the container and talk to its agent afresh
         if (
-            slot.agent is not None
+            slot.live is not None
             and slot.plan_hash == desired.plan_hash
             and slot.image_id == desired.image_id
             and slot.running_build == desired.agent_build
@@ -397,11 +290,11 @@ class DockerBackend:
             return  # the warm path: no Docker API call
         container = self._find(slot)
         observed = observed_from_attrs(container.attrs) if container is not None else None
-        busy = slot.in_flight > 0
+        busy = slot.count.in_flight > 0
         if busy and container is not None:  # a revoked group does not wait for the calls under way
             running_gids = {int(g) for g in container.attrs.get("HostConfig", {}).get("GroupAdd") or []}
             busy = not loses_group_access(running_gids - {self.directories.shared_gid}, user.plan.group_gids)
-        if container is not None and observed is not None and observed.running and slot.agent is None:
+        if container is not None and observed is not None and observed.running and slot.live is None:
             # Adopted, or contact lost: ask the agent that runs there which BUILD it is.
             if not self._reconnect(slot, container):
                 # Running but its agent does not answer (hung, or its token is gone): replace it.
@@ -425,7 +318,7 @@ class DockerBackend:
             try:
                 launch = prepare_agent_launch(self.settings, self.directories, user, in_sandbox=True, parent_pid=None)
             except (OSError, RuntimeError, UnsafeDirectory) as exc:
-                raise unavailable(user.user_id, f"preparing it failed: {exc}") from exc
+                raise sandbox_unavailable(user.user_id, f"preparing it failed: {exc}") from exc
             try:
                 if action in (Action.CREATE, Action.RECREATE):
                     if container is not None:
@@ -439,7 +332,7 @@ class DockerBackend:
                     assert container is not None  # read-only, so the restart runs the new BUILD
                     container.restart(timeout=STOP_TIMEOUT_S)
             except APIError as exc:
-                raise unavailable(user.user_id, f"docker refused: {exc.explanation}") from None
+                raise sandbox_unavailable(user.user_id, f"docker refused: {exc.explanation}") from None
             slot.container_id = container.id
             slot.plan_hash = desired.plan_hash
             slot.image_id = desired.image_id
@@ -504,8 +397,8 @@ class DockerBackend:
             log.warning("the socket answers for another user %s", kv(user=slot.user_id, answered=health.user_id))
             agent.close()
             return False
-        slot.agent, slot.running_build, slot.container_id = agent, health.build, container.id
-        slot.calls = self._calls_client(slot.user_id, agent, token)
+        slot.running_build, slot.container_id = health.build, container.id
+        slot.live = self._live(slot, agent, token)
         return True
 
     def _peer_uid(self, user_id: int) -> int | None:
@@ -519,10 +412,11 @@ class DockerBackend:
             answer_limits=self._answer_limits,
         )  # fmt: skip
 
-    def _calls_client(self, user_id: int, agent: AgentClient, token: str) -> AsyncAgentClient:
-        return AsyncAgentClient(
+    def _live(self, slot: _Slot, agent: AgentClient, token: str) -> LiveAgent:
+        calls = AsyncAgentClient(
             agent.socket_path, token, expected_peer_uid=agent.expected_peer_uid, answer_limits=self._answer_limits
         )
+        return LiveAgent(slot.user_id, agent, calls, slot.count)
 
     def _remove_stalled(self, slot: _Slot) -> None:
         """A container whose agent missed a deadline (paused, stopped, hung) is removed, so the
@@ -545,8 +439,8 @@ class DockerBackend:
             try:
                 health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
                 if health.instance_id == instance:
-                    slot.agent, slot.running_build = agent, health.build
-                    slot.calls = self._calls_client(slot.user_id, agent, token)
+                    slot.running_build = health.build
+                    slot.live = self._live(slot, agent, token)
                     return
             except AgentUnavailable:
                 pass
@@ -568,7 +462,7 @@ class DockerBackend:
         except DockerException:
             logs = ""
         log.error("sandbox failed to start %s", kv(user=slot.user_id, container=container.short_id, why=why, logs=logs))
-        raise unavailable(slot.user_id, f"it did not start: {why}", container=container.name, logs=logs[-2000:])
+        raise sandbox_unavailable(slot.user_id, f"it did not start: {why}", container=container.name, logs=logs[-2000:])
 
     def _stop_locked(self, slot: _Slot, *, reason: str) -> None:
         slot.forget_agent()
@@ -583,16 +477,10 @@ class DockerBackend:
             pass
 
     # --- idleness ---------------------------------------------------------------------------
-    def _reap_loop(self) -> None:
-        interval = min(max(self.settings.idle_timeout_s / 4, 0.05), 5.0)
-        while not self._stopping.wait(interval):
-            try:
-                self.reap_idle()
-            except Exception:  # the reaper must survive an engine hiccup
-                log.exception("idle reaper round failed")
-
-    def reap_idle(self, *, now: float | None = None) -> list[int]:
-        """Stop the containers idle for `idle_timeout_s`; returns their users."""
+    def reap_idle(self, now: float | None = None) -> list[int]:
+        """Stop the containers idle for `idle_timeout_s`; returns their users. Adopts first
+        (once): the first round after a start takes over the containers of the last run."""
+        self.adopt()
         now = time.monotonic() if now is None else now
         with self._slots_lock:
             slots = list(self._slots.values())
@@ -601,8 +489,8 @@ class DockerBackend:
             if not slot.lock.acquire(blocking=False):
                 continue  # being started or used right now: not idle
             try:
-                idle = now - slot.last_used
-                if slot.container_id is None or slot.stopped or slot.in_flight or idle < self.settings.idle_timeout_s:
+                idle = now - slot.count.last_used
+                if slot.container_id is None or slot.stopped or slot.count.in_flight or idle < self.settings.idle_timeout_s:
                     continue
                 self._stop_locked(slot, reason="idle")
                 stopped.append(slot.user_id)
@@ -617,17 +505,6 @@ class DockerBackend:
             if slot is None:
                 slot = self._slots[user_id] = _Slot(user_id)
             return slot
-
-    def _slot_status(self, slot: _Slot) -> SandboxStatus:
-        return SandboxStatus(
-            user_id=slot.user_id,
-            backend=self.name,
-            state="stopped" if slot.stopped else "running",
-            plan_hash=slot.plan_hash,
-            agent_build=slot.running_build,
-            busy=slot.in_flight,
-            detail={"container_id": slot.container_id, "container": container_name(self.instance, slot.user_id)},
-        )
 
     def _find(self, slot: _Slot) -> Container | None:
         for key in (slot.container_id, container_name(self.instance, slot.user_id)):
@@ -656,12 +533,12 @@ class DockerBackend:
         try:
             image = self.client.images.get(self.settings.sandbox_image)
         except ImageNotFound:
-            raise unavailable(
+            raise sandbox_unavailable(
                 user_id,
                 f"the sandbox image {self.settings.sandbox_image} is not built on this host; "
                 "an operator must run `orchestrator build-image`",
             ) from None
         if image_fit(image.labels, self._expected_lock) is ImageFit.STALE:
-            raise unavailable(user_id, stale_image_message(self.settings.sandbox_image))
+            raise sandbox_unavailable(user_id, stale_image_message(self.settings.sandbox_image))
         self._image = (image.id, now)
         return image.id

@@ -3,13 +3,12 @@
 
 - Concurrent first calls for one user start exactly one agent (a lock per user).
 - Readiness is the agent's own `/health` answering with the instance id we gave it.
-- A dead agent is restarted on the next call; a call that never reached the agent (the
-  connection was refused) is retried once on the new agent — it cannot have run.
-- Calls are awaited on the event loop (`AsyncAgentClient`), each with a deadline; an agent that
-  misses one (stopped, hung) is marked stalled, the call answers that it may have run, and the
-  next call kills that agent and starts a new one. Starts run in worker threads of their own.
+- A dead agent, or one the router forgot (it failed a call), is replaced by the next `ensure`;
+  one that missed a deadline (stopped, hung) is killed without asking. The calls themselves,
+  their one retry and their errors are the router's (docs/backends.md).
 - An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
-- Idle agents are stopped by a reaper thread; all agents are stopped at `close()`.
+- Idle agents are stopped by `reap_idle` (a periodic task of the composition root); all
+  agents are stopped at `close()`.
 - As root, an agent runs as the user's own uid (base + user id) with the shared sandbox
   group and the gids of the user's group workspaces (exactly those of the plan), umask 002,
   and an interpreter that uid can execute, in a network namespace of its own with only `lo`
@@ -25,24 +24,20 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import anyio
-from anyio import to_thread
 import psutil
 
 from mounts.fs.tree_removal import remove_tree
 from mounts.layout import DataLayout
 from orchestrator.clock import iso
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
-from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, call_timeout_s, tool_error
+from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, sandbox_unavailable
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch
-from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, loses_group_access
+from orchestrator.sandboxes.base import LiveAgent, SandboxStatus, SandboxUser, loses_group_access
 from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
 from orchestrator.errors import ToolError
@@ -50,13 +45,11 @@ from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient, AsyncAgentClient
-from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
-from sandbox_agent.wire import CallContext
+from sandbox_agent.errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0
-PARALLEL_STARTS = 8  # worker threads for agent starts, apart from the server's own pool
 STOP_GRACE_S = 3.0
 STDERR_LINE_MAX = 4096  # bytes of one forwarded agent stderr line
 _AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
@@ -66,32 +59,28 @@ _AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 class _Agent:
     user_id: int
     proc: subprocess.Popen[bytes]
-    client: AgentClient  # blocking: health while starting, cancels from threads
-    calls: AsyncAgentClient  # tool calls, on the event loop
+    live: LiveAgent  # its clients (the blocking one also for health and cancels) and call count
     plan_hash: str
     build: str
     instance_id: str
     run_as_uid: int | None
     started_at: float = field(default_factory=time.time)
-    last_used: float = field(default_factory=time.monotonic)
-    inflight: int = 0
     group_gids: tuple[int, ...] = ()  # of the plan it was started with
-    stalled: bool = False  # missed a call's deadline: replaced before the next call
+    stalled: bool = False  # missed a call's deadline: killed before the next call
+    forgotten: bool = False  # failed a call: replaced before the next call
     stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def in_flight(self) -> int:
+        return self.live.count.in_flight
 
-def unavailable(user_id: int, why: str, *, may_have_run: bool = False) -> ToolError:
-    outcome = (
-        "The tool may have run partly: check its effects before repeating it. The sandbox is "
-        "restarted on the next call."
-        if may_have_run
-        else "The tool did not run; try again, and tell the user if it keeps failing."
-    )
-    return ToolError("sandbox_unavailable", f"The sandbox of user {user_id} is not available ({why}). {outcome}")
+    @property
+    def last_used(self) -> float:
+        return self.live.count.last_used
 
 
 class ProcessBackend:
@@ -113,9 +102,7 @@ class ProcessBackend:
         self.start_timeout_s = start_timeout_s
         self._agents: dict[int, _Agent] = {}
         self._user_locks: dict[int, threading.Lock] = {}
-        self._lock = threading.Lock()  # guards the two dicts and the inflight counters
-        self._reaper: threading.Thread | None = None
-        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # guards the two dicts and the agents' flags
         self._bwrap = BwrapProbe() if settings.process_sandbox == "bwrap" else None
         netns = netns_usable() if directories.chown and self._bwrap is None else (False, "not needed")
         self._netns = netns[0]
@@ -128,7 +115,6 @@ class ProcessBackend:
                 kv(reason=self.isolation.reason, network=self.isolation.process_network),
             )
         self._answer_limits = answer_limits(settings)
-        self._start_threads = anyio.CapacityLimiter(PARALLEL_STARTS)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -136,8 +122,28 @@ class ProcessBackend:
         with self._lock:
             return self._user_locks.setdefault(user_id, threading.Lock())
 
-    def ensure(self, user: SandboxUser) -> SandboxStatus:
-        return self._status_of(self._ready(user))
+    def ensure(self, user: SandboxUser) -> LiveAgent:
+        return self._ready(user).live
+
+    def warm(self, user: SandboxUser) -> LiveAgent | None:
+        """The user's agent when it can take the call as it is (no start, no lock to wait for)."""
+        with self._lock:
+            agent = self._agents.get(user.user_id)
+        if agent is None or agent.stalled or agent.forgotten or not agent.alive:
+            return None
+        if self._staleness(agent, user) is not None and (
+            agent.in_flight == 0 or loses_group_access(agent.group_gids, user.plan.group_gids)
+        ):
+            return None  # outdated and idle, or carrying a gid its plan lost: `ensure` replaces it
+        return agent.live
+
+    def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
+        with self._lock:
+            current = self._agents.get(user_id)
+            if current is None or (agent is not None and current.live is not agent):
+                return  # already replaced: the new agent did not fail
+            current.forgotten = True
+            current.stalled = current.stalled or stalled
 
     def _ready(self, user: SandboxUser) -> _Agent:
         with self._user_lock(user.user_id):
@@ -145,10 +151,17 @@ class ProcessBackend:
             if agent is not None:
                 if agent.stalled:
                     log.warning("replacing a stalled agent %s", kv(user=user.user_id, pid=agent.proc.pid))
+                elif agent.forgotten and agent.alive:
+                    if agent.in_flight > 0:
+                        # Unreachable for new connections (e.g. the user's shell swapped its
+                        # socket) while other calls still run on it through open ones: those
+                        # are not killed for this one; it is replaced once they are done.
+                        raise sandbox_unavailable(user.user_id, "its agent stopped accepting connections")
+                    log.warning("replacing an agent that failed a call %s", kv(user=user.user_id, pid=agent.proc.pid))
                 elif agent.alive:
                     stale = self._staleness(agent, user)
                     lost = loses_group_access(agent.group_gids, user.plan.group_gids)
-                    if stale is None or (agent.inflight > 0 and not lost):
+                    if stale is None or (agent.in_flight > 0 and not lost):
                         return agent  # an outdated agent keeps serving until it is idle
                     log.info("restarting an outdated agent %s", kv(user=user.user_id, reason=stale))
                 else:
@@ -178,14 +191,14 @@ class ProcessBackend:
             python = self.deployment.interpreter_for(run_as)
         except (OSError, RuntimeError, UnsafeDirectory) as exc:  # incl. GroupWithoutGid
             log.error("cannot prepare the agent %s", kv(user=user_id, error=exc))
-            raise unavailable(user_id, f"preparing it failed: {exc}") from exc
+            raise sandbox_unavailable(user_id, f"preparing it failed: {exc}") from exc
         command = release.command(python, launch.config_path)
         if self._bwrap is not None:
             usable, binary = self._bwrap.check(run_as)
             if not usable:
                 # The operator asked for a namespace: no silent fallback to less isolation.
                 log.error("bwrap is not usable %s", kv(user=user_id, reason=binary))
-                raise unavailable(user_id, f"ORCH_PROCESS_SANDBOX=bwrap but {binary}")
+                raise sandbox_unavailable(user_id, f"ORCH_PROCESS_SANDBOX=bwrap but {binary}")
             command = bwrap_command(
                 user.plan,
                 command,
@@ -197,7 +210,7 @@ class ProcessBackend:
         try:
             self._remove_stale_socket(launch.socket_path)
         except OSError as exc:  # the user's shell keeps changing its socket dir under us
-            raise unavailable(user_id, f"clearing its socket path failed: {exc}") from exc
+            raise sandbox_unavailable(user_id, f"clearing its socket path failed: {exc}") from exc
         identity: dict[str, Any] = {}
         if run_as is not None:
             # The shared gid opens share/; each group gid one workspace of the plan, no other.
@@ -220,17 +233,20 @@ class ProcessBackend:
                 **identity,
             )
         except OSError as exc:
-            raise unavailable(user_id, f"starting it failed: {exc}") from exc
+            raise sandbox_unavailable(user_id, f"starting it failed: {exc}") from exc
         agent = _Agent(
             user_id=user_id,
             proc=proc,
             # As root, only a socket served by the user's own uid is spoken to (SO_PEERCRED):
             # the socket dir is the user's, and a link there could lead anywhere.
-            client=AgentClient(
-                launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
-            ),
-            calls=AsyncAgentClient(
-                launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
+            live=LiveAgent(
+                user_id,
+                AgentClient(
+                    launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
+                ),
+                AsyncAgentClient(
+                    launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
+                ),
             ),
             plan_hash=user.plan.plan_hash,
             group_gids=user.plan.group_gids,
@@ -264,18 +280,18 @@ class ProcessBackend:
         while True:
             if not agent.alive:
                 time.sleep(0.05)  # let the stderr forwarder catch the last lines
-                raise unavailable(
+                raise sandbox_unavailable(
                     agent.user_id,
                     f"the agent exited with code {agent.proc.returncode}: {' | '.join(agent.stderr_tail)[-500:]}",
                 )
             try:
-                health = agent.client.health(timeout_s=HEALTH_TIMEOUT_S)
+                health = agent.live.blocking.health(timeout_s=HEALTH_TIMEOUT_S)
                 if health.instance_id == agent.instance_id:
                     return
             except AgentUnavailable:
                 pass
             if time.monotonic() > deadline:
-                raise unavailable(agent.user_id, f"the agent did not answer within {self.start_timeout_s:g} s")
+                raise sandbox_unavailable(agent.user_id, f"the agent did not answer within {self.start_timeout_s:g} s")
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
 
@@ -323,8 +339,8 @@ class ProcessBackend:
                 proc.kill()
             except psutil.Error:
                 pass
-        agent.client.close()
-        agent.calls.close()
+        agent.live.blocking.close()
+        agent.live.calls.close()
 
     def stop(self, user_id: int) -> None:
         with self._user_lock(user_id):
@@ -335,113 +351,13 @@ class ProcessBackend:
 
     # --- calls ------------------------------------------------------------------------------
 
-    async def call(
-        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
-    ) -> Any:
-        agent = self._warm(user)
-        if agent is None:
-            agent = await to_thread.run_sync(self._ready, user, limiter=self._start_threads)
-        try:
-            return await self._call_on(agent, tool, arguments, cwd, context)
-        except AgentUnavailable as exc:
-            self._judge_failure(agent, tool, exc)
-            await to_thread.run_sync(self._replace_unreachable, agent, exc, limiter=self._start_threads)
-        # It never received the call: safe to run it on a new agent.
-        agent = await to_thread.run_sync(self._ready, user, limiter=self._start_threads)
-        try:
-            return await self._call_on(agent, tool, arguments, cwd, context)
-        except AgentUnavailable as exc:
-            raise self._final_failure(agent, exc) from exc
-
-    def call_blocking(
-        self, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
-    ) -> Any:
-        """`call` for a worker thread (host tools): the blocking client, the same deadline."""
-        agent = self._warm(user) or self._ready(user)
-        try:
-            return self._call_on_blocking(agent, tool, arguments, cwd, context)
-        except AgentUnavailable as exc:
-            self._judge_failure(agent, tool, exc)
-            self._replace_unreachable(agent, exc)
-        agent = self._ready(user)
-        try:
-            return self._call_on_blocking(agent, tool, arguments, cwd, context)
-        except AgentUnavailable as exc:
-            raise self._final_failure(agent, exc) from exc
-
-    def _judge_failure(self, agent: _Agent, tool: str, exc: AgentUnavailable) -> None:
-        """Raise the tool error for a call that may have run; return when it certainly did not
-        reach the agent (the caller replaces the agent and sends it once more)."""
-        user_id = agent.user_id
-        if isinstance(exc, AgentTimedOut):
-            log.warning("agent missed a deadline; it is replaced %s", kv(user=user_id, tool=tool, error=exc.message))
-            agent.stalled = True
-            raise unavailable(user_id, "it did not answer in time", may_have_run=True) from exc
-        if exc.delivered:
-            log.warning("agent failed during a call %s", kv(user=user_id, tool=tool, error=exc.message))
-            raise unavailable(user_id, "the agent failed during the call", may_have_run=True) from exc
-        log.warning("agent unreachable; restarting it %s", kv(user=user_id, error=exc.message))
-
-    def _final_failure(self, agent: _Agent, exc: AgentUnavailable) -> ToolError:
-        agent.stalled = agent.stalled or isinstance(exc, AgentTimedOut)
-        return unavailable(agent.user_id, exc.message, may_have_run=exc.delivered)
-
-    def _warm(self, user: SandboxUser) -> _Agent | None:
-        """The user's agent when it can take the call as it is (no start, no lock to wait for)."""
-        with self._lock:
-            agent = self._agents.get(user.user_id)
-        if agent is None or agent.stalled or not agent.alive:
-            return None
-        if self._staleness(agent, user) is not None and (
-            agent.inflight == 0 or loses_group_access(agent.group_gids, user.plan.group_gids)
-        ):
-            return None  # outdated and idle, or carrying a gid its plan lost: the slow path replaces it
-        return agent
-
-    def _replace_unreachable(self, agent: _Agent, exc: AgentUnavailable) -> None:
-        # Alive but unreachable (e.g. the user's shell removed the socket): replace it,
-        # unless other calls still run on it through open connections.
-        with self._user_lock(agent.user_id):
-            if self._agents.get(agent.user_id) is agent:
-                if agent.inflight > 0:
-                    raise unavailable(agent.user_id, "its agent stopped accepting connections") from exc
-                self._terminate(agent)
-
-    @contextmanager
-    def _counted(self, agent: _Agent) -> Iterator[None]:
-        """A call in flight on `agent` (an agent is restarted only when none is); its tool
-        errors as `ToolError`."""
-        with self._lock:
-            agent.inflight += 1
-        try:
-            yield
-        except AgentToolError as exc:
-            raise tool_error(exc) from None
-        finally:
-            with self._lock:
-                agent.inflight -= 1
-                agent.last_used = time.monotonic()
-
-    async def _call_on(
-        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
-    ) -> Any:
-        with self._counted(agent):
-            timeout = call_timeout_s(self.settings, tool, arguments)
-            return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-
-    def _call_on_blocking(
-        self, agent: _Agent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None
-    ) -> Any:
-        with self._counted(agent):
-            timeout = call_timeout_s(self.settings, tool, arguments)
-            return agent.client.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         with self._lock:
             agent = self._agents.get(user_id)
         if agent is None or not agent.alive:
             return 0  # no agent, no call of it in flight (its shells died with it)
         try:
-            return agent.client.cancel(run_id=run_id, session_id=session_id)
+            return agent.live.blocking.cancel(run_id=run_id, session_id=session_id)
         except AgentUnavailable as exc:
             # It cannot say what it stopped: stop it whole rather than leave calls running.
             log.warning("agent did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
@@ -450,39 +366,24 @@ class ProcessBackend:
 
     # --- idleness ---------------------------------------------------------------------------
 
-    def reap_idle(self, *, now: float | None = None) -> list[int]:
+    def reap_idle(self, now: float | None = None) -> list[int]:
         """Stop agents idle for longer than the idle timeout; returns their users."""
         now = time.monotonic() if now is None else now
         with self._lock:
             candidates = [
                 a.user_id
                 for a in self._agents.values()
-                if a.inflight == 0 and now - a.last_used > self.settings.idle_timeout_s
+                if a.in_flight == 0 and now - a.last_used > self.settings.idle_timeout_s
             ]
         stopped = []
         for user_id in candidates:
             with self._user_lock(user_id):
                 agent = self._agents.get(user_id)
-                if agent is not None and agent.inflight == 0 and now - agent.last_used > self.settings.idle_timeout_s:
+                if agent is not None and agent.in_flight == 0 and now - agent.last_used > self.settings.idle_timeout_s:
                     self._terminate(agent)
                     stopped.append(user_id)
                     log.info("idle agent stopped %s", kv(user=user_id, idle_s=round(now - agent.last_used, 1)))
         return stopped
-
-    def start_idle_reaper(self, interval_s: float | None = None) -> None:
-        if self._reaper is not None:
-            return
-        interval = interval_s if interval_s is not None else max(0.5, min(30.0, self.settings.idle_timeout_s / 4))
-
-        def loop() -> None:
-            while not self._stopping.wait(interval):
-                try:
-                    self.reap_idle()
-                except Exception:  # the reaper must survive one bad round
-                    log.exception("idle reaper round failed")
-
-        self._reaper = threading.Thread(target=loop, daemon=True, name="process-backend-reaper")
-        self._reaper.start()
 
     # --- status -----------------------------------------------------------------------------
 
@@ -493,11 +394,11 @@ class ProcessBackend:
             state="running" if agent.alive else "failed",
             plan_hash=agent.plan_hash,
             agent_build=agent.build,
-            busy=agent.inflight,
+            busy=agent.in_flight,
             detail={
                 "pid": agent.proc.pid,
                 "uid": agent.run_as_uid if agent.run_as_uid is not None else os.geteuid(),
-                "socket": agent.client.socket_path,
+                "socket": agent.live.blocking.socket_path,
                 "namespace": "bwrap" if self._bwrap is not None else "none",
                 "network": self.isolation.process_network,
                 "started_at": agent.started_at,
@@ -512,10 +413,6 @@ class ProcessBackend:
         return [self._status_of(a) for a in sorted(agents, key=lambda a: a.user_id)]
 
     def close(self) -> None:
-        self._stopping.set()
-        if self._reaper is not None:
-            self._reaper.join(timeout=5)
-            self._reaper = None
         with self._lock:
             agents = list(self._agents.values())
         for agent in agents:

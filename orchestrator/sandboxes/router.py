@@ -1,6 +1,7 @@
 """Routing a user to their sandbox: the backend that runs it and the plan it runs with (the
-user's groups, each with its own gid); and stopping the calls of an ended run or a deleted
-session (`cancel_calls`), which no call for it may outrun."""
+user's groups, each with its own gid), where each call goes the one way of `SandboxCaller`;
+and stopping the calls of an ended run or a deleted session
+(`cancel_calls`), which no call for it may outrun."""
 
 from __future__ import annotations
 
@@ -11,16 +12,20 @@ from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
-from orchestrator.sandboxes.base import ContainerBackend, SandboxStatus, SandboxUser
+from orchestrator.sandboxes.base import SandboxBackend, SandboxStatus, SandboxUser
+from orchestrator.sandboxes.calling import SandboxCaller
 from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.log import kv
+from orchestrator.settings import Settings
 from orchestrator.users.repository import UserRepository
 from sandbox_agent.wire import CallContext
+
+B = TypeVar("B")
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +127,11 @@ class SandboxCalls:
 class SandboxRouter:
     def __init__(
         self,
+        settings: Settings,
         layout: DataLayout,
         users: UserRepository,
         group_gids: GroupGids,
-        backends: Mapping[str, ContainerBackend],
+        backends: Mapping[str, SandboxBackend],
         default_backend: str,
         *,
         process_sandbox: str = "none",
@@ -137,6 +143,7 @@ class SandboxRouter:
         self.default_backend = default_backend
         self.process_sandbox = process_sandbox
         self.in_flight = SandboxCalls()
+        self.caller = SandboxCaller(settings)
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
         try:
@@ -167,7 +174,7 @@ class SandboxRouter:
                 floor=self.default_backend,
             )
 
-    def backend_for(self, user_id: int) -> ContainerBackend:
+    def backend_for(self, user_id: int) -> SandboxBackend:
         name = self.backend_name_for(user_id)
         backend = self.backends.get(name)
         if backend is None:
@@ -178,14 +185,21 @@ class SandboxRouter:
             )
         return backend
 
+    def backend_named(self, name: str, kind: type[B]) -> B | None:
+        """The registered backend `name` when it is a `kind` (for what only that backend
+        reports, e.g. the process backend's isolation), else None."""
+        backend = self.backends.get(name)
+        return backend if isinstance(backend, kind) else None
+
     async def call(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
     ) -> Any:
+        """Run one tool in the user's sandbox on the event loop (`SandboxCaller.call`)."""
         # The user and membership reads are SQLite reads in WAL mode: they never wait for a
         # writer, so they stay on the loop instead of costing a thread hop.
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
         with self.in_flight.calling(user_id, context):
-            return await backend.call(user, tool, arguments, cwd=cwd, context=context)
+            return await self.caller.call(backend, user, tool, arguments, cwd=cwd, context=context)
 
     def call_blocking(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
@@ -195,7 +209,7 @@ class SandboxRouter:
         hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
         with self.in_flight.calling(user_id, context):
-            return backend.call_blocking(user, tool, arguments, cwd=cwd, context=context)
+            return self.caller.call_blocking(backend, user, tool, arguments, cwd=cwd, context=context)
 
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         """Stop the user's calls for this run or session (whole process trees) and return how

@@ -62,7 +62,7 @@ def call(service: OrchestratorService, user_id: int, tool: str, groups: tuple[Gr
     cwd = str(service.directories.ensure_session_runtime(user_id, "s1", is_owner=True))
     gids = {group: service.group_gids.gid_of(group) for group in groups}
     user = SandboxUser(user_id, plan_mounts(service.layout, user_id, groups, gids))
-    return blocking_call(service.process_backend, user, tool, dict(arguments), cwd=cwd)
+    return blocking_call(service.sandboxes.backends["process"], user, tool, dict(arguments), cwd=cwd)
 
 
 def test_tools_work_and_the_shell_sees_only_the_plan(bwrap_service: OrchestratorService) -> None:
@@ -83,7 +83,7 @@ def test_tools_work_and_the_shell_sees_only_the_plan(bwrap_service: Orchestrator
     assert "theirs" not in result["stdout"]
     assert "group-ok" in result["stdout"]
     assert (layout.tmp_dir(USER) / "t.txt").read_text() == "tmp\n"
-    status = bwrap_service.process_backend.status()[0]
+    status = bwrap_service.sandboxes.backends["process"].status()[0]
     assert status.detail["namespace"] == "bwrap"  # type: ignore[index]
 
 
@@ -103,11 +103,11 @@ def test_timeout_kills_the_tree_and_close_leaves_nothing(bwrap_service: Orchestr
     assert result["timed_out"] is True
     leftovers = [p for p in psutil.process_iter(["cmdline"]) if "4242.5" in " ".join(p.info["cmdline"] or [])]
     assert leftovers == []
-    pid = bwrap_service.process_backend.status()[0].detail["pid"]  # type: ignore[index]
+    pid = bwrap_service.sandboxes.backends["process"].status()[0].detail["pid"]  # type: ignore[index]
     bwrap = psutil.Process(pid)
     tree = bwrap.children(recursive=True)
     assert tree, "bwrap should have the agent as its child"
-    bwrap_service.process_backend.close()
+    bwrap_service.sandboxes.backends["process"].close()
     for proc in [bwrap, *tree]:
         assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
     assert not bwrap_service.layout.socket_path(USER).exists()

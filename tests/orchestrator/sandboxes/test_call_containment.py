@@ -241,6 +241,6 @@ def test_item3_under_bwrap_the_sweep_spares_the_agents_ancestors(agent_data_dir:
     settings = make_settings(agent_data_dir, sandbox_uid_base=UID_BASE, process_sandbox="bwrap")
     with serving(settings) as (client, service):
         escape_leaves_nothing(client, service, escape)
-        (status,) = service.process_backend.status()
+        (status,) = service.sandboxes.backends["process"].status()
         assert status.state == "running"  # bwrap (and the agent under it) survived the sweeps
         assert shell(client, start_run(client, group_session(client), trigger="web")["run_id"], "echo ok")["ok"]

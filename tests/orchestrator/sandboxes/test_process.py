@@ -33,11 +33,11 @@ def workdir(service: OrchestratorService, user_id: int = USER) -> str:
 
 
 def agent_pids(service: OrchestratorService) -> dict[int, int]:
-    return {s.user_id: s.detail["pid"] for s in service.process_backend.status()}  # type: ignore[index]
+    return {s.user_id: s.detail["pid"] for s in service.sandboxes.backends["process"].status()}  # type: ignore[index]
 
 
 def test_concurrent_first_calls_start_exactly_one_agent(agent_service: OrchestratorService) -> None:
-    backend = agent_service.process_backend
+    backend = agent_service.sandboxes.backends["process"]
     cwd = workdir(agent_service)
     user = sandbox_user(agent_service)
     barrier = threading.Barrier(8)
@@ -59,7 +59,7 @@ def test_concurrent_first_calls_start_exactly_one_agent(agent_service: Orchestra
 
 
 def test_a_dead_agent_is_restarted_on_the_next_call(agent_service: OrchestratorService) -> None:
-    backend = agent_service.process_backend
+    backend = agent_service.sandboxes.backends["process"]
     cwd = workdir(agent_service)
     user = sandbox_user(agent_service)
     blocking_call(backend, user, "write_file", {"path": "a.txt", "content": "a"}, cwd=cwd)
@@ -72,7 +72,7 @@ def test_a_dead_agent_is_restarted_on_the_next_call(agent_service: OrchestratorS
 
 
 def test_idle_agents_are_stopped(agent_service: OrchestratorService) -> None:
-    backend = agent_service.process_backend
+    backend = agent_service.sandboxes.backends["process"]
     cwd = workdir(agent_service)
     user = sandbox_user(agent_service)
     blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)
@@ -86,15 +86,15 @@ def test_idle_agents_are_stopped(agent_service: OrchestratorService) -> None:
     assert USER in agent_pids(agent_service)
 
 
-def test_the_idle_reaper_thread_runs_after_start(agent_data_dir: Path) -> None:
+def test_the_idle_reaper_task_runs_after_start(agent_data_dir: Path) -> None:
     from tests.conftest import make_settings
 
     service = OrchestratorService(make_settings(agent_data_dir, idle_timeout_s=0.5))
     try:
         service.start()
-        blocking_call(service.process_backend, sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
+        blocking_call(service.sandboxes.backends["process"], sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
         deadline = time.monotonic() + 10
-        while service.process_backend.status():
+        while service.sandboxes.backends["process"].status():
             assert time.monotonic() < deadline, "idle agent was not reaped"
             time.sleep(0.1)
     finally:
@@ -102,7 +102,7 @@ def test_the_idle_reaper_thread_runs_after_start(agent_data_dir: Path) -> None:
 
 
 def test_a_changed_plan_restarts_the_agent_with_the_new_roots(agent_service: OrchestratorService) -> None:
-    backend = agent_service.process_backend
+    backend = agent_service.sandboxes.backends["process"]
     cwd = workdir(agent_service)
     group = GroupRef("feishu", "chat1")
     blocking_call(backend, sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=cwd)
@@ -121,11 +121,11 @@ def test_close_stops_every_agent_and_its_processes(agent_data_dir: Path) -> None
 
     service = OrchestratorService(make_settings(agent_data_dir))
     for user_id in (17, 18):
-        blocking_call(service.process_backend, sandbox_user(service, user_id), "list_dir", {"path": "."}, cwd=workdir(service, user_id))
+        blocking_call(service.sandboxes.backends["process"], sandbox_user(service, user_id), "list_dir", {"path": "."}, cwd=workdir(service, user_id))
     pids = list(agent_pids(service).values())
     sleeper = threading.Thread(
         target=lambda: pytest.raises(
-            ToolError, blocking_call, service.process_backend, sandbox_user(service, 17), "shell", {"command": "sleep 60"}, cwd=workdir(service, 17)
+            ToolError, blocking_call, service.sandboxes.backends["process"], sandbox_user(service, 17), "shell", {"command": "sleep 60"}, cwd=workdir(service, 17)
         )
     )
     sleeper.start()
@@ -140,7 +140,7 @@ def test_close_stops_every_agent_and_its_processes(agent_data_dir: Path) -> None
 
 @pytest.mark.skipif(not AS_ROOT, reason="agents switch uid only when the orchestrator is root")
 def test_agents_run_as_the_users_own_uid_with_private_dirs(agent_service: OrchestratorService) -> None:
-    backend = agent_service.process_backend
+    backend = agent_service.sandboxes.backends["process"]
     layout = agent_service.layout
     cwd = workdir(agent_service)
     blocking_call(backend, sandbox_user(agent_service), "write_file", {"path": "f.txt", "content": "x"}, cwd=cwd)
@@ -163,7 +163,7 @@ def test_agents_run_as_the_users_own_uid_with_private_dirs(agent_service: Orches
 
 @pytest.mark.skipif(not AS_ROOT, reason="needs root to run agents as different uids")
 def test_the_os_keeps_users_apart_even_for_the_shell(agent_service: OrchestratorService) -> None:
-    backend = agent_service.process_backend
+    backend = agent_service.sandboxes.backends["process"]
     other = workdir(agent_service, 18)
     Path(other, "private.txt").write_text("18 only")
     os.chown(Path(other, "private.txt"), agent_service.settings.sandbox_uid_base + 18, agent_service.settings.sandbox_uid_base + 18)
@@ -174,7 +174,7 @@ def test_the_os_keeps_users_apart_even_for_the_shell(agent_service: Orchestrator
 
 
 def test_the_token_is_a_private_file_and_never_in_argv_or_environment(agent_service: OrchestratorService) -> None:
-    backend = agent_service.process_backend
+    backend = agent_service.sandboxes.backends["process"]
     blocking_call(backend, sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
     token_path = agent_service.layout.token_path(USER)
     st = token_path.stat()
@@ -199,14 +199,14 @@ def test_a_planted_symlink_in_the_socket_dir_is_replaced_not_followed(agent_serv
     # where the token and the config lived before they moved out of the user's socket dir
     os.symlink(victim, layout.socket_dir(USER) / "token")
     os.symlink(victim, layout.socket_dir(USER) / "agent.json")
-    blocking_call(agent_service.process_backend, sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
+    blocking_call(agent_service.sandboxes.backends["process"], sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
     assert victim.read_text() == "keep me"
     assert not layout.token_path(USER).is_symlink() and layout.token_path(USER).is_file()
 
 
 def test_an_agent_whose_socket_was_removed_is_replaced(agent_service: OrchestratorService) -> None:
     """The socket dir is the user's: their shell can delete the socket. The next call recovers."""
-    backend = agent_service.process_backend
+    backend = agent_service.sandboxes.backends["process"]
     cwd = workdir(agent_service)
     user = sandbox_user(agent_service)
     answer = blocking_call(backend, user, "shell", {"command": f"rm {agent_service.layout.socket_path(USER)}"}, cwd=cwd)
@@ -223,7 +223,7 @@ def test_junk_at_the_socket_name_does_not_keep_the_agent_down(agent_service: Orc
     agent_service.directories.ensure_socket_dir(USER)
     blocker = agent_service.layout.socket_path(USER)
     (blocker / "inner").mkdir(parents=True)
-    assert blocking_call(agent_service.process_backend, sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
+    assert blocking_call(agent_service.sandboxes.backends["process"], sandbox_user(agent_service), "list_dir", {"path": "."}, cwd=workdir(agent_service))
 
 
 def test_an_agent_stderr_line_without_an_end_is_forwarded_in_bounded_pieces(agent_service: OrchestratorService) -> None:
@@ -231,6 +231,7 @@ def test_an_agent_stderr_line_without_an_end_is_forwarded_in_bounded_pieces(agen
     import subprocess
     import sys
 
+    from orchestrator.sandboxes.base import LiveAgent
     from orchestrator.sandboxes.process import STDERR_LINE_MAX, _Agent
     from sandbox_agent.client import AgentClient, AsyncAgentClient
 
@@ -239,8 +240,8 @@ def test_an_agent_stderr_line_without_an_end_is_forwarded_in_bounded_pieces(agen
         stderr=subprocess.PIPE,
     )
     agent = _Agent(
-        USER, writer, AgentClient("/nonexistent", "t"), AsyncAgentClient("/nonexistent", "t"), "plan", "build", "instance", None
+        USER, writer, LiveAgent(USER, AgentClient("/nonexistent", "t"), AsyncAgentClient("/nonexistent", "t")), "plan", "build", "instance", None
     )
-    agent_service.process_backend._forward_stderr(agent)
+    agent_service.sandboxes.backends["process"]._forward_stderr(agent)
     writer.wait()
     assert agent.stderr_tail and all(len(line) <= STDERR_LINE_MAX for line in agent.stderr_tail)

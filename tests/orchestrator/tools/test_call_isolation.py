@@ -47,7 +47,7 @@ def call(http: httpx.Client, run_id: str, tool: str, timeout: float = 60, **argu
 
 
 def agent_pid(service: OrchestratorService, user_id: int) -> int:
-    [status] = [s for s in service.process_backend.status() if s.user_id == user_id]
+    [status] = [s for s in service.sandboxes.backends["process"].status() if s.user_id == user_id]
     return status.detail["pid"]  # type: ignore[index]
 
 

@@ -93,7 +93,7 @@ def test_bad_arguments_are_a_tool_error_and_reach_no_sandbox(agent_client: TestC
     assert answer["error"]["code"] == "invalid_arguments"
     answer = tool(agent_client, run["run_id"], "write_file", path="x")
     assert answer["error"]["code"] == "invalid_arguments"
-    assert agent_service.process_backend.status() == []
+    assert agent_service.sandboxes.backends["process"].status() == []
 
 
 def test_every_tool_call_is_audited(agent_client: TestClient, agent_service: OrchestratorService) -> None:

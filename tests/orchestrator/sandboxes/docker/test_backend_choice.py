@@ -89,4 +89,4 @@ def test_auto_falls_back_to_process_without_the_image(docker_data_dir: Path) -> 
         assert missing in health["backend_reason"]
         run = start_run(client, group_session(client), trigger="web")
         assert tool(client, run["run_id"], "shell", command="echo hi")["result"]["stdout"] == "hi\n"
-    assert service.docker_backend is None
+    assert service.sandboxes.backends.get("docker") is None

@@ -20,7 +20,7 @@ pytestmark = [
 def group_add(service: OrchestratorService, user_id: int) -> set[int]:
     status = next(s for s in service.sandboxes.status() if s.user_id == user_id and s.state == "running")
     assert status.backend == "docker"
-    container = service.docker_backend.client.containers.get(status.detail["container_id"])  # type: ignore[union-attr,index]
+    container = service.sandboxes.backends.get("docker").client.containers.get(status.detail["container_id"])  # type: ignore[union-attr,index]
     return {int(g) for g in container.attrs["HostConfig"]["GroupAdd"] or []}
 
 

@@ -5,6 +5,7 @@ idle stop, and a clear error when a sandbox cannot start."""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import threading
 import uuid
@@ -20,6 +21,7 @@ from tests.agent_env import blocking_call
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.base import SandboxUser
 from orchestrator.sandboxes.docker import IMAGE_RECHECK_S, DockerBackend
+from tests.orchestrator.sandboxes.call_wording import died_mid_call
 from orchestrator.sandboxes.docker_spec import LABEL_USER
 from orchestrator.errors import ToolError
 from orchestrator.sandboxes.image.compat import expected_agent_lock
@@ -46,8 +48,15 @@ def workdir(service: OrchestratorService, user_id: int = USER) -> str:
 
 
 def backend_of(service: OrchestratorService) -> DockerBackend:
-    assert service.docker_backend is not None
-    return service.docker_backend
+    backend = service.sandboxes.backend_named("docker", DockerBackend)
+    assert backend is not None
+    return backend
+
+
+def ensured_build(backend: DockerBackend, user: SandboxUser) -> str | None:
+    """The agent BUILD running in the user's container once `ensure` made it current."""
+    backend.ensure(user)
+    return next(s.agent_build for s in backend.status() if s.user_id == user.user_id)
 
 
 def containers_of(engine: docker.DockerClient, service: OrchestratorService, user_id: int) -> list:
@@ -117,7 +126,7 @@ def test_concurrent_first_calls_create_exactly_one_container(
 
 
 def test_a_killed_container_is_recreated_and_the_next_call_succeeds(
-    docker_service: OrchestratorService, engine: docker.DockerClient
+    docker_service: OrchestratorService, engine: docker.DockerClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     backend = backend_of(docker_service)
     user = sandbox_user(docker_service)
@@ -125,7 +134,11 @@ def test_a_killed_container_is_recreated_and_the_next_call_succeeds(
     blocking_call(backend, user, "write_file", {"path": "a.txt", "content": "kept"}, cwd=cwd)
     first = the_container(engine, docker_service)
     first.kill()  # `docker kill`
-    assert blocking_call(backend, user, "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "kept"
+    # The warm path asks no Docker API: the call meets a dead socket (never delivered), and the
+    # protocol sends it once more after `ensure` recreated the container.
+    with caplog.at_level(logging.WARNING, logger="orchestrator.sandboxes.calling"):
+        assert blocking_call(backend, user, "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "kept"
+    assert len([r for r in caplog.records if "was unreachable" in r.getMessage()]) == 1
     second = the_container(engine, docker_service)
     assert second.id != first.id and second.status == "running"
 
@@ -140,7 +153,8 @@ def test_a_crash_during_a_call_is_reported_and_the_next_call_recovers(
     first = the_container(engine, docker_service)
     with pytest.raises(ToolError) as crashed:
         blocking_call(backend, user, "shell", {"command": "kill -9 $PPID; sleep 5"}, cwd=cwd)  # the agent dies
-    assert crashed.value.code == "sandbox_unavailable" and "may have run partly" in crashed.value.message
+    # The same words as the process backend's (tests/orchestrator/sandboxes/test_call_protocol.py).
+    assert crashed.value.code == "sandbox_unavailable" and crashed.value.message == died_mid_call(USER)
     assert "did not run" not in crashed.value.message
     assert blocking_call(backend, user, "shell", {"command": "echo back"}, cwd=cwd)["stdout"] == "back\n"
     assert the_container(engine, docker_service).id != first.id
@@ -167,7 +181,7 @@ def test_an_orchestrator_restart_adopts_containers_and_removes_unknown_users(
     second = OrchestratorService(settings)
     try:
         backend = backend_of(second)
-        backend.start()
+        backend.adopt()
         assert containers_of(engine, second, 55) == []
         assert blocking_call(backend, sandbox_user(second), "read_file", {"path": "a.txt"}, cwd=cwd)["content"] == "x"
         after = the_container(engine, second)
@@ -250,7 +264,7 @@ def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
     backend = backend_with(deployment)
     try:
         old_build = compute_build_id(package)
-        assert backend.ensure(user).agent_build == old_build
+        assert ensured_build(backend, user) == old_build
         first = the_container(engine, docker_service)
         started_at = first.attrs["State"]["StartedAt"]
 
@@ -260,10 +274,10 @@ def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
         assert deployment.refresh() == new_build != old_build
         # busy: the old agent keeps serving, the running call is not cut off
         assert blocking_call(backend, user, "shell", {"command": "echo busy"}, cwd=cwd)["stdout"] == "busy\n"
-        assert backend.ensure(user).agent_build == old_build
+        assert ensured_build(backend, user) == old_build
         slow.join()
         assert slow_result[0]["stdout"] == "slept\n"
-        assert backend.ensure(user).agent_build == new_build  # idle: restarted
+        assert ensured_build(backend, user) == new_build  # idle: restarted
         after = the_container(engine, docker_service)
         assert after.id == first.id and after.attrs["State"]["StartedAt"] != started_at
         assert blocking_call(backend, user, "shell", {"command": "echo ok"}, cwd=cwd)["stdout"] == "ok\n"
@@ -274,8 +288,8 @@ def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
     newest = new_release()
     backend = backend_with(AgentDeployment(docker_service.layout, package_dir=package))
     try:
-        backend.start()
-        assert backend.ensure(user).agent_build == newest
+        backend.adopt()
+        assert ensured_build(backend, user) == newest
         assert the_container(engine, docker_service).id == first.id
     finally:
         backend.close()
@@ -287,7 +301,7 @@ def test_idle_containers_are_stopped_and_start_again_on_the_next_call(
     service = OrchestratorService(docker_settings(docker_data_dir, sandbox_image, idle_timeout_s=1.0))
     try:
         backend = backend_of(service)
-        backend.start()  # the reaper
+        service.start()  # the reaper (a periodic task of the composition root)
         user = sandbox_user(service)
         cwd = workdir(service)
         blocking_call(backend, user, "list_dir", {"path": "."}, cwd=cwd)

@@ -1,0 +1,86 @@
+"""The one way a tool call goes to a sandbox, whatever its backend: ensure the user's agent,
+count the call on it, send it within its deadline; when the request certainly never reached
+the agent, forget that agent and send it once more to a fresh one; map the agent's failures
+to tool errors in one place (docs/backends.md)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from anyio import CapacityLimiter, to_thread
+
+from orchestrator.log import kv
+from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s, tool_error
+from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxUser
+from orchestrator.settings import Settings
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.wire import CallContext
+
+log = logging.getLogger(__name__)
+
+# Worker threads in which event-loop callers wait for a sandbox start (`ensure`), apart from
+# the server's own pool: a burst of cold starts must not starve the host tools.
+START_THREADS = 16
+
+
+class SandboxCaller:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._start_threads = CapacityLimiter(START_THREADS)
+
+    async def call(
+        self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
+        context: CallContext | None = None,
+    ) -> Any:  # fmt: skip
+        """On the event loop: no thread is held while the agent works, only a start waits in
+        a worker thread; the warm path hops no thread at all."""
+        timeout = call_timeout_s(self._settings, tool, arguments)
+        agent = backend.warm(user) or await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
+        with _attempt(backend, agent, tool, may_retry=True):
+            return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
+        with _attempt(backend, agent, tool, may_retry=False):
+            return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        raise AssertionError("unreachable: a last attempt answers or raises")
+
+    def call_blocking(
+        self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
+        context: CallContext | None = None,
+    ) -> Any:  # fmt: skip
+        """`call` for a worker thread, on the agent's blocking client: the same deadline, retry
+        and errors."""
+        timeout = call_timeout_s(self._settings, tool, arguments)
+        agent = backend.warm(user) or backend.ensure(user)
+        with _attempt(backend, agent, tool, may_retry=True):
+            return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        agent = backend.ensure(user)
+        with _attempt(backend, agent, tool, may_retry=False):
+            return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        raise AssertionError("unreachable: a last attempt answers or raises")
+
+
+@contextmanager
+def _attempt(backend: SandboxBackend, agent: LiveAgent, tool: str, *, may_retry: bool) -> Iterator[None]:
+    """One attempt of a call on `agent`: counted on it while it runs, its failures mapped to
+    tool errors. When the agent stopped answering it is never handed out again; a request that
+    certainly never reached it is let through (the caller sends it once more, to a fresh
+    agent: it cannot run twice) when `may_retry`."""
+    try:
+        with agent.count.calling():
+            yield
+    except AgentToolError as exc:
+        raise tool_error(exc) from None
+    except AgentUnavailable as exc:
+        stalled = isinstance(exc, AgentTimedOut)
+        backend.forget(agent.user_id, agent=agent, stalled=stalled)
+        what = "missed a deadline" if stalled else "failed during a call" if exc.delivered else "was unreachable"
+        log.warning(
+            "sandbox agent %s; it is replaced %s",
+            what,
+            kv(user=agent.user_id, backend=backend.name, tool=tool, delivered=exc.delivered, error=exc.message),
+        )
+        if exc.delivered or not may_retry:
+            raise call_failure(agent.user_id, exc) from None
