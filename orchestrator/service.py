@@ -4,6 +4,7 @@ their start and stop. Nothing else constructs services."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from mounts.skillstore.install import SkillInstaller
 from mounts.skillstore.package import PackageLimits
@@ -42,6 +43,7 @@ from orchestrator.state_store import StateStore
 from orchestrator.tools.container_tools import register_container_tools
 from orchestrator.tools.conversation_tools import register_conversation_tools
 from orchestrator.tools.byte_sources import BytesResolver
+from orchestrator.tools.call_records import CallRecords, repeat_wait_s
 from orchestrator.tools.dispatch import ToolDispatcher
 from orchestrator.deliveries.public_uploads import PublishedUploads
 from orchestrator.tools.host_tools import HostTools, register_host_tools
@@ -200,6 +202,10 @@ class OrchestratorService:
             sandboxes=self.sandboxes,
             in_flight=self.calls_in_flight,
             user_max_concurrent_calls=settings.user_max_concurrent_calls,
+            call_records=CallRecords(
+                ttl_s=settings.tool_call_result_ttl_s, max_result_bytes=settings.tool_call_result_max_bytes
+            ),
+            repeat_wait_s=partial(repeat_wait_s, settings),
         )
         self.idle_runs = IdleRunSweeper(
             repo=self.run_repo, runs=self.runs, in_flight=self.calls_in_flight, max_idle_s=settings.run_max_idle_s

@@ -80,6 +80,15 @@ class Settings(BaseSettings):
     )
     image_max_bytes: int = Field(10 * 1024 * 1024, gt=0, description="Cap on send_image size.")
     delivery_ttl_s: float = Field(86400.0, gt=0, description="How long an outgoing delivery stays fetchable.")
+    tool_call_result_ttl_s: float = Field(
+        86400.0, gt=0, description="How long a tool call's recorded result answers repeats of its (run, tool_call_id)."
+    )
+    tool_call_result_max_bytes: int = Field(
+        2 * 1024 * 1024,
+        ge=1024,
+        description="Largest recorded result (JSON bytes) kept for repeats; a larger one is recorded as "
+        "'ran, result not kept', so a repeat still never runs the call again.",
+    )
     run_max_idle_s: float = Field(
         4 * 3600.0, ge=0, description="End a run as failed after this long without a tool call (0: never)."
     )

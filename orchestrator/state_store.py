@@ -156,6 +156,24 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX sessions_by_group ON sessions (group_channel, group_chat_id) WHERE group_channel IS NOT NULL;
     CREATE INDEX runs_by_runtime_user ON runs (runtime_user_id);
     """,
+    # 7: recorded tool-call results by (run, tool_call_id), so a repeated call returns the first
+    # one's result instead of running again (orchestrator/tools/call_records.py)
+    """
+    CREATE TABLE tool_call_results (
+        run_id        TEXT NOT NULL,
+        tool_call_id  TEXT NOT NULL,
+        tool          TEXT NOT NULL,
+        digest        TEXT NOT NULL,
+        status        TEXT NOT NULL,
+        body          TEXT,
+        instance      TEXT NOT NULL,
+        started_at    TEXT NOT NULL,
+        completed_at  TEXT,
+        expires_at    TEXT NOT NULL,
+        PRIMARY KEY (run_id, tool_call_id)
+    );
+    CREATE INDEX tool_call_results_by_expiry ON tool_call_results (expires_at);
+    """,
 )
 
 

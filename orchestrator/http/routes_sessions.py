@@ -212,7 +212,9 @@ def list_tools(service: OrchestratorService = Depends(service_of), _: Caller = D
     return {"tools": service.tools.describe()}
 
 
-@router.post("/v1/runs/{run_id}/tools/{name}", tags=["tools"], response_model=ToolCallOut)
+# `{name:path}`: a name with a `/` (models invent any string) still reaches the dispatcher,
+# which answers it as an unknown tool instead of a framework 404.
+@router.post("/v1/runs/{run_id}/tools/{name:path}", tags=["tools"], response_model=ToolCallOut)
 async def call_tool(
     body: ToolCallIn,
     run_id: str = Depends(run_id_param),

@@ -8,6 +8,11 @@ works. Each acting user may have `ORCH_USER_MAX_CONCURRENT_CALLS` calls running;
 `busy` at once. The audit row is written before the call runs (outcome `started`) and
 completed, with the run's last activity, in the transaction after it: a crash mid-call still
 leaves the row of every call that ran.
+
+A call with a `tool_call_id` is idempotent within its run (orchestrator/tools/call_records.py):
+its record is written with the `started` audit row and completed with it; a repeat answers
+the recorded body, or waits (bounded) for the running call. An unknown tool name is a
+tool-level result (`unknown_tool`, listing the tools), as models do invent names.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pydantic import BaseModel, ValidationError
 
 from mounts.layout import DataLayout
 from orchestrator import audit
-from orchestrator.clock import now_iso
+from orchestrator.clock import iso, now_iso
 from orchestrator.errors import Conflict, NotFound, ToolError
 from orchestrator.runs.idle_runs import CallsInFlight
 from orchestrator.log import kv, run_logger
@@ -34,6 +39,16 @@ from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
 from orchestrator.sandboxes.router import SandboxRouter
 from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore
+from orchestrator.tools.call_records import (
+    CallRecords,
+    PendingCalls,
+    Repeat,
+    arguments_digest,
+    decide,
+    interrupted_body,
+    still_running_body,
+    utc_now,
+)
 from orchestrator.tools.identity_table import acting_user_for
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
 from orchestrator.tools.user_slots import UserCallSlots
@@ -58,6 +73,10 @@ class ToolOutcome:
     def body(self) -> dict[str, Any]:
         return {"ok": True, "result": self.result} if self.ok else {"ok": False, "error": self.error}
 
+    @classmethod
+    def of_body(cls, body: dict[str, Any]) -> ToolOutcome:
+        return cls(ok=True, result=body.get("result")) if body.get("ok") else cls(ok=False, error=body.get("error"))
+
 
 def invalid_arguments(exc: ValidationError) -> ToolError:
     first = exc.errors()[0]
@@ -68,19 +87,33 @@ def invalid_arguments(exc: ValidationError) -> ToolError:
     return ToolError("invalid_arguments", f"Invalid tool arguments: {problems}", field=field)
 
 
+def unknown_tool(name: str, tools: list[str]) -> ToolError:
+    shown = name if len(name) <= 100 else name[:100] + "..."
+    return ToolError("unknown_tool", f"There is no tool named {shown!r}; call one of the listed tools", tools=tools)
+
+
 @dataclass(frozen=True)
 class _Admitted:
     """A call past its checks: what it runs as, and its audit row."""
 
     run: RunRecord
     session: SessionRecord
-    spec: ToolSpec
+    tool: str
+    spec: ToolSpec | None  # None: an unknown tool, refused
     acting_user: int
     workdir: str
     arguments: BaseModel | None
     entry_id: int
     started: float
     refused: ToolOutcome | None = None  # answered without running (invalid, busy): audited already
+    tool_call_id: str | None = None  # set when the call has a record to complete
+
+
+@dataclass(frozen=True)
+class _Repeated:
+    """A repeat of a (run, tool_call_id) seen before: its answer, or None to wait for it."""
+
+    outcome: ToolOutcome | None
 
 
 class ToolDispatcher:
@@ -95,6 +128,8 @@ class ToolDispatcher:
         sandboxes: SandboxRouter,
         in_flight: CallsInFlight,
         user_max_concurrent_calls: int = 8,
+        call_records: CallRecords | None = None,
+        repeat_wait_s: Callable[[str, dict[str, Any]], float] = lambda tool, arguments: 60.0,
     ) -> None:
         self._layout = layout
         self._store = store
@@ -104,6 +139,9 @@ class ToolDispatcher:
         self._sandboxes = sandboxes
         self._in_flight = in_flight
         self.slots = UserCallSlots(user_max_concurrent_calls)
+        self.call_records = call_records or CallRecords(ttl_s=86400.0, max_result_bytes=2 * 1024 * 1024)
+        self._pending = PendingCalls()
+        self._repeat_wait_s = repeat_wait_s
         # A plain executor: its hop costs ~25 us against ~40 us for anyio's to_thread.
         self._threads = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
 
@@ -125,46 +163,92 @@ class ToolDispatcher:
     ) -> ToolOutcome:
         # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
         with self._in_flight.calling(run_id):
-            spec = self._registry.get(name)
-            if spec is not None and spec.place is ToolPlace.HOST:
-                # A host tool blocks anyway: its checks, its work and its audit in one thread.
-                host_call = partial(self._dispatch_host, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
-                return await self._in_thread(host_call)
-            admitted = await self._in_thread(partial(self._admit, run_id, name, raw_arguments, actor=actor))
-            if admitted.refused is not None:
-                self._log(admitted, admitted.refused, 0.0)
-                return admitted.refused
+            waited_from: float | None = None
+            while True:
+                answer = await self._dispatch_once(run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+                if isinstance(answer, ToolOutcome):
+                    return answer
+                if answer.outcome is not None:
+                    self._log_repeat(run_id, name, tool_call_id, answer.outcome)
+                    return answer.outcome
+                # The first call with this id is running here: wait for it, then read its record.
+                assert tool_call_id is not None
+                now = time.monotonic()
+                waited_from = now if waited_from is None else waited_from
+                left = waited_from + self._repeat_wait_s(name, raw_arguments) - now
+                if left <= 0:
+                    outcome = ToolOutcome.of_body(still_running_body(tool_call_id, now - waited_from))
+                    self._log_repeat(run_id, name, tool_call_id, outcome)
+                    return outcome
+                future = self._pending.future((run_id, tool_call_id))
+                if future is None:  # completed between the read and now: read it again
+                    await asyncio.sleep(0.01)
+                    continue
+                try:
+                    await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), left)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _dispatch_once(
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
+    ) -> ToolOutcome | _Repeated:
+        spec = self._registry.get(name)
+        if spec is not None and spec.place is ToolPlace.HOST:
+            # A host tool blocks anyway: its checks, its work and its audit in one thread.
+            host_call = partial(self._dispatch_host, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+            return await self._in_thread(host_call)
+        admitted = await self._in_thread(
+            partial(self._admit, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+        )
+        if isinstance(admitted, _Repeated):
+            return admitted
+        if admitted.refused is not None:
+            self._log(admitted, admitted.refused, 0.0)
+            return admitted.refused
+        outcome: ToolOutcome | None = None
+        try:
             try:
                 outcome = await self._run_in_sandbox(admitted)
             finally:
                 self.slots.give_back(admitted.acting_user)
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             await self._in_thread(partial(self._complete, admitted, outcome, duration_ms))
-            self._log(admitted, outcome, duration_ms)
-            return outcome
+        finally:
+            await self._in_thread(partial(self._settle, admitted, outcome))
+        self._log(admitted, outcome, duration_ms)
+        return outcome
 
     def _in_thread(self, work: Callable[[], _T]) -> asyncio.Future[_T]:
         return asyncio.get_running_loop().run_in_executor(self._threads, work)
 
     def _dispatch_host(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
-    ) -> ToolOutcome:
-        admitted = self._admit(run_id, name, raw_arguments, actor=actor)
+    ) -> ToolOutcome | _Repeated:
+        admitted = self._admit(run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+        if isinstance(admitted, _Repeated):
+            return admitted
         if admitted.refused is not None:
             self._log(admitted, admitted.refused, 0.0)
             return admitted.refused
+        outcome: ToolOutcome | None = None
         try:
-            outcome = self._run_on_host(admitted, tool_call_id)
+            try:
+                outcome = self._run_on_host(admitted, tool_call_id)
+            finally:
+                self.slots.give_back(admitted.acting_user)
+            duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
+            self._complete(admitted, outcome, duration_ms)
         finally:
-            self.slots.give_back(admitted.acting_user)
-        duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
-        self._complete(admitted, outcome, duration_ms)
+            self._settle(admitted, outcome)
         self._log(admitted, outcome, duration_ms)
         return outcome
 
-    def _admit(self, run_id: str, name: str, raw_arguments: dict[str, Any], *, actor: str) -> _Admitted:
-        """Check the run, its session and the arguments, take a slot of the acting user, and
-        write the audit row, in one transaction (a worker thread)."""
+    def _admit(
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
+    ) -> _Admitted | _Repeated:
+        """Check the run, its session and the arguments, find a repeat of a recorded call,
+        take a slot of the acting user, and write the audit row and the call's record, in
+        one transaction (a worker thread)."""
         started = time.perf_counter()
         with self._store.write() as tx:
             # The run and its session read live on every call: an ended run or a deleted
@@ -178,16 +262,32 @@ class ToolDispatcher:
             if session is None or session.deleted:
                 raise NotFound(f"session {run.session_id} not found")
             spec = self._registry.get(name)
-            if spec is None:
-                raise NotFound(f"unknown tool {name}; GET /v1/tools lists them")
-            acting_user = acting_user_for(name, run.identity)
-            workdir = str(self._layout.runtime_dir(run.runtime_user_id, run.session_id))
             arguments: BaseModel | None = None
             refused: ToolOutcome | None = None
-            try:
-                arguments = spec.arguments.model_validate(raw_arguments)
-            except ValidationError as exc:
-                refused = ToolOutcome(ok=False, error=invalid_arguments(exc).body())
+            if spec is None:
+                # Audited under the runtime user: an invented name acts as nobody.
+                acting_user = run.runtime_user_id
+                refused = ToolOutcome(ok=False, error=unknown_tool(name, self._registry.names()).body())
+            else:
+                acting_user = acting_user_for(name, run.identity)
+                try:
+                    arguments = spec.arguments.model_validate(raw_arguments)
+                except ValidationError as exc:
+                    refused = ToolOutcome(ok=False, error=invalid_arguments(exc).body())
+            workdir = str(self._layout.runtime_dir(run.runtime_user_id, run.session_id))
+            now = utc_now()
+            digest = ""
+            if refused is None and tool_call_id is not None:
+                digest = arguments_digest(name, raw_arguments)
+                record = self.call_records.get_in(tx, run_id, tool_call_id)
+                repeat = decide(record, digest=digest, instance=self.call_records.instance, now=iso(now))
+                if repeat is Repeat.RECORDED:
+                    assert record is not None and record.body is not None
+                    return _Repeated(ToolOutcome.of_body(record.body))
+                if repeat is Repeat.INTERRUPTED:
+                    return _Repeated(ToolOutcome.of_body(interrupted_body(tool_call_id)))
+                if repeat is Repeat.WAIT:
+                    return _Repeated(None)
             if refused is None and not self.slots.try_take(acting_user):
                 refused = ToolOutcome(ok=False, error=self.slots.busy_error(acting_user).body())
             try:
@@ -202,14 +302,20 @@ class ToolDispatcher:
                 )
                 if refused is not None:  # its only row: the run's activity goes with it
                     RunRepository.touch_in(tx, run.run_id, now_iso())
+                elif tool_call_id is not None:
+                    self.call_records.start_in(tx, run_id, tool_call_id, name, digest, now)
+                    self._pending.open((run_id, tool_call_id))  # before the commit: a repeat finds it
             except BaseException:
                 if refused is None:
                     self.slots.give_back(acting_user)
+                    if tool_call_id is not None:
+                        self._pending.close((run_id, tool_call_id))
                 raise
-        return _Admitted(run, session, spec, acting_user, workdir, arguments, entry_id, started, refused)
+        recorded = tool_call_id if refused is None else None
+        return _Admitted(run, session, name, spec, acting_user, workdir, arguments, entry_id, started, refused, recorded)
 
     async def _run_in_sandbox(self, call: _Admitted) -> ToolOutcome:
-        assert call.arguments is not None
+        assert call.arguments is not None and call.spec is not None
         try:
             result = await self._sandboxes.call(
                 call.acting_user,
@@ -230,7 +336,7 @@ class ToolDispatcher:
         return ToolOutcome(ok=True, result=result)
 
     def _run_on_host(self, call: _Admitted, tool_call_id: str | None) -> ToolOutcome:
-        assert call.arguments is not None and call.spec.handler is not None
+        assert call.arguments is not None and call.spec is not None and call.spec.handler is not None
         tool_call = ToolCall(
             run=call.run,
             session=call.session,
@@ -246,14 +352,32 @@ class ToolDispatcher:
 
     def _complete(self, call: _Admitted, outcome: ToolOutcome, duration_ms: float) -> None:
         with self._store.write() as tx:
-            audit.complete(tx, call.entry_id, **_detail(call.run, call.spec.name, call.acting_user, _code(outcome), duration_ms))
+            audit.complete(tx, call.entry_id, **_detail(call.run, call.tool, call.acting_user, _code(outcome), duration_ms))
             RunRepository.touch_in(tx, call.run.run_id, now_iso())  # the run's last activity, same write
+            if call.tool_call_id is not None:
+                self.call_records.complete_in(tx, call.run.run_id, call.tool_call_id, outcome.body(), utc_now())
+
+    def _settle(self, call: _Admitted, outcome: ToolOutcome | None) -> None:
+        """Wake the call's waiting repeats. A call that broke before its outcome was recorded
+        is recorded as interrupted, so a repeat never runs it a second time."""
+        if call.tool_call_id is None:
+            return
+        key = (call.run.run_id, call.tool_call_id)
+        try:
+            if outcome is None:
+                with self._store.write() as tx:
+                    self.call_records.complete_in(tx, key[0], key[1], interrupted_body(key[1]), utc_now())
+        finally:
+            self._pending.close(key)
+
+    def _log_repeat(self, run_id: str, name: str, tool_call_id: str | None, outcome: ToolOutcome) -> None:
+        log.info("tool call repeat %s", kv(run=run_id, tool=name, tool_call_id=tool_call_id, outcome=_code(outcome)))
 
     def _log(self, call: _Admitted, outcome: ToolOutcome, duration_ms: float) -> None:
         run = call.run
         run_logger(log, session=run.session_id, owner=run.owner_user_id, runtime_user=run.runtime_user_id).info(
             "tool call %s",
-            kv(run=run.run_id, tool=call.spec.name, acting_user=call.acting_user, outcome=_code(outcome), ms=duration_ms),
+            kv(run=run.run_id, tool=call.tool, acting_user=call.acting_user, outcome=_code(outcome), ms=duration_ms),
         )
 
 

@@ -67,6 +67,9 @@ class ToolRegistry:
     def get(self, name: str) -> ToolSpec | None:
         return self._tools.get(name)
 
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
     def all(self) -> list[ToolSpec]:
         return sorted(self._tools.values(), key=lambda spec: spec.name)
 

@@ -1,0 +1,224 @@
+"""Recorded tool-call results: what makes a `tool_call_id` idempotent (docs/client.md).
+
+A call that names a `tool_call_id` gets a row keyed by (run_id, tool_call_id), written in the
+same transaction as its `started` audit row and completed with its outcome in the transaction
+that completes that audit row. A repeat with the same key returns the recorded outcome, or
+waits (bounded) for the running call, instead of running it again; the same key with another
+tool or other arguments is a 409. Rows expire after a TTL and are swept on write, a few at a
+time. A result larger than the size cap is not kept: repeats then get a tool error saying the
+call ran and its result was not kept, never a second run.
+
+The decisions are pure functions; `CallRecords` holds the SQL, `PendingCalls` the in-process
+wake-ups of waiting repeats.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import uuid
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from enum import Enum
+from typing import Any
+
+from orchestrator.clock import iso
+from orchestrator.errors import Conflict
+from orchestrator.sandboxes.agent_calls import call_timeout_s
+from orchestrator.settings import Settings
+from orchestrator.state_store import Transaction
+
+RUNNING, DONE = "running", "done"
+SWEEP_BATCH = 100  # expired rows removed per write: the sweep never makes one call slow
+# A repeat waits for the running call as long as the host waits for the sandbox's answer,
+# and this much more (the call's own result write). A client waits longer still.
+REPEAT_WAIT_MARGIN_S = 10.0
+
+
+def repeat_wait_s(settings: Settings, tool: str, arguments: dict[str, Any]) -> float:
+    return call_timeout_s(settings, tool, arguments) + REPEAT_WAIT_MARGIN_S
+
+
+class ToolCallIdReused(Conflict):
+    """The same (run, tool_call_id) was sent before with another tool or other arguments."""
+
+    code = "tool_call_id_reused"
+
+
+def arguments_digest(tool: str, arguments: dict[str, Any]) -> str:
+    """What a repeat must match: the tool and its arguments, in canonical JSON."""
+    canonical = json.dumps([tool, arguments], sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    run_id: str
+    tool_call_id: str
+    tool: str
+    digest: str
+    status: str
+    body: dict[str, Any] | None
+    instance: str
+    expires_at: str
+
+
+class Repeat(Enum):
+    NEW = "new"  # no live record: run the call
+    RECORDED = "recorded"  # finished before: answer its recorded body
+    WAIT = "wait"  # running in this server: wait for it
+    INTERRUPTED = "interrupted"  # left running by a server that is gone: it may have run
+
+
+def decide(record: CallRecord | None, *, digest: str, instance: str, now: str) -> Repeat:
+    """What a call with a tool_call_id does, given the live record of its key (pure)."""
+    if record is None or record.expires_at <= now:
+        return Repeat.NEW
+    if record.digest != digest:
+        raise ToolCallIdReused(
+            f"tool_call_id {record.tool_call_id!r} was already used in this run for another call "
+            f"({record.tool} with other arguments); use a new tool_call_id for a new call",
+            field="tool_call_id",
+            tool=record.tool,
+        )
+    if record.status == DONE:
+        return Repeat.RECORDED
+    return Repeat.WAIT if record.instance == instance else Repeat.INTERRUPTED
+
+
+def interrupted_body(tool_call_id: str) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": {
+            "code": "interrupted",
+            "message": f"the call with tool_call_id {tool_call_id!r} was interrupted (the server stopped or the call "
+            "failed) before its result was recorded; it may have run partly. Use a new tool_call_id to run it again",
+        },
+    }
+
+
+def still_running_body(tool_call_id: str, waited_s: float) -> dict[str, Any]:
+    return {
+        "ok": False,
+        "error": {
+            "code": "in_progress",
+            "message": f"the call with tool_call_id {tool_call_id!r} is still running after {waited_s:.0f} s of "
+            "waiting; repeat it with the same tool_call_id later for its result",
+        },
+    }
+
+
+def kept_body(body: dict[str, Any], max_bytes: int) -> str:
+    """The JSON kept for repeats: the body, or when larger than `max_bytes`, a tool error
+    that says the call ran and how it ended (a repeat never runs it again)."""
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    if len(text.encode()) <= max_bytes:
+        return text
+    outcome = "ok" if body.get("ok") else (body.get("error") or {}).get("code", "error")
+    return json.dumps(
+        {
+            "ok": False,
+            "error": {
+                "code": "result_not_kept",
+                "message": f"the call ran (outcome {outcome}) but its result was larger than {max_bytes} bytes and "
+                "was not kept for repeats",
+                "outcome": outcome,
+            },
+        }
+    )
+
+
+def _expiry(now: datetime, ttl_s: float) -> str:
+    return iso(now + timedelta(seconds=ttl_s))
+
+
+class CallRecords:
+    """The `tool_call_results` rows. Every method runs inside the caller's transaction."""
+
+    def __init__(self, *, ttl_s: float, max_result_bytes: int) -> None:
+        self.ttl_s = ttl_s
+        self.max_result_bytes = max_result_bytes
+        # Rows written by this server process; a running row of another instance is stale.
+        self.instance = uuid.uuid4().hex
+
+    @staticmethod
+    def get_in(tx: Transaction, run_id: str, tool_call_id: str) -> CallRecord | None:
+        row = tx.one(
+            "SELECT run_id, tool_call_id, tool, digest, status, body, instance, expires_at FROM tool_call_results "
+            "WHERE run_id = ? AND tool_call_id = ?",
+            (run_id, tool_call_id),
+        )
+        if row is None:
+            return None
+        return CallRecord(
+            run_id=row["run_id"],
+            tool_call_id=row["tool_call_id"],
+            tool=row["tool"],
+            digest=row["digest"],
+            status=row["status"],
+            body=json.loads(row["body"]) if row["body"] is not None else None,
+            instance=row["instance"],
+            expires_at=row["expires_at"],
+        )
+
+    def start_in(self, tx: Transaction, run_id: str, tool_call_id: str, tool: str, digest: str, now: datetime) -> None:
+        at = iso(now)
+        tx.execute(
+            "DELETE FROM tool_call_results WHERE rowid IN "
+            "(SELECT rowid FROM tool_call_results WHERE expires_at <= ? LIMIT ?)",
+            (at, SWEEP_BATCH),
+        )
+        tx.execute(
+            "INSERT OR REPLACE INTO tool_call_results "
+            "(run_id, tool_call_id, tool, digest, status, body, instance, started_at, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, NULL, ?, ?, ?)",
+            (run_id, tool_call_id, tool, digest, RUNNING, self.instance, at, _expiry(now, self.ttl_s)),
+        )
+
+    def complete_in(self, tx: Transaction, run_id: str, tool_call_id: str, body: dict[str, Any], now: datetime) -> None:
+        tx.execute(
+            "UPDATE tool_call_results SET status = ?, body = ?, completed_at = ?, expires_at = ? "
+            "WHERE run_id = ? AND tool_call_id = ?",
+            (
+                DONE,
+                kept_body(body, self.max_result_bytes),
+                iso(now),
+                _expiry(now, self.ttl_s),
+                run_id,
+                tool_call_id,
+            ),
+        )
+
+    @staticmethod
+    def sweep_in(tx: Transaction, now: datetime) -> int:
+        at = iso(now)
+        return tx.execute("DELETE FROM tool_call_results WHERE expires_at <= ?", (at,)).rowcount
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class PendingCalls:
+    """Calls with a tool_call_id running in this process, each with a future its repeats
+    wait on (set from whichever thread completes the call)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._futures: dict[tuple[str, str], Future[None]] = {}
+
+    def open(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            self._futures[key] = Future()
+
+    def future(self, key: tuple[str, str]) -> Future[None] | None:
+        with self._lock:
+            return self._futures.get(key)
+
+    def close(self, key: tuple[str, str]) -> None:
+        with self._lock:
+            future = self._futures.pop(key, None)
+        if future is not None and not future.done():
+            future.set_result(None)
