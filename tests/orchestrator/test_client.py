@@ -48,7 +48,7 @@ def test_a_bot_loop_with_tools_deliveries_and_public_uploads(bot: OrchestratorCl
     published = bot.call_tool(run.run_id, "publish_artifact", {"path": "r.txt"}).raise_for_error().result
     assert bot.fetch_upload(published["url"]) == b"result\n"
     bot.delete_delivery(delivery.delivery_id)
-    with pytest.raises(sdk.NotFound):
+    with pytest.raises(sdk.NotFoundError):
         bot.fetch_delivery(delivery.delivery_id)
     assert bot.end_run(run.run_id).status == "succeeded"
     assert bot.get_session(session.session_id).last_runtime_user_id == MEMBER
@@ -69,18 +69,18 @@ def test_tool_failures_are_results_until_raised(bot: OrchestratorClient, server)
 
 def test_http_errors_are_typed_exceptions_with_the_structured_error(bot: OrchestratorClient, server) -> None:
     base, service = server
-    with pytest.raises(sdk.NotFound) as missing:
+    with pytest.raises(sdk.NotFoundError) as missing:
         bot.get_session("no-such-session")
     assert missing.value.status == 404 and missing.value.code == "not_found"
-    with pytest.raises(sdk.InvalidRequest) as invalid:
+    with pytest.raises(sdk.InvalidRequestError) as invalid:
         bot.create_session(owner_user_id=OWNER, channel="web", session_id="../x")
     assert invalid.value.field == "session_id"
     session = bot.create_session(owner_user_id=OWNER, channel="web")
-    with pytest.raises(sdk.Conflict):
+    with pytest.raises(sdk.ConflictError):
         bot.create_session(owner_user_id=OWNER, channel="web", session_id=session.session_id)
-    with OrchestratorClient(base, token="wrong") as stranger, pytest.raises(sdk.Unauthorized):
+    with OrchestratorClient(base, token="wrong") as stranger, pytest.raises(sdk.UnauthorizedError):
         stranger.get_session(session.session_id)
-    with OrchestratorClient(base, token=API_TOKEN) as plain_bot, pytest.raises(sdk.Forbidden):
+    with OrchestratorClient(base, token=API_TOKEN) as plain_bot, pytest.raises(sdk.ForbiddenError):
         plain_bot.get_runtime_identity()
     assert bot.set_runtime_identity("owner").mode == "owner"
     assert bot.get_runtime_identity().source == "admin"
@@ -91,7 +91,7 @@ def test_http_errors_are_typed_exceptions_with_the_structured_error(bot: Orchest
     delivery_id = bot.call_tool(run.run_id, "send_file", {"path_or_url": "x.txt"}).result["delivery_id"]
     with service.store.write() as tx:  # let it expire
         tx.execute("UPDATE deliveries SET expires_at = '2000-01-01T00:00:00+00:00'")
-    with pytest.raises(sdk.Gone) as gone:
+    with pytest.raises(sdk.GoneError) as gone:
         bot.fetch_delivery(delivery_id)
     assert gone.value.details["expired_at"].startswith("2000")
     with OrchestratorClient(f"http://127.0.0.1:{free_port()}", token=API_TOKEN) as nowhere, pytest.raises(sdk.TransportError):
@@ -110,7 +110,7 @@ def test_client_models_match_the_servers_openapi(server) -> None:
         sdk.Appended: "AppendOut",
         sdk.SessionDeleted: "DeletedOut",
         sdk.Delivery: "DeliveryOut",
-        sdk.IdentityMode: "IdentityModeOut",
+        sdk.IdentityModeState: "IdentityModeOut",
         sdk.Skill: "SkillOut",
         sdk.SkillDetail: "SkillDetailOut",
         sdk.SkillEntry: "SkillEntryOut",
@@ -145,9 +145,9 @@ def test_skills_through_the_sdk(bot: OrchestratorClient, server, tmp_path) -> No
     again = bot.put_skill("report", {"SKILL.md": "# report v2\n", "run": sdk.SkillFile(content="x", executable=True)})
     assert again.changed and again.previous_fingerprint == installed.fingerprint
     assert bot.delete_skill("report").previous_fingerprint == again.fingerprint
-    with pytest.raises(sdk.NotFound):
+    with pytest.raises(sdk.NotFoundError):
         bot.get_skill("report")
-    with pytest.raises(sdk.InvalidRequest) as invalid:
+    with pytest.raises(sdk.InvalidRequestError) as invalid:
         bot.put_skill("report", {"../up": "x", "SKILL.md": "x"})
     assert invalid.value.field == "files.../up"
 
@@ -156,7 +156,7 @@ def test_skills_through_the_sdk(bot: OrchestratorClient, server, tmp_path) -> No
     assert bot.list_personal_skills(MEMBER).names == ["mine"]
     assert bot.get_personal_skill(MEMBER, "mine").entries[0].path == "SKILL.md"
     assert bot.delete_personal_skill(MEMBER, "mine").removed
-    with OrchestratorClient(server[0], token=API_TOKEN) as plain_bot, pytest.raises(sdk.Forbidden):
+    with OrchestratorClient(server[0], token=API_TOKEN) as plain_bot, pytest.raises(sdk.ForbiddenError):
         plain_bot.put_skill("report", {"SKILL.md": "x"})  # system skills need the admin token
 
     (local / "link").symlink_to("SKILL.md")

@@ -1,0 +1,51 @@
+"""`AsyncOrchestratorClient`: the same methods as `OrchestratorClient` over an
+`httpx.AsyncClient`, for async bot frameworks; each method returns an awaitable of the same
+model (requests and parsing are shared: `routes.ClientMethods`)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from orchestrator.client.routes import DEFAULT_TIMEOUT_S, Call, ClientMethods
+
+
+class AsyncOrchestratorClient(ClientMethods):
+    """`async with AsyncOrchestratorClient(url, token=...) as bot: await bot.call_tool(...)`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        admin_token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._admin_headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._timeout_s = timeout
+        self._base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self._base_url, headers=headers, timeout=timeout, transport=transport, trust_env=False
+        )
+
+    async def __aenter__(self) -> AsyncOrchestratorClient:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _run(self, call: Call[Any]) -> Any:  # type: ignore[override]  # the awaitable form
+        try:
+            response = await self._http.send(call.build(self._http, self._admin_headers))
+        except httpx.HTTPError as exc:
+            raise call.failed(exc) from exc
+        return call.finish(response)

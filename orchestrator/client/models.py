@@ -1,0 +1,439 @@
+"""The client's typed models of the server's answers. Extra fields are ignored, so a newer
+server never breaks an older bot; `ToolResult.typed` validates the results of the tools whose
+shape is fixed."""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from orchestrator.client.errors import InvalidResponseError, ToolCallFailed
+
+class Model(BaseModel):
+    # New server fields must not break old bots.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Group(Model):
+    channel: str
+    chat_id: str
+
+
+class Health(Model):
+    status: str
+    version: str
+    backend: str
+    runtime_identity: str
+    runtime_identity_source: str | None = None
+
+
+class User(Model):
+    user_id: int
+    display_name: str | None
+    backend: str | None
+    groups: list[Group]
+
+
+class ProjectSettings(Model):
+    project_id: str
+    cross_session_read: bool
+    cross_project_collaboration: bool
+
+
+class Session(Model):
+    session_id: str
+    owner_user_id: int
+    project_id: str | None
+    channel: str
+    group: Group | None
+    parent_session_id: str | None
+    title: str | None
+    last_runtime_user_id: int | None
+    allow_cross_read: bool
+    cross_private: bool
+    archived: bool
+    pinned: bool
+    created_at: str
+    updated_at: str
+
+
+class SessionDeleted(Model):
+    session_id: str
+    deleted: bool
+    cleanup_done: bool
+
+
+class ToolCallSummary(Model):
+    name: str
+    status: str
+
+
+class Message(Model):
+    seq: int
+    at: str
+    role: str
+    content: str
+    tool_calls: list[ToolCallSummary]
+    speaker_user_id: int | None
+
+
+class Messages(Model):
+    session_id: str
+    total: int
+    messages: list[Message]
+
+
+class Appended(Model):
+    session_id: str
+    appended: int
+    message_count: int
+    last_seq: int
+
+
+class SkillCatalogEntry(Model):
+    name: str
+    path: str
+    kind: str
+
+
+class RunSkills(Model):
+    available: list[str]
+    failed: list[str]
+    catalog: list[SkillCatalogEntry]
+
+
+class RunContext(Model):
+    run_id: str
+    session_id: str
+    trigger: str
+    owner_user_id: int
+    execution_user_id: int | None
+    runtime_user_id: int
+    identity_mode: str
+    workdir: str
+    upload_dir: str
+    skills: RunSkills
+    archive_hint_enabled: bool
+    memory_user_id: int
+    prompt_identity_section: str | None
+
+
+class Run(Model):
+    run_id: str
+    session_id: str
+    trigger: str
+    owner_user_id: int
+    execution_user_id: int | None
+    runtime_user_id: int
+    identity_mode: str
+    status: str
+    started_at: str
+    ended_at: str | None
+
+
+class RunPage(Model):
+    runs: list[Run]  # newest first
+    next_before: int | None  # pass as `before` for the next (older) page
+
+
+class SandboxState(Model):
+    user_id: int
+    backend: str
+    state: str  # running | stopped | failed | none
+    since: str | None
+    busy: int
+    last_call_at: str | None
+
+
+class ToolInfo(Model):
+    name: str
+    description: str
+    place: str
+    acts_as: str
+    parameters: dict[str, Any]
+
+
+class ToolErrorInfo(Model):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    code: str
+    message: str
+
+    @property
+    def details(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class ShellResult(Model):
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float | None = None
+    cwd: str | None = None
+    note: str | None = None
+
+
+class ReadFileResult(Model):
+    path: str
+    content: str
+    start_line: int | None = None
+    end_line: int | None = None
+    total_lines: int | None = None
+    size: int | None = None
+    truncated: bool = False
+
+
+class WriteFileResult(Model):
+    path: str
+    bytes_written: int
+    created: bool
+
+
+class EditFileResult(Model):
+    path: str
+    replacements: int
+    line: int | None = None
+
+
+class DirEntry(Model):
+    name: str
+    type: str
+    size: int | None = None
+    target: str | None = None
+
+
+class ListDirResult(Model):
+    path: str
+    entries: list[DirEntry]
+    total: int
+    truncated: bool = False
+
+
+TypedResult = ShellResult | ReadFileResult | WriteFileResult | EditFileResult | ListDirResult
+RESULT_TYPES: dict[str, type[Model]] = {
+    "shell": ShellResult,
+    "read_file": ReadFileResult,
+    "write_file": WriteFileResult,
+    "edit_file": EditFileResult,
+    "list_dir": ListDirResult,
+}
+
+
+class ToolResult(Model):
+    """A tool call's answer. `result` is the server's JSON as the model should see it;
+    `typed` is the same result validated into the tool's model, for the tools in
+    `RESULT_TYPES` (None for other tools and for failures)."""
+
+    ok: bool
+    result: Any = None
+    error: ToolErrorInfo | None = None
+    tool: str | None = None
+    typed: TypedResult | None = None
+
+    @classmethod
+    def of(cls, tool: str, body: Mapping[str, Any]) -> ToolResult:
+        try:
+            result = cls.model_validate({**body, "tool": tool, "typed": None})
+            if result.ok and tool in RESULT_TYPES:
+                typed = RESULT_TYPES[tool].model_validate(result.result)
+                result = result.model_copy(update={"typed": typed})
+        except ValidationError as exc:
+            raise InvalidResponseError(
+                f"the server's answer to {tool} does not have the shape this client knows: {exc.errors()[:3]}",
+                code="invalid_response",
+            ) from exc
+        return result
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """What to hand back to the model: `{"ok", "result"}` or `{"ok", "error"}`."""
+        if self.ok:
+            return {"ok": True, "result": self.result}
+        assert self.error is not None
+        return {"ok": False, "error": self.error.model_dump()}
+
+    def raise_for_error(self) -> ToolResult:
+        if not self.ok:
+            assert self.error is not None
+            details = self.error.details
+            raise ToolCallFailed(self.error.message, code=self.error.code, status=200, field=details.pop("field", None), details=details)
+        return self
+
+
+class Delivery(Model):
+    delivery_id: str
+    run_id: str
+    session_id: str
+    runtime_user_id: int
+    tool: str
+    kind: str
+    file_name: str
+    media_type: str
+    size: int
+    sha256: str
+    source: str
+    created_at: str
+    expires_at: str
+    fetched_at: str | None
+
+
+class DeliveryContent(Model):
+    delivery_id: str
+    kind: str
+    file_name: str | None
+    media_type: str
+    sha256: str
+    data: bytes
+
+
+class InboxDelivery(Model):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    delivery_id: str
+    session_id: str
+    direction: str
+    request_ids: list[str]
+    claim_expires_at: str
+    context: str
+
+
+class IdentityModeState(Model):
+    """The admin view of the runtime-identity mode (the modes: `orchestrator.identity.IdentityMode`)."""
+
+    mode: str
+    source: str
+    changed_at: str
+    invalid_value: str | None
+    configured_mode: str | None = None
+    configured_source: str | None = None
+
+
+class Collaboration(Model):
+    request_id: str
+    role: str
+    source_session_id: str
+    target_session_id: str
+    generation: str
+    state: str
+    reason: str | None
+    delivery_state: str | None
+    continuation: str
+    continuation_reason: str | None
+    clarification_count: int
+    messages: list[dict[str, Any]]
+    deliveries: list[dict[str, Any]]
+    created_at: str
+    updated_at: str
+
+
+class CollaborationPage(Model):
+    collaborations: list[Collaboration]
+    next_before: int | None
+
+
+class CollaborationStopped(Model):
+    collaboration: Collaboration
+    cancelled_run_ids: list[str]
+
+
+class SkillEntry(Model):
+    path: str
+    kind: str
+    executable: bool = False
+    size: int = 0
+    sha256: str | None = None
+    target: str | None = None
+
+
+class Skill(Model):
+    """A skill source as the server's skill code knows it."""
+
+    name: str
+    kind: str  # system | personal
+    user_id: int | None
+    path: str
+    valid: bool
+    fingerprint: str | None
+    problem: str | None
+    files: int
+    bytes: int
+
+
+class SkillDetail(Skill):
+    entries: list[SkillEntry]
+
+
+class IgnoredSkillEntry(Model):
+    name: str
+    reason: str
+
+
+class SkillList(Model):
+    skills: list[Skill]
+    ignored: list[IgnoredSkillEntry]
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.skills]
+
+
+class SkillInstalled(Skill):
+    created: bool
+    changed: bool
+    previous_fingerprint: str | None
+
+
+class SkillRemoved(Model):
+    name: str
+    kind: str
+    user_id: int | None
+    removed: bool
+    previous_fingerprint: str | None
+
+
+class SkillFile(Model):
+    """A file of a skill to install: text or bytes, and its executable bit."""
+
+    content: str | bytes
+    executable: bool = False
+
+
+SkillFiles = Mapping[str, str | bytes | SkillFile]
+
+
+def _skill_body(files: SkillFiles) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, file in files.items():
+        if not isinstance(file, SkillFile):
+            file = SkillFile(content=file)
+        if isinstance(file.content, bytes):
+            out[path] = {"base64": base64.b64encode(file.content).decode("ascii"), "executable": file.executable}
+        else:
+            out[path] = {"text": file.content, "executable": file.executable}
+    return {"files": out}
+
+
+def skill_files_from_dir(directory: str | os.PathLike[str]) -> dict[str, SkillFile]:
+    """A local skill directory as the files of `put_skill` (bytes, executable bits).
+    Symlinks and special files cannot be sent: they raise ValueError."""
+    root = os.fspath(directory)
+    files: dict[str, SkillFile] = {}
+    for current, dirs, names in os.walk(root, followlinks=False):
+        for name in sorted(dirs + names):
+            path = os.path.join(current, name)
+            st = os.lstat(path)
+            relative = os.path.relpath(path, root).replace(os.sep, "/")
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise ValueError(f"{relative}: only regular files can be sent (not a symlink or special file)")
+            with open(path, "rb") as f:
+                files[relative] = SkillFile(content=f.read(), executable=bool(st.st_mode & 0o111))
+    return files
