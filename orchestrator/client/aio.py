@@ -24,13 +24,7 @@ class AsyncOrchestratorClient(ClientMethods):
         timeout: float = DEFAULT_TIMEOUT_S,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._admin_headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
-        self._timeout_s = timeout
-        self._base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self._base_url, headers=headers, timeout=timeout, transport=transport, trust_env=False
-        )
+        self._http = httpx.AsyncClient(transport=transport, **self._configure(base_url, token, admin_token, timeout))
 
     async def __aenter__(self) -> AsyncOrchestratorClient:
         return self

@@ -190,6 +190,15 @@ class ClientMethods:
 
     _timeout_s: float = DEFAULT_TIMEOUT_S
     _base_url: str = ""
+    _admin_headers: Mapping[str, str] = {}
+
+    def _configure(self, base_url: str, token: str | None, admin_token: str | None, timeout: float) -> dict[str, Any]:
+        """Remember the settings both clients share; the keyword arguments of their httpx client."""
+        self._admin_headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else {}
+        self._timeout_s = timeout
+        self._base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return {"base_url": self._base_url, "headers": headers, "timeout": timeout, "trust_env": False}
 
     def _run(self, call: Call[Any]) -> Any:  # pragma: no cover - each client sends its own way
         raise NotImplementedError

@@ -214,7 +214,8 @@ class ToolDispatcher:
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             await self._in_thread(partial(self._complete, admitted, outcome, duration_ms))
         finally:
-            await self._in_thread(partial(self._settle, admitted, outcome))
+            if admitted.tool_call_id is not None:  # no thread hop for calls without an id
+                await self._in_thread(partial(self._settle, admitted, outcome))
         self._log(admitted, outcome, duration_ms)
         return outcome
 
