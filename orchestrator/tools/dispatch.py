@@ -38,7 +38,7 @@ from orchestrator.log import kv, run_logger
 from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
 from orchestrator.sandboxes.router import SandboxRouter
 from orchestrator.sessions.records import SessionRecord, SessionRepository
-from orchestrator.state_store import StateStore
+from orchestrator.state_store import StateStore, Transaction
 from orchestrator.tools.call_records import (
     CallRecords,
     PendingCalls,
@@ -205,7 +205,7 @@ class ToolDispatcher:
         if admitted.refused is not None:
             self._log(admitted, admitted.refused, 0.0)
             return admitted.refused
-        outcome: ToolOutcome | None = None
+        recorded = False
         try:
             try:
                 outcome = await self._run_in_sandbox(admitted)
@@ -213,9 +213,12 @@ class ToolDispatcher:
                 self.slots.give_back(admitted.acting_user)
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             await self._in_thread(partial(self._complete, admitted, outcome, duration_ms))
+            recorded = True
         finally:
-            if admitted.tool_call_id is not None:  # no thread hop for calls without an id
-                await self._in_thread(partial(self._settle, admitted, outcome))
+            if admitted.tool_call_id is not None and not recorded:  # a broken call: record it as such
+                await self._in_thread(partial(self._settle, admitted, recorded))
+            elif admitted.tool_call_id is not None:  # recorded: wake its repeats, no thread hop
+                self._pending.close((admitted.run.run_id, admitted.tool_call_id))
         self._log(admitted, outcome, duration_ms)
         return outcome
 
@@ -231,7 +234,7 @@ class ToolDispatcher:
         if admitted.refused is not None:
             self._log(admitted, admitted.refused, 0.0)
             return admitted.refused
-        outcome: ToolOutcome | None = None
+        recorded = False
         try:
             try:
                 outcome = self._run_on_host(admitted, tool_call_id)
@@ -239,8 +242,9 @@ class ToolDispatcher:
                 self.slots.give_back(admitted.acting_user)
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             self._complete(admitted, outcome, duration_ms)
+            recorded = True
         finally:
-            self._settle(admitted, outcome)
+            self._settle(admitted, recorded)
         self._log(admitted, outcome, duration_ms)
         return outcome
 
@@ -259,6 +263,10 @@ class ToolDispatcher:
             if run is None:
                 raise NotFound(f"run {run_id} not found")
             if run.status is not RunStatus.RUNNING:
+                if tool_call_id is not None:  # a repeat of a finished call still gets its answer
+                    done = self._recorded(tx, run_id, name, raw_arguments, tool_call_id)
+                    if done is not None:
+                        return _Repeated(done)
                 raise Conflict(f"run {run_id} has ended ({run.status.value}); start a new run to call tools")
             if session is None or session.deleted:
                 raise NotFound(f"session {run.session_id} not found")
@@ -315,6 +323,17 @@ class ToolDispatcher:
         recorded = tool_call_id if refused is None else None
         return _Admitted(run, session, name, spec, acting_user, workdir, arguments, entry_id, started, refused, recorded)
 
+    def _recorded(
+        self, tx: Transaction, run_id: str, name: str, raw_arguments: dict[str, Any], tool_call_id: str
+    ) -> ToolOutcome | None:
+        record = self.call_records.get_in(tx, run_id, tool_call_id)
+        digest = arguments_digest(name, raw_arguments)
+        if record is None or record.body is None:
+            return None
+        if decide(record, digest=digest, instance=self.call_records.instance, now=now_iso()) is not Repeat.RECORDED:
+            return None
+        return ToolOutcome.of_body(record.body)
+
     async def _run_in_sandbox(self, call: _Admitted) -> ToolOutcome:
         assert call.arguments is not None and call.spec is not None
         try:
@@ -358,14 +377,14 @@ class ToolDispatcher:
             if call.tool_call_id is not None:
                 self.call_records.complete_in(tx, call.run.run_id, call.tool_call_id, outcome.body(), utc_now())
 
-    def _settle(self, call: _Admitted, outcome: ToolOutcome | None) -> None:
+    def _settle(self, call: _Admitted, recorded: bool) -> None:
         """Wake the call's waiting repeats. A call that broke before its outcome was recorded
         is recorded as interrupted, so a repeat never runs it a second time."""
         if call.tool_call_id is None:
             return
         key = (call.run.run_id, call.tool_call_id)
         try:
-            if outcome is None:
+            if not recorded:
                 with self._store.write() as tx:
                     self.call_records.complete_in(tx, key[0], key[1], interrupted_body(key[1]), utc_now())
         finally:

@@ -3,6 +3,8 @@ real shell calls through a live server (real sockets, process-backend agents, SQ
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +20,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, make_settings
-from tests.live_server import free_port, live_server
+from tests.live_server import free_port, live_server, serve_process
 
 OWNER = 17
 
@@ -103,24 +105,54 @@ def test_the_record_survives_a_server_restart(agent_data_dir) -> None:
         assert repeat.result == first.result and lines(run, "count.txt") == ["ran"]
 
 
-def test_a_call_left_running_by_a_dead_server_is_interrupted_not_run_again(agent_data_dir) -> None:
-    """The record of a call whose server died mid-call (its instance is gone) answers
-    `interrupted`: it may have run, so it is never run a second time under the same id."""
-    with serving(agent_data_dir) as (bot, service):
+def server_pid(port: int) -> int:
+    """The pid of the `orchestrator serve --port PORT` this test started."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in argv and str(port).encode() in argv and b"orchestrator" in argv:
+                return int(entry.name)
+    raise AssertionError(f"no orchestrator serve on port {port}")
+
+
+def test_a_call_left_running_by_a_killed_server_is_interrupted_not_run_again(agent_data_dir) -> None:
+    """A server killed mid-call leaves the call's record `running`: after a restart the repeat
+    answers `interrupted` (it may have run), and never runs it a second time."""
+    env = {
+        "ORCH_BACKEND": "process",
+        **{k: os.environ[k] for k in ("ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID") if k in os.environ},
+    }
+    command = {"command": "echo ran >> count.txt; sleep 30"}
+    port = free_port()
+    with serve_process(str(agent_data_dir), port, env) as base, OrchestratorClient(base) as bot:
         run = new_run(bot)
         thread = threading.Thread(
-            target=lambda: bot.call_tool(run.run_id, "shell", {"command": "echo ran >> count.txt; sleep 30"}, tool_call_id="c1"),
+            target=lambda: pytest.raises(sdk.TransportError, bot.call_tool, run.run_id, "shell", command, tool_call_id="c1"),
             daemon=True,
         )
         thread.start()
         wait_for(lambda: lines(run, "count.txt") == ["ran"])
-        # What a server killed now leaves behind: the row of the running call, its instance gone.
-        service.dispatcher.call_records.instance = "a-server-that-died"
-        repeat = bot.call_tool(run.run_id, "shell", {"command": "echo ran >> count.txt; sleep 30"}, tool_call_id="c1")
+        os.kill(server_pid(port), signal.SIGKILL)
+        thread.join(timeout=30)
+    with serve_process(str(agent_data_dir), free_port(), env) as base, OrchestratorClient(base) as bot:
+        repeat = bot.call_tool(run.run_id, "shell", command, tool_call_id="c1")
         assert not repeat.ok and repeat.error.code == "interrupted" and "may have run" in repeat.error.message
         assert lines(run, "count.txt") == ["ran"]
-        bot.end_run(run.run_id, "cancelled")  # stops the sleeping call
-        thread.join(timeout=30)
+
+
+def test_a_repeat_after_the_run_ended_still_gets_the_recorded_answer(agent_data_dir) -> None:
+    with serving(agent_data_dir) as (bot, _):
+        run = new_run(bot)
+        first = bot.call_tool(run.run_id, "shell", {"command": "echo ran >> count.txt"}, tool_call_id="c1")
+        bot.end_run(run.run_id)
+        assert bot.call_tool(run.run_id, "shell", {"command": "echo ran >> count.txt"}, tool_call_id="c1") == first
+        with pytest.raises(sdk.ConflictError) as ended:  # anything new is refused: the run has ended
+            bot.call_tool(run.run_id, "shell", {"command": "echo ran >> count.txt"}, tool_call_id="c2")
+        assert "has ended" in ended.value.message
+        assert lines(run, "count.txt") == ["ran"]
 
 
 def test_records_expire_and_large_results_are_not_kept(agent_data_dir) -> None:
