@@ -178,17 +178,10 @@ class CallRecords:
         )
 
     def complete_in(self, tx: Transaction, run_id: str, tool_call_id: str, body: dict[str, Any], now: datetime) -> None:
+        # The TTL runs from the call's start: leaving expires_at alone spares an index update.
         tx.execute(
-            "UPDATE tool_call_results SET status = ?, body = ?, completed_at = ?, expires_at = ? "
-            "WHERE run_id = ? AND tool_call_id = ?",
-            (
-                DONE,
-                kept_body(body, self.max_result_bytes),
-                iso(now),
-                _expiry(now, self.ttl_s),
-                run_id,
-                tool_call_id,
-            ),
+            "UPDATE tool_call_results SET status = ?, body = ?, completed_at = ? WHERE run_id = ? AND tool_call_id = ?",
+            (DONE, kept_body(body, self.max_result_bytes), iso(now), run_id, tool_call_id),
         )
 
     @staticmethod
