@@ -150,6 +150,17 @@ class SandboxState(Model):
     last_call_at: str | None
 
 
+class IncomingFile(Model):
+    """A file uploaded from the chat into the run's sandbox: `path` is what to hand the model."""
+
+    path: str
+    name: str
+    size: int
+    scope: str
+    runtime_user_id: int
+    note: str
+
+
 class ToolInfo(Model):
     name: str
     description: str

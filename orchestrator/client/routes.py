@@ -27,6 +27,7 @@ from orchestrator.client.models import (
     DeliveryContent,
     Group,
     Health,
+    IncomingFile,
     IdentityModeState,
     InboxDelivery,
     Messages,
@@ -94,6 +95,7 @@ class Request(Generic[T]):
     parse: Callable[[httpx.Response], T]
     segments: Mapping[str, object] = field(default_factory=dict)
     json: Any = None
+    content: bytes | None = None  # a raw body (an upload), instead of `json`
     params: Mapping[str, Any] | None = None
     acting_user: int | None = None
     admin: bool = False
@@ -118,7 +120,9 @@ class Call(Generic[T]):
         if r.acting_user is not None:
             headers["X-Acting-User"] = str(r.acting_user)
         timeout = httpx.Timeout(r.timeout_s) if r.timeout_s is not None else httpx.USE_CLIENT_DEFAULT
-        built = http.build_request(self.method, self.path, json=r.json, params=r.params, headers=headers, timeout=timeout)
+        built = http.build_request(
+            self.method, self.path, json=r.json, content=r.content, params=r.params, headers=headers, timeout=timeout
+        )
         if not r.auth:  # public routes: never send a token where it is not needed
             built.headers.pop("Authorization", None)
         return built
@@ -372,6 +376,27 @@ class ClientMethods:
             {"run_id": run_id, "name": name},
             json=body,
             timeout_s=tool_call_timeout_s(name, arguments, self._timeout_s),
+        )
+
+    # files from the chat -------------------------------------------------------------------
+    @route("PUT", "/v1/runs/{run_id}/files/incoming/{name}")
+    def upload_incoming(
+        self,
+        run_id: str,
+        name: str,
+        data: bytes,
+        *,
+        scope: Literal["personal", "group"] = "personal",
+        acting_user: int | None = None,
+    ) -> Request[IncomingFile]:
+        """Put a file from the chat into the run's sandbox (`personal`: the runtime user's
+        `incoming/`; `group`: the group chat's `chat-files/{date}/`); hand the model `path`."""
+        return Request(
+            _json_of(IncomingFile),
+            {"run_id": run_id, "name": name},
+            content=bytes(data),
+            params={"scope": scope},
+            acting_user=acting_user,
         )
 
     # outgoing deliveries and public uploads ------------------------------------------------

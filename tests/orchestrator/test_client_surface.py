@@ -71,6 +71,10 @@ def test_the_async_client_runs_a_bot_loop(server) -> None:
             shell = await bot.call_tool(run.run_id, "shell", {"command": "echo hi; echo oops >&2; exit 3"})
             assert isinstance(shell.typed, sdk.ShellResult)
             assert (shell.typed.exit_code, shell.typed.stdout, shell.typed.stderr) == (3, "hi\n", "oops\n")
+            uploaded = await bot.upload_incoming(run.run_id, "chat file?.txt", b"from the chat\n")
+            assert uploaded.name.startswith("chat file") and uploaded.size == 14
+            echoed = await bot.call_tool(run.run_id, "read_file", {"path": uploaded.path})
+            assert echoed.typed.content == "from the chat\n"
             invented = await bot.call_tool(run.run_id, "../end", {})
             assert invented.error.code == "unknown_tool" and invented.typed is None
             page = await bot.list_collaborations(session.session_id)
