@@ -9,7 +9,6 @@ Three steps, each reusing what exists:
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import subprocess
@@ -24,19 +23,17 @@ import docker
 from docker.errors import APIError, BuildError, ImageNotFound
 
 from mounts.fs.lock import flocked
-from orchestrator.sandboxes.image.compat import agent_lock_digest
+from orchestrator.sandboxes.image.checkout import BuildSources, ImageBuildError, agent_pins, installed_distributions
 from orchestrator.sandboxes.image.recipe import (
     LABEL_RECIPE,
     LABEL_ROLE,
     ROLE_SANDBOX,
-    InstalledDistribution,
     Pin,
-    canonical_name,
+    agent_lock_digest,
     image_recipe,
     lock_requirements,
     lock_text,
     missing_wheels,
-    top_level_requirements,
 )
 
 Progress = Callable[[str], None]
@@ -55,48 +52,6 @@ def platform_args(machine: str) -> list[str]:
     return [arg for tag in tags for arg in ("--platform", tag)]
 
 
-class ImageBuildError(RuntimeError):
-    """A step of the image build failed; the message says which and why."""
-
-
-@dataclass(frozen=True)
-class BuildSources:
-    """Where the recipe's files live: a source checkout (the Dockerfile is at its top)."""
-
-    root: Path
-
-    @classmethod
-    def from_checkout(cls, root: Path | None = None) -> BuildSources:
-        root = (root or Path(__file__).resolve().parents[3]).resolve()
-        sources = cls(root)
-        if not sources.dockerfile.is_file():
-            raise ImageBuildError(
-                f"no Dockerfile at {sources.dockerfile}: build-image needs a source checkout "
-                "of sandbox-orchestrator (the Dockerfile and images/ are not installed as a package)"
-            )
-        return sources
-
-    @property
-    def dockerfile(self) -> Path:
-        return self.root / "Dockerfile"
-
-    @property
-    def entrypoint(self) -> Path:
-        return self.root / "images" / "sandbox-entrypoint"
-
-    @property
-    def requirements_in(self) -> Path:
-        return self.root / "images" / "sandbox-requirements.in"
-
-    @property
-    def base_script(self) -> Path:
-        return self.root / "images" / "build-base.sh"
-
-    @property
-    def wheelhouse(self) -> Path:
-        return self.root / ".wheelhouse"
-
-
 @dataclass(frozen=True)
 class BuildResult:
     image: str
@@ -111,21 +66,6 @@ def base_cache_dir() -> Path:
     """Where downloaded .debs are kept between base-image builds."""
     cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(cache) / "sandbox-orchestrator" / "debootstrap"
-
-
-def installed_distributions() -> dict[str, InstalledDistribution]:
-    found: dict[str, InstalledDistribution] = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(canonical_name(name), InstalledDistribution(dist.version, tuple(dist.requires or ())))
-    return found
-
-
-def agent_pins(sources: BuildSources, installed: dict[str, InstalledDistribution] | None = None) -> tuple[Pin, ...]:
-    """The agent's runtime dependencies, pinned to the versions installed here."""
-    top = top_level_requirements(sources.requirements_in.read_text())
-    return lock_requirements(top, installed if installed is not None else installed_distributions())
 
 
 @contextmanager

@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import enum
 import functools
-import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-from orchestrator.sandboxes.image.recipe import LABEL_AGENT_LOCK, Pin, lock_text
+from orchestrator.sandboxes.image.checkout import BuildSources, ImageBuildError, agent_pins
+from orchestrator.sandboxes.image.recipe import LABEL_AGENT_LOCK, agent_lock_digest
 
 
 class ImageFit(enum.Enum):
     ABSENT = "absent"
     STALE = "stale"  # built for other agent dependencies (or before images carried the label)
     FITS = "fits"
-
-
-def agent_lock_digest(pins: Iterable[Pin]) -> str:
-    return hashlib.sha256(lock_text(pins).encode()).hexdigest()
 
 
 def image_fit(labels: Mapping[str, str] | None, expected_lock: str | None) -> ImageFit:
@@ -49,8 +45,6 @@ def expected_agent_lock() -> str | None:
     """The digest the image must carry, from this source checkout; None without one. Computed
     once per process (reading every installed distribution's metadata takes tens of ms): the
     backend choice and the docker backend both ask, and installing packages needs a restart."""
-    from orchestrator.sandboxes.image.build import BuildSources, ImageBuildError, agent_pins
-
     try:
         sources = BuildSources.from_checkout()
     except ImageBuildError:

@@ -108,6 +108,11 @@ def lock_text(pins: Iterable[Pin]) -> str:
     return "".join(f"{pin.requirement}\n" for pin in sorted(pins))
 
 
+def agent_lock_digest(pins: Iterable[Pin]) -> str:
+    """The digest of the agent's pinned dependencies an image is labelled with (`compat.py`)."""
+    return hashlib.sha256(lock_text(pins).encode()).hexdigest()
+
+
 def missing_wheels(pins: Iterable[Pin], filenames: Iterable[str]) -> tuple[Pin, ...]:
     names = list(filenames)
     return tuple(pin for pin in pins if not any(pin.matches_wheel(f) for f in names))

@@ -3,9 +3,9 @@ dependencies (pure parts; the labels of a real image are checked in test_build.p
 
 from __future__ import annotations
 
-from orchestrator.sandboxes.image.build import BuildSources, agent_pins
-from orchestrator.sandboxes.image.compat import ImageFit, agent_lock_digest, expected_agent_lock, image_fit
-from orchestrator.sandboxes.image.recipe import LABEL_AGENT_LOCK, Pin
+from orchestrator.sandboxes.image.checkout import BuildSources, agent_pins
+from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit
+from orchestrator.sandboxes.image.recipe import LABEL_AGENT_LOCK, Pin, agent_lock_digest
 
 PINS = (Pin("pydantic", "2.9.2"), Pin("starlette", "0.41.3"))
 
