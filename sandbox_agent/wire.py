@@ -10,6 +10,7 @@ import base64
 import binascii
 import json
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
@@ -88,17 +89,84 @@ class ReadBytesArgs(_Args):
     path: str = Field(..., description=_PATH_DOC)
 
 
-TOOL_ARGUMENTS: dict[str, type[_Args]] = {
-    "read_file": ReadFileArgs,
-    "write_file": WriteFileArgs,
-    "write_bytes": WriteBytesArgs,
-    "edit_file": EditFileArgs,
-    "list_dir": ListDirArgs,
-    "glob_search": GlobSearchArgs,
-    "grep_search": GrepSearchArgs,
-    "shell": ShellArgs,
-    "read_bytes": ReadBytesArgs,
-}
+@dataclass(frozen=True)
+class ContainerTool:
+    """One tool the agent runs: its name, the arguments it validates and what a model is told
+    about it. The one declaration of the container tools: the agent's tool table, the host's
+    identity table and the host's tool registry (`GET /v1/tools`) are all derived from
+    CONTAINER_TOOLS."""
+
+    name: str
+    arguments: type[_Args]
+    description: str
+
+
+_PATHS = (
+    " Paths are absolute or relative to the working directory; only your own directories, the "
+    "shared ones and your skills are reachable, and a refused path says why."
+)
+
+CONTAINER_TOOLS: tuple[ContainerTool, ...] = (
+    ContainerTool(
+        "read_file",
+        ReadFileArgs,
+        "Read a text file: up to `limit` lines (default 2000) from line `offset` (1-based). The result says "
+        "how many lines the file has and where to continue; binary files are refused (use read_bytes)." + _PATHS,
+    ),
+    ContainerTool(
+        "write_file",
+        WriteFileArgs,
+        "Create or replace a file with the given text, atomically; missing parent directories are created. "
+        "Read-only places (skills) refuse with read_only." + _PATHS,
+    ),
+    ContainerTool(
+        "write_bytes",
+        WriteBytesArgs,
+        "Create or replace a file with bytes that are not text (an image, an archive), given as base64 in "
+        f"`content_base64` (at most {WRITE_BYTES_MAX} bytes decoded), atomically; missing parent directories "
+        "are created. Same places and refusals as write_file." + _PATHS,
+    ),
+    ContainerTool(
+        "edit_file",
+        EditFileArgs,
+        "Replace the exact text `old` with `new` in a file. `old` must occur exactly once: no match and "
+        "several matches are errors that say which." + _PATHS,
+    ),
+    ContainerTool(
+        "list_dir",
+        ListDirArgs,
+        "List a directory: names, types (file, dir, symlink with its target) and file sizes." + _PATHS,
+    ),
+    ContainerTool(
+        "glob_search",
+        GlobSearchArgs,
+        "Find files whose path below `path` matches a glob (`*`, `?`, `[ab]`, `{a,b}`, `**` across "
+        "directories), e.g. `**/*.py` or `skills/*/SKILL.md`." + _PATHS,
+    ),
+    ContainerTool(
+        "grep_search",
+        GrepSearchArgs,
+        "Search text files for a regular expression, line by line; optionally only files matching `glob`. "
+        "Returns path, line number and line text, up to a cap." + _PATHS,
+    ),
+    ContainerTool(
+        "shell",
+        ShellArgs,
+        "Run a bash command in the working directory, with HOME set to your home directory. On timeout "
+        "(timeout_s, default from the server) the whole process tree is killed and the output so far is "
+        "returned with exit code 124. Processes do not outlive the call. Long output keeps its head and tail "
+        "around an 'N bytes omitted' marker and is saved in full to `stdout_file` / `stderr_file` (read it with "
+        "read_file or grep_search); binary output is reported by size (`stdout_binary`).",
+    ),
+    ContainerTool(
+        "read_bytes",
+        ReadBytesArgs,
+        "Read a file's raw bytes (base64), up to a size cap." + _PATHS,
+    ),
+)
+
+TOOL_ARGUMENTS: dict[str, type[_Args]] = {tool.name: tool.arguments for tool in CONTAINER_TOOLS}
+CONTAINER_TOOL_NAMES = frozenset(TOOL_ARGUMENTS)
 
 
 # --- configuration --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 from enum import Enum
 
 from orchestrator.identity import RunIdentity
+from sandbox_agent.wire import CONTAINER_TOOL_NAMES
 
 
 class ActingIdentity(str, Enum):
@@ -17,19 +18,7 @@ class ActingIdentity(str, Enum):
     OWNER = "owner"
 
 
-CONTAINER_TOOLS = frozenset(
-    {
-        "shell",
-        "read_file",
-        "write_file",
-        "write_bytes",
-        "edit_file",
-        "glob_search",
-        "grep_search",
-        "list_dir",
-        "read_bytes",
-    }
-)
+CONTAINER_TOOLS = CONTAINER_TOOL_NAMES  # declared with the wire models the agent validates
 RUNTIME_SCOPED_TOOLS = frozenset({"dump_user_messages", "publish_artifact", "send_file", "send_image"})
 OWNER_SCOPED_TOOLS = frozenset(
     {

@@ -1,4 +1,5 @@
-"""The agent's tool table: name → (argument model, function)."""
+"""The agent's tool table: name → (argument model, function). The names and argument models
+come from the one declaration in `wire.CONTAINER_TOOLS`; this module adds the functions."""
 
 from __future__ import annotations
 
@@ -15,16 +16,31 @@ from sandbox_agent.tools.shell import shell
 
 ToolFunction = Callable[[ToolContext, Any], dict[str, Any]]
 
-TOOLS: dict[str, tuple[type[BaseModel], ToolFunction]] = {
-    "read_file": (wire.ReadFileArgs, read_file),
-    "write_file": (wire.WriteFileArgs, write_file),
-    "write_bytes": (wire.WriteBytesArgs, write_bytes),
-    "edit_file": (wire.EditFileArgs, edit_file),
-    "list_dir": (wire.ListDirArgs, list_dir),
-    "glob_search": (wire.GlobSearchArgs, glob_search),
-    "grep_search": (wire.GrepSearchArgs, grep_search),
-    "shell": (wire.ShellArgs, shell),
-    "read_bytes": (wire.ReadBytesArgs, read_bytes),
+_FUNCTIONS: dict[str, ToolFunction] = {
+    "read_file": read_file,
+    "write_file": write_file,
+    "write_bytes": write_bytes,
+    "edit_file": edit_file,
+    "list_dir": list_dir,
+    "glob_search": glob_search,
+    "grep_search": grep_search,
+    "shell": shell,
+    "read_bytes": read_bytes,
 }
 
-assert set(TOOLS) == set(wire.TOOL_ARGUMENTS)
+
+def tool_table(
+    declared: tuple[wire.ContainerTool, ...], functions: dict[str, ToolFunction]
+) -> dict[str, tuple[type[BaseModel], ToolFunction]]:
+    """Pair every declared tool with its function. A declared tool without one (or a function
+    for no declared tool) is refused at import: the host would offer a tool nobody runs."""
+    names = {tool.name for tool in declared}
+    if names != set(functions):
+        raise RuntimeError(
+            f"container tools without a function: {sorted(names - set(functions))}; "
+            f"functions of no declared tool: {sorted(set(functions) - names)}"
+        )
+    return {tool.name: (tool.arguments, functions[tool.name]) for tool in declared}
+
+
+TOOLS = tool_table(wire.CONTAINER_TOOLS, _FUNCTIONS)
