@@ -5,9 +5,9 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from mounts import ids
-from orchestrator.sessions.chat_records import ChatMessage, NewMessage, Role, ToolCallSummary
+from orchestrator.sessions.chat_records import NewMessage, Role, ToolCallSummary
 from orchestrator.sessions.chat_store import AppendResult
-from orchestrator.http.models import Body, SessionOut
+from orchestrator.http.models import Body, FromRecord, SessionOut
 
 MESSAGE_CONTENT_MAX = 100_000
 MESSAGES_PER_REQUEST_MAX = 200
@@ -53,29 +53,18 @@ class AppendOut(BaseModel):
         return cls(session_id=session_id, **result.__dict__)
 
 
-class MessageToolCallOut(BaseModel):
+class MessageToolCallOut(FromRecord):
     name: str
     status: str
 
 
-class MessageOut(BaseModel):
+class MessageOut(FromRecord):
     seq: int
     at: str
     role: Role
     content: str
     tool_calls: list[MessageToolCallOut]
     speaker_user_id: int | None
-
-    @classmethod
-    def of(cls, message: ChatMessage) -> MessageOut:
-        return cls(
-            seq=message.seq,
-            at=message.at,
-            role=message.role,
-            content=message.content,
-            tool_calls=[MessageToolCallOut(name=c.name, status=c.status) for c in message.tool_calls],
-            speaker_user_id=message.speaker_user_id,
-        )
 
 
 class MessagesOut(BaseModel):

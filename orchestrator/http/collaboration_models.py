@@ -6,10 +6,11 @@ from pydantic import BaseModel
 
 from orchestrator.collaboration import delivery_text
 from orchestrator.collaboration.coordinator import InboxItem, RequestView
-from orchestrator.collaboration.records import Delivery, Message
+from orchestrator.http.models import FromRecord
 
 
-class MessageOut(BaseModel):
+class MessageOut(FromRecord):
+    # Read off a `Message` (`model_validate`); its enums (sender, kind) answer as their values.
     message_id: str
     request_id: str
     seq: int
@@ -19,15 +20,9 @@ class MessageOut(BaseModel):
     body: str
     created_at: str
 
-    @classmethod
-    def of(cls, m: Message) -> MessageOut:
-        return cls(
-            message_id=m.message_id, request_id=m.request_id, seq=m.seq, sender=m.sender.value,
-            sender_session_id=m.sender_session_id, kind=m.kind.value, body=m.body, created_at=m.created_at,
-        )
 
-
-class DeliveryStateOut(BaseModel):
+class DeliveryStateOut(FromRecord):
+    # Read off a `Delivery` (`model_validate`); its enums (direction, state) answer as their values.
     delivery_id: str
     session_id: str
     direction: str
@@ -37,13 +32,6 @@ class DeliveryStateOut(BaseModel):
     outcome: str | None
     created_at: str
     updated_at: str
-
-    @classmethod
-    def of(cls, d: Delivery) -> DeliveryStateOut:
-        return cls(
-            delivery_id=d.delivery_id, session_id=d.session_id, direction=d.direction.value, state=d.state.value,
-            reason=d.reason, run_id=d.run_id, outcome=d.outcome, created_at=d.created_at, updated_at=d.updated_at,
-        )
 
 
 class InboxDeliveryOut(BaseModel):
@@ -64,7 +52,7 @@ class InboxDeliveryOut(BaseModel):
             direction=d.direction.value,
             request_ids=sorted(item.requests),
             claim_expires_at=d.claim_expires_at or "",
-            messages=[MessageOut.of(m) for m in item.messages],
+            messages=[MessageOut.model_validate(m) for m in item.messages],
             context=delivery_text.render(d.direction, item.requests, item.messages),
         )
 
@@ -105,8 +93,8 @@ class CollaborationOut(BaseModel):
             continuation=r.continuation.value,
             continuation_reason=r.continuation_reason,
             clarification_count=r.clarification_count,
-            messages=[MessageOut.of(m) for m in view.messages],
-            deliveries=[DeliveryStateOut.of(d) for d in view.deliveries],
+            messages=[MessageOut.model_validate(m) for m in view.messages],
+            deliveries=[DeliveryStateOut.model_validate(d) for d in view.deliveries],
             created_at=r.created_at,
             updated_at=r.updated_at,
         )

@@ -4,19 +4,25 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasPath, BaseModel, ConfigDict, Field, field_validator
 
 from mounts import ids
 from mounts.layout import GroupRef
 from orchestrator.identity import Trigger
-from orchestrator.runs.records import RunRecord, RunStatus
-from orchestrator.runs.service import RunContext
-from orchestrator.sessions.records import Channel, SessionRecord
+from orchestrator.runs.records import RunStatus
+from orchestrator.sessions.records import Channel
 from orchestrator.identity import IdentityMode
 
 
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class FromRecord(BaseModel):
+    """An answer read off a record (`Out.model_validate(record)`): fields are taken from the
+    record's attributes by name, nested records become their own `FromRecord` models."""
+
+    model_config = ConfigDict(from_attributes=True)
 
 
 def _check(validator, value, field):
@@ -47,7 +53,7 @@ class GroupIn(Body):
         return GroupRef(self.channel, self.chat_id)
 
 
-class GroupOut(BaseModel):
+class GroupOut(FromRecord):
     channel: str
     chat_id: str
 
@@ -76,7 +82,7 @@ class ProjectSettingsIn(Body):
     cross_project_collaboration: bool | None = Field(None, strict=True)
 
 
-class ProjectSettingsOut(BaseModel):
+class ProjectSettingsOut(FromRecord):
     project_id: str
     cross_session_read: bool
     cross_project_collaboration: bool
@@ -115,7 +121,7 @@ class SessionPatch(Body):
     cross_private: bool | None = Field(None, strict=True)
 
 
-class SessionOut(BaseModel):
+class SessionOut(FromRecord):
     session_id: str
     owner_user_id: int
     project_id: str | None
@@ -131,25 +137,6 @@ class SessionOut(BaseModel):
     created_at: str
     updated_at: str
 
-    @classmethod
-    def of(cls, record: SessionRecord) -> SessionOut:
-        return cls(
-            session_id=record.session_id,
-            owner_user_id=record.owner_user_id,
-            project_id=record.project_id,
-            channel=record.channel,
-            group=GroupOut(channel=record.group.channel, chat_id=record.group.chat_id) if record.group else None,
-            parent_session_id=record.parent_session_id,
-            title=record.title,
-            last_runtime_user_id=record.last_runtime_user_id,
-            allow_cross_read=record.allow_cross_read,
-            cross_private=record.cross_private,
-            archived=record.archived,
-            pinned=record.pinned,
-            created_at=record.created_at,
-            updated_at=record.updated_at,
-        )
-
 
 class RunStart(Body):
     trigger: Trigger
@@ -163,26 +150,31 @@ class RunStart(Body):
         return _check(ids.name, v, "agent_id")
 
 
-class SkillCatalogOut(BaseModel):
+class SkillCatalogOut(FromRecord):
     name: str
     path: str
     kind: str
 
 
-class SkillsOut(BaseModel):
+class SkillsOut(FromRecord):
     available: list[str]
     failed: list[str]
     catalog: list[SkillCatalogOut]
 
 
-class RunContextOut(BaseModel):
-    run_id: str
-    session_id: str
-    trigger: Trigger
-    owner_user_id: int
-    execution_user_id: int | None
-    runtime_user_id: int
-    identity_mode: IdentityMode
+def _of_run(name: str) -> Any:
+    return Field(validation_alias=AliasPath("run", name))
+
+
+class RunContextOut(FromRecord):
+    # Read off a `RunContext` (`model_validate`): the run's own fields come from its `run`.
+    run_id: str = _of_run("run_id")
+    session_id: str = _of_run("session_id")
+    trigger: Trigger = _of_run("trigger")
+    owner_user_id: int = _of_run("owner_user_id")
+    execution_user_id: int | None = _of_run("execution_user_id")
+    runtime_user_id: int = _of_run("runtime_user_id")
+    identity_mode: IdentityMode = _of_run("identity_mode")
     workdir: str
     upload_dir: str
     skills: SkillsOut
@@ -190,35 +182,12 @@ class RunContextOut(BaseModel):
     memory_user_id: int
     prompt_identity_section: str | None
 
-    @classmethod
-    def of(cls, context: RunContext) -> RunContextOut:
-        run = context.run
-        return cls(
-            run_id=run.run_id,
-            session_id=run.session_id,
-            trigger=run.trigger,
-            owner_user_id=run.owner_user_id,
-            execution_user_id=run.execution_user_id,
-            runtime_user_id=run.runtime_user_id,
-            identity_mode=run.identity_mode,
-            workdir=context.workdir,
-            upload_dir=context.upload_dir,
-            skills=SkillsOut(
-                available=list(context.skills.available),
-                failed=list(context.skills.failed),
-                catalog=[SkillCatalogOut(name=e.name, path=e.path, kind=e.kind) for e in context.skills.catalog],
-            ),
-            archive_hint_enabled=context.archive_hint_enabled,
-            memory_user_id=context.memory_user_id,
-            prompt_identity_section=context.prompt_identity_section,
-        )
-
 
 class RunEnd(Body):
     status: Literal["succeeded", "failed", "cancelled"] = "succeeded"
 
 
-class RunOut(BaseModel):
+class RunOut(FromRecord):
     run_id: str
     session_id: str
     trigger: Trigger
@@ -229,21 +198,6 @@ class RunOut(BaseModel):
     status: RunStatus
     started_at: str
     ended_at: str | None
-
-    @classmethod
-    def of(cls, run: RunRecord) -> RunOut:
-        return cls(
-            run_id=run.run_id,
-            session_id=run.session_id,
-            trigger=run.trigger,
-            owner_user_id=run.owner_user_id,
-            execution_user_id=run.execution_user_id,
-            runtime_user_id=run.runtime_user_id,
-            identity_mode=run.identity_mode,
-            status=run.status,
-            started_at=run.started_at,
-            ended_at=run.ended_at,
-        )
 
 
 class ToolCallIn(Body):

@@ -141,7 +141,7 @@ def put_project_settings(
         cross_session_read=body.cross_session_read,
         cross_project_collaboration=body.cross_project_collaboration,
     )
-    return ProjectSettingsOut(**settings.__dict__)
+    return ProjectSettingsOut.model_validate(settings)
 
 
 @router.get("/v1/projects/{project_id}/settings", response_model=ProjectSettingsOut, tags=["projects"])
@@ -150,7 +150,7 @@ def get_project_settings(
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> ProjectSettingsOut:
-    return ProjectSettingsOut(**service.projects.get(project_id).__dict__)
+    return ProjectSettingsOut.model_validate(service.projects.get(project_id))
 
 
 @router.get("/v1/admin/runtime-identity", response_model=IdentityModeOut, tags=["admin"])

@@ -9,12 +9,12 @@ from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
-from orchestrator.deliveries.outbox import Delivery
 from orchestrator.errors import NotFound
 from orchestrator.http.acting import check_delivery, visible_run
 from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.models import FromRecord
 from orchestrator.http.params import run_id_param
 from orchestrator.deliveries.public_uploads import INLINE_TYPES, iter_fd, upload_ref
 from orchestrator.service import OrchestratorService
@@ -65,7 +65,7 @@ def get_upload(
     return StreamingResponse(_stream_and_close(opened.fd), headers=headers, media_type=opened.media_type)
 
 
-class DeliveryOut(BaseModel):
+class DeliveryOut(FromRecord):
     delivery_id: str
     run_id: str
     session_id: str
@@ -80,11 +80,7 @@ class DeliveryOut(BaseModel):
     created_at: str
     expires_at: str
     fetched_at: str | None
-    fetch: str
-
-    @classmethod
-    def of(cls, delivery: Delivery) -> DeliveryOut:
-        return cls(**delivery.__dict__, fetch=delivery.fetch_path)
+    fetch: str = Field(validation_alias="fetch_path")
 
 
 class DeliveryListOut(BaseModel):
@@ -147,4 +143,4 @@ def list_run_deliveries(
     _: Caller = Depends(require_bot),
 ) -> DeliveryListOut:
     visible_run(service, run_id, acting)  # 404 for an unknown (or invisible) run
-    return DeliveryListOut(run_id=run_id, deliveries=[DeliveryOut.of(d) for d in service.deliveries.list_for_run(run_id)])
+    return DeliveryListOut(run_id=run_id, deliveries=[DeliveryOut.model_validate(d) for d in service.deliveries.list_for_run(run_id)])

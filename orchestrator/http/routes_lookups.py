@@ -46,7 +46,7 @@ def list_runs(
     service.sessions.get(session_id, acting_user=acting)
     page = service.run_repo.page_of_session(session_id, before=before, limit=limit)
     next_before = page[-1][0] if len(page) == limit else None
-    return RunListOut(session_id=session_id, runs=[RunOut.of(run) for _, run in page], next_before=next_before)
+    return RunListOut(session_id=session_id, runs=[RunOut.model_validate(run) for _, run in page], next_before=next_before)
 
 
 @router.get("/v1/users/{user_id}/sandbox", response_model=SandboxOut, tags=["users"])

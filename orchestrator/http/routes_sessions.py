@@ -67,7 +67,7 @@ def create_session(
         response.status_code = 201 if created else 200
     else:
         record = service.sessions.create(new, actor=caller.actor, acting_user=acting)
-    return SessionOut.of(record)
+    return SessionOut.model_validate(record)
 
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionOut, tags=["sessions"])
@@ -77,7 +77,7 @@ def get_session(
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> SessionOut:
-    return SessionOut.of(service.sessions.get(session_id, acting_user=acting))
+    return SessionOut.model_validate(service.sessions.get(session_id, acting_user=acting))
 
 
 @router.patch("/v1/sessions/{session_id}", response_model=SessionOut, tags=["sessions"])
@@ -90,7 +90,7 @@ def patch_session(
 ) -> SessionOut:
     service.sessions.get(session_id, acting_user=acting, owner_only=True)
     changes = body.model_dump(exclude_unset=True)
-    return SessionOut.of(service.sessions.update(session_id, changes, actor=caller.actor))
+    return SessionOut.model_validate(service.sessions.update(session_id, changes, actor=caller.actor))
 
 
 @router.get("/v1/sessions", response_model=SessionListOut, tags=["sessions"])
@@ -117,7 +117,7 @@ def list_sessions(
     if owner is None:
         raise InvalidInput("owner_user_id (or X-Acting-User) is required", field="owner_user_id")
     records = [] if owner_user_id not in (None, owner) else service.sessions.list(owner, project_id)
-    return SessionListOut(owner_user_id=owner, project_id=project_id, sessions=[SessionOut.of(r) for r in records])
+    return SessionListOut(owner_user_id=owner, project_id=project_id, sessions=[SessionOut.model_validate(r) for r in records])
 
 
 @router.delete("/v1/sessions/{session_id}", response_model=DeletedOut, tags=["sessions"])
@@ -154,7 +154,7 @@ def read_messages(
 ) -> MessagesOut:
     """The last `limit` messages, oldest first."""
     window, total = service.sessions.messages(session_id, acting_user=acting, last=limit)
-    return MessagesOut(session_id=session_id, total=total, messages=[MessageOut.of(m) for m in window])
+    return MessagesOut(session_id=session_id, total=total, messages=[MessageOut.model_validate(m) for m in window])
 
 
 @router.post("/v1/sessions/{session_id}/runs", status_code=201, response_model=RunContextOut, tags=["runs"])
@@ -181,7 +181,7 @@ def start_run(
         ),
         actor=caller.actor,
     )
-    return RunContextOut.of(context)
+    return RunContextOut.model_validate(context)
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunOut, tags=["runs"])
@@ -191,7 +191,7 @@ def get_run(
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> RunOut:
-    return RunOut.of(visible_run(service, run_id, acting))
+    return RunOut.model_validate(visible_run(service, run_id, acting))
 
 
 @router.post("/v1/runs/{run_id}/end", response_model=RunOut, tags=["runs"])
@@ -204,7 +204,7 @@ def end_run(
 ) -> RunOut:
     own_run(service, run_id, acting, owner_too=True)
     status = RunStatus((body or RunEnd()).status)
-    return RunOut.of(service.runs.end(run_id, status, actor=caller.actor))
+    return RunOut.model_validate(service.runs.end(run_id, status, actor=caller.actor))
 
 
 @router.get("/v1/tools", tags=["tools"])
@@ -239,4 +239,4 @@ def group_sessions(service: OrchestratorService, channel: str | None, chat_id: s
         raise InvalidInput("channel and chat_id go together", field="chat_id" if chat_id is None else "channel")
     group = GroupRef(ids.name(channel, "channel"), ids.chat_id(chat_id, "chat_id"))
     records = service.sessions.list_for_group(group, acting)
-    return SessionListOut(owner_user_id=None, project_id=None, sessions=[SessionOut.of(r) for r in records])
+    return SessionListOut(owner_user_id=None, project_id=None, sessions=[SessionOut.model_validate(r) for r in records])

@@ -15,8 +15,6 @@ from orchestrator.http.skill_models import (
     SkillPut,
     SkillRemovedOut,
     installed_out,
-    skill_detail_out,
-    skill_list_out,
 )
 from orchestrator.service import OrchestratorService
 
@@ -42,7 +40,7 @@ def _delete(service: OrchestratorService, user_id: int | None, name: str, caller
 def list_system_skills(
     service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
 ) -> SkillListOut:
-    return skill_list_out(service.skill_admin.list())
+    return SkillListOut.model_validate(service.skill_admin.list())
 
 
 @router.get("/v1/admin/skills/{name}", response_model=SkillDetailOut, tags=["skills"])
@@ -51,7 +49,7 @@ def get_system_skill(
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_admin),
 ) -> SkillDetailOut:
-    return skill_detail_out(service.skill_admin.get(None, name))
+    return SkillDetailOut.model_validate(service.skill_admin.get(None, name))
 
 
 @router.put(
@@ -88,7 +86,7 @@ def list_personal_skills(
     _: Caller = Depends(require_bot),
 ) -> SkillListOut:
     require_self(acting, user_id)
-    return skill_list_out(service.skill_admin.list(user_id))
+    return SkillListOut.model_validate(service.skill_admin.list(user_id))
 
 
 @router.get("/v1/users/{user_id}/skills/{name}", response_model=SkillDetailOut, tags=["skills"])
@@ -100,7 +98,7 @@ def get_personal_skill(
     _: Caller = Depends(require_bot),
 ) -> SkillDetailOut:
     require_self(acting, user_id)
-    return skill_detail_out(service.skill_admin.get(user_id, name))
+    return SkillDetailOut.model_validate(service.skill_admin.get(user_id, name))
 
 
 @router.put(

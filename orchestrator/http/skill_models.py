@@ -7,8 +7,8 @@ from base64 import b64decode
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from orchestrator.http.models import Body
-from orchestrator.skills.admin import InstallReport, SkillInfo, SkillListing
+from orchestrator.http.models import Body, FromRecord
+from orchestrator.skills.admin import InstallReport
 
 
 class SkillFileIn(Body):
@@ -73,7 +73,7 @@ class SkillPut(Body):
         return {path: (file.content(), file.executable) for path, file in self.files.items()}
 
 
-class SkillEntryOut(BaseModel):
+class SkillEntryOut(FromRecord):
     path: str
     kind: str  # dir | file | symlink
     executable: bool = False
@@ -81,8 +81,14 @@ class SkillEntryOut(BaseModel):
     sha256: str | None = None
     target: str | None = None
 
+    @field_validator("sha256", "target", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: str | None) -> str | None:
+        # The manifest says "" for "none" (a directory has no digest, a file no link target).
+        return value or None
 
-class SkillOut(BaseModel):
+
+class SkillOut(FromRecord):
     name: str
     kind: str
     user_id: int | None
@@ -103,9 +109,17 @@ class IgnoredEntryOut(BaseModel):
     reason: str
 
 
-class SkillListOut(BaseModel):
+class SkillListOut(FromRecord):
     skills: list[SkillOut]
     ignored: list[IgnoredEntryOut]
+
+    @field_validator("ignored", mode="before")
+    @classmethod
+    def _pairs(cls, ignored: object) -> object:
+        # The listing keeps (entry name, why it is not a skill) pairs.
+        if isinstance(ignored, (list, tuple)):
+            return [dict(zip(("name", "reason"), e)) if isinstance(e, tuple) else e for e in ignored]
+        return ignored
 
 
 class SkillInstalledOut(SkillOut):
@@ -122,49 +136,10 @@ class SkillRemovedOut(BaseModel):
     previous_fingerprint: str | None
 
 
-def skill_out(info: SkillInfo) -> SkillOut:
-    return SkillOut(**_summary(info))
-
-
-def _summary(info: SkillInfo) -> dict:
-    return {
-        "name": info.name,
-        "kind": info.kind,
-        "user_id": info.user_id,
-        "path": info.path,
-        "valid": info.valid,
-        "fingerprint": info.fingerprint,
-        "problem": info.problem,
-        "files": info.files,
-        "bytes": info.bytes,
-    }
-
-
-def skill_detail_out(info: SkillInfo) -> SkillDetailOut:
-    entries = [
-        SkillEntryOut(
-            path=e.path,
-            kind=e.kind.value,
-            executable=e.executable,
-            size=e.size,
-            sha256=e.sha256 or None,
-            target=e.target or None,
-        )
-        for e in info.entries
-    ]
-    return SkillDetailOut(**_summary(info), entries=entries)
-
-
-def skill_list_out(listing: SkillListing) -> SkillListOut:
-    return SkillListOut(
-        skills=[skill_out(s) for s in listing.skills],
-        ignored=[IgnoredEntryOut(name=n, reason=r) for n, r in listing.ignored],
-    )
-
-
 def installed_out(report: InstallReport) -> SkillInstalledOut:
+    """The installed skill's summary and what the install changed."""
     return SkillInstalledOut(
-        **_summary(report.skill),
+        **SkillOut.model_validate(report.skill).model_dump(),
         created=report.created,
         changed=report.changed,
         previous_fingerprint=report.previous_fingerprint,
