@@ -73,7 +73,7 @@ class MessagesOut(BaseModel):
     messages: list[MessageOut]
 
 
-class SessionListOut(BaseModel):
+class SessionListOut(FromRecord):
     owner_user_id: int | None  # None: a group's sessions, whoever owns them
     project_id: str | None
     sessions: list[SessionOut]

@@ -34,11 +34,10 @@ from orchestrator.http.models import (
     ToolCallOut,
 )
 from orchestrator.http.params import run_id_param, session_id_param
-from orchestrator.identity import SPEAKER_TRIGGERS
 from orchestrator.runs.records import RunStatus
 from orchestrator.runs.service import StartRun
 from orchestrator.service import OrchestratorService
-from orchestrator.sessions.service import NewSession
+from orchestrator.sessions.service import NewSession, SessionListRequest
 
 router = APIRouter()
 
@@ -113,11 +112,8 @@ def list_sessions(
         return group_sessions(service, channel, chat_id, acting)
     if project_id is not None:
         project_id = ids.project_id(project_id, "project_id")
-    owner = acting if acting is not None else owner_user_id
-    if owner is None:
-        raise InvalidInput("owner_user_id (or X-Acting-User) is required", field="owner_user_id")
-    records = [] if owner_user_id not in (None, owner) else service.sessions.list(owner, project_id)
-    return SessionListOut(owner_user_id=owner, project_id=project_id, sessions=[SessionOut.model_validate(r) for r in records])
+    listing = service.sessions.list(SessionListRequest(owner_user_id, project_id, acting_user=acting))
+    return SessionListOut.model_validate(listing)
 
 
 @router.delete("/v1/sessions/{session_id}", response_model=DeletedOut, tags=["sessions"])
@@ -165,12 +161,6 @@ def start_run(
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> RunContextOut:
-    # With X-Acting-User a person starts a run as itself only: as the speaker of a session it
-    # can see (so it never joins a group by speaking), or as the owner for the owner's triggers.
-    # Only the bot without the header adds a new speaker to a group (docs/decisions.md).
-    if acting is not None and body.speaker_user_id not in (None, acting):
-        raise InvalidInput("the speaker must be the acting user (X-Acting-User)", field="speaker_user_id")
-    service.sessions.get(session_id, acting_user=acting, owner_only=body.trigger not in SPEAKER_TRIGGERS)
     context = service.runs.start(
         session_id,
         StartRun(
@@ -180,6 +170,7 @@ def start_run(
             delivery_id=body.delivery_id,
         ),
         actor=caller.actor,
+        acting_user=acting,
     )
     return RunContextOut.model_validate(context)
 

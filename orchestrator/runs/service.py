@@ -13,7 +13,6 @@ from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict, InvalidInput, NotFound
 from orchestrator.identity import (
-    SPEAKER_TRIGGERS,
     IdentityInputError,
     RunIdentity,
     Trigger,
@@ -23,8 +22,10 @@ from orchestrator.identity import (
 from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv, run_logger
 from orchestrator.runs.prompt_identity import IdentityPromptFacts, render_identity_section
+from orchestrator.runs.start_access import run_start_access
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.sessions.records import SessionRecord, SessionRepository
+from orchestrator.sessions.visibility import read_visible
 from orchestrator.settings import Settings
 from orchestrator.skills.port import RunSkills, SkillProvider
 from orchestrator.state_store import StateStore, Transaction
@@ -95,61 +96,64 @@ class RunService:
                 kv(session=session.session_id, owner=session.owner_user_id, runtime_user=user_id, reason=reason, error=exc),
             )
 
-    def start(self, session_id: str, request: StartRun, *, actor: str) -> RunContext:
-        session = self._sessions.get(session_id)
-        if session is None:
-            raise NotFound(f"session {session_id} not found")
-        if request.speaker_user_id is not None:
-            self._users.admit(request.speaker_user_id, "speaker_user_id")
-        last_runtime = session.last_runtime_user_id
-        parent = None
-        if request.trigger is Trigger.SUBAGENT and session.parent_session_id is not None:
-            parent_record = self._sessions.get_any(session.parent_session_id)
-            if parent_record is not None:
-                parent = parent_record.parent_identity
-                # Every follow-up refreshes the child's identity from the parent.
-                last_runtime = inherited_runtime_user(parent)
-                self._persist_last_runtime_user(session, last_runtime, reason="subagent_inherit")
-        try:
-            identity = resolve_run_identity(
-                self._switch.mode(),
-                request.trigger,
-                owner_user_id=session.owner_user_id,
-                speaker_user_id=request.speaker_user_id,
-                session_last_runtime_user_id=last_runtime,
-                parent=parent,
-            )
-        except IdentityInputError as exc:
-            raise InvalidInput(exc.message, field=exc.field) from exc
-        runtime = self._users.admit(identity.runtime_user_id, "runtime_user_id")
-        self._persist_last_runtime_user(session, runtime, reason="run_start")
-
-        run = RunRecord(
-            run_id=f"r-{secrets.token_hex(12)}",
-            session_id=session.session_id,
-            trigger=request.trigger,
-            agent_id=ids.name(request.agent_id, "agent_id"),
-            identity_mode=identity.mode,
-            owner_user_id=identity.owner_user_id,
-            execution_user_id=identity.execution_user_id,
-            runtime_user_id=runtime,
-            speaker_user_id=request.speaker_user_id,
-            delivery_id=request.delivery_id,
-            status=RunStatus.RUNNING,
-            started_at=now_iso(),
-            ended_at=None,
-        )
+    def start(
+        self, session_id: str, request: StartRun, *, actor: str, acting_user: int | None = None
+    ) -> RunContext:
+        """Start a run in the session as `acting_user` sees it (None: the bot, trusted for
+        everyone; see `start_access.py`). One write transaction reads the session, checks that
+        it is visible, resolves the identities, runs the start guards, lets a speaker join the
+        group and inserts the run: a start refused anywhere in it (not visible, bad identity
+        input, a guard) leaves nothing behind, not even the session's last runtime user."""
+        access = run_start_access(request.trigger, request.speaker_user_id, acting_user)
+        mode = self._switch.mode()
         with self._store.write() as tx:
-            if self._sessions.get_in(tx, session.session_id).deleted:  # type: ignore[union-attr]
-                # Deleted since it was read above: no run (and no runtime dir) after the tombstone.
-                raise NotFound(f"session {session_id} not found")
+            session = read_visible(tx, session_id, acting_user, owner_only=access.owner_only)
+            if request.speaker_user_id is not None:
+                self._users.admit(request.speaker_user_id, "speaker_user_id")
+            last_runtime = session.last_runtime_user_id
+            parent = None
+            if request.trigger is Trigger.SUBAGENT and session.parent_session_id is not None:
+                parent_record = self._sessions.get_in(tx, session.parent_session_id)
+                if parent_record is not None:
+                    parent = parent_record.parent_identity
+                    # Every follow-up refreshes the child's identity from the parent.
+                    last_runtime = inherited_runtime_user(parent)
+            try:
+                identity = resolve_run_identity(
+                    mode,
+                    request.trigger,
+                    owner_user_id=session.owner_user_id,
+                    speaker_user_id=request.speaker_user_id,
+                    session_last_runtime_user_id=last_runtime,
+                    parent=parent,
+                )
+            except IdentityInputError as exc:
+                raise InvalidInput(exc.message, field=exc.field) from exc
+            runtime = self._users.admit(identity.runtime_user_id, "runtime_user_id")
+            run = RunRecord(
+                run_id=f"r-{secrets.token_hex(12)}",
+                session_id=session.session_id,
+                trigger=request.trigger,
+                agent_id=ids.name(request.agent_id, "agent_id"),
+                identity_mode=identity.mode,
+                owner_user_id=identity.owner_user_id,
+                execution_user_id=identity.execution_user_id,
+                runtime_user_id=runtime,
+                speaker_user_id=request.speaker_user_id,
+                delivery_id=request.delivery_id,
+                status=RunStatus.RUNNING,
+                started_at=now_iso(),
+                ended_at=None,
+            )
             for guard in self.start_guards:
                 guard(tx, run)
             for user_id in {runtime, request.speaker_user_id} - {None}:
                 UserRepository.ensure(tx, user_id)
-            if session.group is not None and request.speaker_user_id is not None and request.trigger in SPEAKER_TRIGGERS:
+            joining = access.joining(session.group, request.speaker_user_id)
+            if joining is not None:
                 # A user who speaks in a group session joins the group (its workspace mounts).
-                UserRepository.add_group_member(tx, session.group, request.speaker_user_id)
+                assert session.group is not None
+                UserRepository.add_group_member(tx, session.group, joining)
             tx.execute(
                 "INSERT OR IGNORE INTO session_runtime_users (session_id, user_id, first_at) VALUES (?, ?, ?)",
                 (session.session_id, runtime, run.started_at),
@@ -185,6 +189,8 @@ class RunService:
                 execution_user_id=run.execution_user_id,
                 mode=run.identity_mode.value,
             )
+        # Its own write, after the run's: a failure to persist it must never refuse the run.
+        self._persist_last_runtime_user(session, runtime, reason="run_start")
         runlog = run_logger(log, session=session.session_id, owner=run.owner_user_id, runtime_user=runtime)
 
         workdir = self._directories.ensure_session_runtime(

@@ -30,8 +30,25 @@ from orchestrator.sessions.cleanup import (
 from orchestrator.state_store import StateStore
 from orchestrator.users.repository import GroupRef, UserRepository
 from orchestrator.sessions.records import Channel, SessionRecord, SessionRepository
+from orchestrator.sessions.visibility import cleanup_pending, may_see, read_visible, session_not_found
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SessionListRequest:
+    """`GET /v1/sessions`: whose sessions, in which scope, asked by whom (None: the bot)."""
+
+    owner_user_id: int | None
+    project_id: str | None
+    acting_user: int | None
+
+
+@dataclass(frozen=True)
+class SessionListing:
+    owner_user_id: int
+    project_id: str | None
+    sessions: tuple[SessionRecord, ...]
 
 
 @dataclass(frozen=True)
@@ -184,40 +201,29 @@ class SessionService:
         return self._sessions.list_for_group(group)
 
     def get(self, session_id: str, *, acting_user: int | None = None, owner_only: bool = False) -> SessionRecord:
-        """A live session as seen by `acting_user` (None: the bot itself, trusted for everyone).
-
-        Not visible looks exactly like not found: 404, never 403. Group members see
-        their group's sessions; only the owner may change or delete one (`owner_only`). A
-        deleted session whose cleanup is unfinished is 503 `session_cleanup_pending` for its
-        owner (so the client knows to repeat the DELETE) and 404 for everybody else.
-        """
-        record = self._sessions.get_any(session_id)
-        if record is None:
-            raise _not_found(session_id)
-        if record.deleted:
-            if record.cleanup_done_at is None and self.visible(record, acting_user, owner_only=True):
-                raise _cleanup_pending(session_id, "repeat DELETE to finish it")
-            raise _not_found(session_id)
-        if not self.visible(record, acting_user, owner_only=owner_only):
-            raise _not_found(session_id)
-        return record
+        """A live session as seen by `acting_user` (the rule: `sessions/visibility.py`)."""
+        with self._store.read() as tx:
+            return read_visible(tx, session_id, acting_user, owner_only=owner_only)
 
     def visible(self, record: SessionRecord, acting_user: int | None, *, owner_only: bool = False) -> bool:
-        if acting_user is None or acting_user == record.owner_user_id:
-            return True
-        if owner_only or record.group is None:
-            return False
-        return self._users.is_group_member(record.group, acting_user)
+        return may_see(record, acting_user, self._users.is_group_member, owner_only=owner_only)
 
-    def list(self, owner_user_id: int, project_id: str | None) -> list[SessionRecord]:
-        """The owner's live sessions in one scope (personal when `project_id` is None), newest first."""
-        return self._sessions.list_for_owner(owner_user_id, project_id)
+    def list(self, request: SessionListRequest) -> SessionListing:
+        """The live sessions of one owner in one scope (personal when `project_id` is None),
+        newest first. With an acting user the owner is that user, and asking for another owner
+        lists nothing (it looks like an owner without sessions)."""
+        owner = request.acting_user if request.acting_user is not None else request.owner_user_id
+        if owner is None:
+            raise InvalidInput("owner_user_id (or X-Acting-User) is required", field="owner_user_id")
+        mine = request.owner_user_id in (None, owner)
+        records = self._sessions.list_for_owner(owner, request.project_id) if mine else []
+        return SessionListing(owner_user_id=owner, project_id=request.project_id, sessions=tuple(records))
 
     def update(self, session_id: str, changes: dict[str, object], *, actor: str) -> SessionRecord:
         with self._store.write() as tx:
             record = self._sessions.get_in(tx, session_id)
             if record is None or record.deleted:
-                raise _not_found(session_id)
+                raise session_not_found(session_id)
             self._sessions.update_flags(tx, session_id, changes)
             audit.record(
                 tx,
@@ -265,7 +271,7 @@ class SessionService:
                 or record.cleanup_done_at is not None
                 or not self.visible(record, acting_user, owner_only=True)
             ):
-                raise _not_found(session_id)
+                raise session_not_found(session_id)
             if not record.deleted:
                 deleted_at = now_iso()
                 tx.execute(
@@ -319,7 +325,7 @@ class SessionService:
                 step = exc.step if isinstance(exc, CleanupFailed) else "tombstone_file"
                 cause = exc.cause if isinstance(exc, CleanupFailed) else exc
                 log.warning("session cleanup unfinished %s", kv(**fields, step=step, error=cause))
-                raise _cleanup_pending(
+                raise cleanup_pending(
                     record.session_id, f"step {step} failed ({cause}); repeat DELETE to continue it", step=step
                 ) from exc
             done_at = now_iso()
@@ -340,15 +346,3 @@ class SessionService:
         log.info("session deleted and cleaned up %s", kv(**fields, runtime_users=",".join(map(str, deleted.runtime_user_ids))))
         return replace(record, cleanup_done_at=done_at)
 
-
-def _not_found(session_id: str) -> NotFound:
-    # One message for unknown, deleted, and not visible: they must be indistinguishable.
-    return NotFound(f"session {session_id} not found")
-
-
-def _cleanup_pending(session_id: str, what_next: str, **details: object) -> CleanupPending:
-    return CleanupPending(
-        f"session {session_id} is deleted but its cleanup is unfinished: {what_next}",
-        session_id=session_id,
-        **details,
-    )

@@ -131,8 +131,12 @@ class UserRepository:
 
     def is_group_member(self, group: GroupRef, user_id: int) -> bool:
         with self._store.read() as tx:
-            row = tx.one(
-                "SELECT 1 FROM group_members WHERE channel = ? AND chat_id = ? AND user_id = ?",
-                (group.channel, group.chat_id, user_id),
-            )
+            return self.is_group_member_in(tx, group, user_id)
+
+    @staticmethod
+    def is_group_member_in(tx: Transaction, group: GroupRef, user_id: int) -> bool:
+        row = tx.one(
+            "SELECT 1 FROM group_members WHERE channel = ? AND chat_id = ? AND user_id = ?",
+            (group.channel, group.chat_id, user_id),
+        )
         return row is not None

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import API_TOKEN
+from tests.conftest import API_TOKEN, KEPT_ENV
 from tests.live_server import free_port
 from tests.orchestrator.test_cli import wait_for_health
 
@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 @contextmanager
 def server(data_dir: Path, crash_at: str | None = None) -> Iterator[tuple[httpx.Client, subprocess.Popen]]:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
+    # The uid block stays, like in conftest: parallel test runs each claim their own.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k in KEPT_ENV}
     env.update(ORCH_DATA_DIR=str(data_dir), ORCH_API_TOKEN=API_TOKEN, ORCH_BACKEND="process")
     if crash_at:
         env["ORCH_CRASH_AT"] = crash_at
