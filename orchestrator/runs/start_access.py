@@ -1,8 +1,8 @@
 """Who may start a run in a session, and who joins its group by starting one (pure).
 
 Without `X-Acting-User` the bot is trusted: it starts any run, and the speaker of a message in
-a group session joins the group (SPEC §12: a user who speaks in a group joins it and gets its
-workspace mounts). With the header a person starts runs as itself only: as the speaker of a
+a group session joins the group (a user who speaks in a group joins it and gets its workspace
+mounts). With the header a person starts runs as itself only: as the speaker of a
 session it can see (a member, so speaking joins nothing new), or as the owner for the triggers
 without a speaker (docs/decisions.md, "X-Acting-User").
 """

@@ -1,4 +1,4 @@
-"""Who sees a session (SPEC §9, §12): the rule, and reading a session the way someone sees it.
+"""Who sees a session: the rule, and reading a session the way someone sees it.
 
 `acting_user` None is the bot itself, trusted for everyone. Otherwise the owner sees its
 sessions and group members their group's; only the owner may change or delete one
