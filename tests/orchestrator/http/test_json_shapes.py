@@ -49,13 +49,8 @@ def test_session_and_run_json(client: TestClient, service: OrchestratorService) 
     created = client.post("/v1/sessions", json=body)
     assert created.status_code == 201
     session = {
-        "session_id": "g-1",
-        "owner_user_id": 17,
-        "project_id": "p-1",
-        "channel": "feishu_group",
-        "group": {"channel": "feishu", "chat_id": "oc_team"},
+        **body,  # every field of the request comes back as it was sent
         "parent_session_id": None,
-        "title": "Team",
         "last_runtime_user_id": None,
         "allow_cross_read": True,
         "cross_private": False,
@@ -74,7 +69,7 @@ def test_session_and_run_json(client: TestClient, service: OrchestratorService) 
     context = _masked(run.json())
     section = context.pop("prompt_identity_section")
     assert "#67 Qin" in section and "#17 Alice" in section
-    assert context == {
+    identities = {
         "run_id": "<run>",
         "session_id": "g-1",
         "trigger": "group_message",
@@ -82,6 +77,9 @@ def test_session_and_run_json(client: TestClient, service: OrchestratorService) 
         "execution_user_id": 67,
         "runtime_user_id": 67,
         "identity_mode": "execution",
+    }
+    assert context == {
+        **identities,
         "workdir": str(service.layout.runtime_dir(67, "g-1")),
         "upload_dir": str(service.layout.uploads_dir(67)),
         "skills": {"available": [], "failed": [], "catalog": []},
@@ -98,13 +96,7 @@ def test_session_and_run_json(client: TestClient, service: OrchestratorService) 
 
     run_id = run.json()["run_id"]
     record = {
-        "run_id": "<run>",
-        "session_id": "g-1",
-        "trigger": "group_message",
-        "owner_user_id": 17,
-        "execution_user_id": 67,
-        "runtime_user_id": 67,
-        "identity_mode": "execution",
+        **identities,
         "status": "running",
         "started_at": "<time>",
         "ended_at": None,
