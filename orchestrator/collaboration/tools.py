@@ -77,7 +77,13 @@ def register_collaboration_tools(registry: ToolRegistry, collaboration: Collabor
             call.run, call.session, args.request_id, MessageKind(args.kind), args.message, call.tool_call_id
         )
 
-    registry.register(ToolSpec("contact_session", CONTACT_DESCRIPTION, ContactSessionArgs, ToolPlace.HOST, contact))
+    # Both key their effect by (run, tool_call_id) themselves (policy.op_key): see ToolSpec.
     registry.register(
-        ToolSpec("reply_to_collaboration", REPLY_DESCRIPTION, ReplyToCollaborationArgs, ToolPlace.HOST, reply)
+        ToolSpec("contact_session", CONTACT_DESCRIPTION, ContactSessionArgs, ToolPlace.HOST, contact, keyed_by_call_id=True)
+    )
+    registry.register(
+        ToolSpec(
+            "reply_to_collaboration", REPLY_DESCRIPTION, ReplyToCollaborationArgs, ToolPlace.HOST, reply,
+            keyed_by_call_id=True,
+        )
     )

@@ -286,15 +286,18 @@ class ToolDispatcher:
             workdir = str(self._layout.runtime_dir(run.runtime_user_id, run.session_id))
             now = utc_now()
             digest = ""
-            if refused is None and tool_call_id is not None:
+            # A tool that keys its own effect by (run, tool_call_id) answers its repeats itself
+            # (and may safely run again after a crash): it gets no record here.
+            record_key = None if spec is not None and spec.keyed_by_call_id else tool_call_id
+            if refused is None and record_key is not None:
                 digest = arguments_digest(name, raw_arguments)
-                record = self.call_records.get_in(tx, run_id, tool_call_id)
+                record = self.call_records.get_in(tx, run_id, record_key)
                 repeat = decide(record, digest=digest, instance=self.call_records.instance, now=iso(now))
                 if repeat is Repeat.RECORDED:
                     assert record is not None and record.body is not None
                     return _Repeated(ToolOutcome.of_body(record.body))
                 if repeat is Repeat.INTERRUPTED:
-                    return _Repeated(ToolOutcome.of_body(interrupted_body(tool_call_id)))
+                    return _Repeated(ToolOutcome.of_body(interrupted_body(record_key)))
                 if repeat is Repeat.WAIT:
                     return _Repeated(None)
             if refused is None and not self.slots.try_take(acting_user):
@@ -311,16 +314,16 @@ class ToolDispatcher:
                 )
                 if refused is not None:  # its only row: the run's activity goes with it
                     RunRepository.touch_in(tx, run.run_id, now_iso())
-                elif tool_call_id is not None:
-                    self.call_records.start_in(tx, run_id, tool_call_id, name, digest, now)
-                    self._pending.open((run_id, tool_call_id))  # before the commit: a repeat finds it
+                elif record_key is not None:
+                    self.call_records.start_in(tx, run_id, record_key, name, digest, now)
+                    self._pending.open((run_id, record_key))  # before the commit: a repeat finds it
             except BaseException:
                 if refused is None:
                     self.slots.give_back(acting_user)
-                    if tool_call_id is not None:
-                        self._pending.close((run_id, tool_call_id))
+                    if record_key is not None:
+                        self._pending.close((run_id, record_key))
                 raise
-        recorded = tool_call_id if refused is None else None
+        recorded = record_key if refused is None else None
         return _Admitted(run, session, name, spec, acting_user, workdir, arguments, entry_id, started, refused, recorded)
 
     def _recorded(

@@ -45,6 +45,10 @@ class ToolSpec:
     arguments: type[BaseModel]
     place: ToolPlace
     handler: HostHandler | None = None
+    # True for a tool that keys its effect by (run, tool_call_id) in the transaction that
+    # makes it (the collaboration tools): it answers its own repeats, so the dispatcher keeps
+    # no record for it and a repeat after a crash may run it again, safely.
+    keyed_by_call_id: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in TOOL_IDENTITY:
