@@ -18,6 +18,11 @@ _CHAT_ID = re.compile(r"[A-Za-z0-9_@:=+-][A-Za-z0-9._@:=+-]{0,127}")
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _TOKEN = re.compile(r"[0-9a-f]{8,64}")
+# The same rules as anchored JSON Schema patterns, so the OpenAPI document states them.
+SESSION_ID_PATTERN = r"^(?!\.\.?$)" + _SESSION_ID.pattern + "$"
+PROJECT_ID_PATTERN = r"^(?!\.\.?$)" + _PROJECT_ID.pattern + "$"
+NAME_PATTERN = "^" + _NAME.pattern + "$"
+CHAT_ID_PATTERN = "^" + _CHAT_ID.pattern + "$"
 MAX_PATH_COMPONENT_BYTES = 255  # NAME_MAX
 MAX_RELATIVE_PATH_BYTES = 1024
 MAX_RELATIVE_PATH_DEPTH = 32

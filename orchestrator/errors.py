@@ -48,6 +48,12 @@ class Conflict(OrchestratorError):
     code = "conflict"
 
 
+class RunEnded(Conflict):
+    """A tool call on a run that has ended: a bot can tell this from other conflicts."""
+
+    code = "run_ended"
+
+
 class Gone(OrchestratorError):
     status_code = 410
     code = "gone"

@@ -85,14 +85,14 @@ def _invalid_arguments(exc: ValidationError) -> dict[str, Any]:
     problems = "; ".join(
         f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:5]
     )
-    return {"code": "invalid_arguments", "message": f"Invalid tool arguments: {problems}", "path": None}
+    return {"code": "invalid_arguments", "message": f"Invalid tool arguments: {problems}"}
 
 
 def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, Any]:
     """One tool call → the response envelope (never raises for tool-level failures)."""
     model, function = TOOLS[name]
     if not request.cwd.startswith("/"):
-        return {"ok": False, "error": {"code": "invalid_arguments", "message": "cwd must be absolute", "path": None}}
+        return {"ok": False, "error": {"code": "invalid_arguments", "message": "cwd must be absolute"}}
     try:
         arguments = model.model_validate(request.arguments)
     except ValidationError as exc:
@@ -100,13 +100,13 @@ def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, An
     try:
         call = state.calls.begin(request.context)
     except CallCancelled as exc:
-        return {"ok": False, "error": {"code": "cancelled", "message": str(exc), "path": None}}
+        return {"ok": False, "error": {"code": "cancelled", "message": str(exc)}}
     state.enter()
     try:
         result = function(ToolContext(state.sandbox, state.config, request.cwd, call), arguments)
         if call.cancelled:  # what it did before it was stopped is not a result
             message = cancelled_message(call.context)
-            return {"ok": False, "error": {"code": "cancelled", "message": message, "path": None}}
+            return {"ok": False, "error": {"code": "cancelled", "message": message}}
         return {"ok": True, "result": result}
     except AgentToolError as exc:
         return {"ok": False, "error": exc.body()}
@@ -116,7 +116,7 @@ def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, An
         log.exception("tool %s failed", name)
         return {
             "ok": False,
-            "error": {"code": "internal_error", "message": f"The sandbox agent failed: {type(exc).__name__}: {exc}", "path": None},
+            "error": {"code": "internal_error", "message": f"The sandbox agent failed: {type(exc).__name__}: {exc}"},
         }
     finally:
         state.leave()

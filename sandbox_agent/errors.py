@@ -19,7 +19,11 @@ class AgentToolError(Exception):
         self.details = details
 
     def body(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.message, "path": self.path}
+        # `path` only when the error is about one: a null key on every other error reads as
+        # "the path was null" (the host's errors name their field the same way).
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.path is not None:
+            body["path"] = self.path
         body.update(self.details)
         return body
 

@@ -38,7 +38,7 @@ from sandbox_agent import syscalls
 from sandbox_agent.diagnostics import diagnose, shared_link_escape
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.names import unescape_path
-from sandbox_agent.wire import TOOL_PATH_MAX
+from sandbox_agent.wire import TOOL_PATH_ARG_MAX, TOOL_PATH_MAX
 
 MAX_SYMLINK_HOPS = 40  # like the kernel's limit
 MAX_RACE_RETRIES = 64  # a component that keeps flipping between link and directory
@@ -221,6 +221,10 @@ class PathSandbox:
             raise AgentToolError("invalid_arguments", "The path is empty; give a file or directory path.", None)
         if "\x00" in path:
             raise AgentToolError("invalid_arguments", "The path contains a NUL byte, which no file name can.", None)
+        if len(path) > TOOL_PATH_ARG_MAX:  # the bound the tool schemas state
+            raise AgentToolError(
+                "invalid_arguments", f"The path is longer than {TOOL_PATH_ARG_MAX} characters.", path[:200] + "..."
+            )
         raw = path if path.startswith("/") else f"{cwd}/{path}"
         if len(raw) > 63 or not raw.isascii():  # short ASCII cannot break the byte limits below
             try:
@@ -359,6 +363,10 @@ class PathSandbox:
                 if hops > MAX_SYMLINK_HOPS:
                     raise OSError(errno.ELOOP, os.strerror(errno.ELOOP))
                 target_parts = _split(target)
+                if not pending and target.endswith(("/", "/.", "/..")):
+                    # `link -> file/` names a directory, as openat2 and the kernel have it;
+                    # splitting the target into names would drop that.
+                    flags |= os.O_DIRECTORY
                 root = self.roots[index]
                 if root.shared and not self._stays_in(index, len(held), target, target_parts):
                     raise _SharedLinkEscape(root, target)
@@ -578,6 +586,8 @@ _OS_CODES = {
     errno.ENOENT: ("not_found", "No such file or directory: {}"),
     errno.ENOTDIR: ("not_a_directory", "A component of the path is not a directory: {}"),
     errno.EISDIR: ("is_a_directory", "This is a directory, not a file: {}"),
+    # What open() says of a Unix socket (and of a device without a driver).
+    errno.ENXIO: ("not_a_regular_file", "This is not a regular file (a socket or a device): {}"),
     errno.ELOOP: ("symlink_loop", f"Too many levels of symbolic links (more than {MAX_SYMLINK_HOPS}): {{}}"),
     errno.ENAMETOOLONG: ("invalid_arguments", "The path or a name in it is too long: {}"),
     errno.EACCES: ("permission_denied", "Permission denied: {}"),

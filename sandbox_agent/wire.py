@@ -11,9 +11,9 @@ import binascii
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, computed_field, model_validator
 
 from sandbox_agent.names import escape_names
 
@@ -29,14 +29,48 @@ class _Args(BaseModel):
 _PATH_DOC = "Absolute path, or relative to the run's working directory."
 
 
+# What the schema a model receives says of a path, and what is checked before the agent's own
+# byte limits: at most TOOL_PATH_ARG_MAX characters (so that with any working directory it stays
+# within TOOL_PATH_MAX bytes for ASCII), no name longer than NAME_MAX characters, no NUL. A
+# JSON Schema counts characters, not bytes; for ASCII, the common case, the two agree.
+TOOL_PATH_ARG_MAX = 1024
+TOOL_PATH_PATTERN = r"^(?![^/]*[^/]{256})(?!.*/[^/]{256})[^\x00]*$"
+# Schema only: the agent checks these itself (path_sandbox.parse), since a length constraint
+# here would refuse names that are not UTF-8 (surrogate escapes), which the wire carries.
+PATH_FIELD: dict[str, Any] = {
+    "json_schema_extra": {"minLength": 1, "maxLength": TOOL_PATH_ARG_MAX, "pattern": TOOL_PATH_PATTERN},
+}
+_PATH = PATH_FIELD
+# An optional path: left out (or null) means the default, and so does "" (older callers send it).
+_OPTIONAL_PATH: dict[str, Any] = {"json_schema_extra": {"maxLength": TOOL_PATH_ARG_MAX, "pattern": TOOL_PATH_PATTERN}}
+# Padded standard base64; white space anywhere is dropped before decoding.
+_B64 = r"[A-Za-z0-9+/]\s*"
+BASE64_WITH_SPACES_PATTERN = rf"^\s*(?:(?:{_B64}){{4}})*(?:{_B64}{_B64}=\s*=|{_B64}{_B64}{_B64}=)?\s*$"
+
+
+def _integral(value: object) -> object:
+    """JSON has one number type: 3.0 is the integer 3; true stays refused (strict after this)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# Strict numbers: a lax parse would take true as 1 and "5" as 5, which the schemas a model
+# receives call invalid. The bounds sit inside the type so that they stay in the schema.
+def json_int(**bounds: int) -> Any:
+    return Annotated[int, Field(strict=True, **bounds), BeforeValidator(_integral)]
+
+
+# A glob is relative (the directory goes into `path`) and holds no NUL.
+GLOB_PATTERN = r"^(?!/)[^\x00]*$"
+
+
 class ReadFileArgs(_Args):
-    path: str = Field(..., description=_PATH_DOC)
-    offset: int | None = Field(None, ge=1, description="First line to return (1-based). Default 1.")
-    limit: int | None = Field(None, ge=1, le=100_000, description="How many lines to return. Default 2000.")
+    path: str = Field(..., description=_PATH_DOC, **_PATH)
+    offset: json_int(ge=1) | None = Field(None, description="First line to return (1-based). Default 1.")  # type: ignore[valid-type]
+    limit: json_int(ge=1, le=100_000) | None = Field(None, description="How many lines to return. Default 2000.")  # type: ignore[valid-type]
 
 
 class WriteFileArgs(_Args):
-    path: str = Field(..., description=_PATH_DOC + " Missing parent directories are created.")
+    path: str = Field(..., description=_PATH_DOC + " Missing parent directories are created.", **_PATH)
     content: str = Field(..., description="The complete new content of the file (UTF-8 text).")
 
 
@@ -47,46 +81,65 @@ WRITE_BYTES_BASE64_MAX = (WRITE_BYTES_MAX + 2) // 3 * 4
 
 
 class WriteBytesArgs(_Args):
-    path: str = Field(..., description=_PATH_DOC + " Missing parent directories are created.")
+    path: str = Field(..., description=_PATH_DOC + " Missing parent directories are created.", **_PATH)
     content_base64: str = Field(
         ...,
         max_length=WRITE_BYTES_BASE64_MAX,
+        json_schema_extra={"pattern": BASE64_WITH_SPACES_PATTERN},
         description=f"The complete new content of the file, base64-encoded (at most {WRITE_BYTES_MAX} bytes decoded).",
     )
 
 
 class EditFileArgs(_Args):
-    path: str = Field(..., description=_PATH_DOC)
+    path: str = Field(..., description=_PATH_DOC, **_PATH)
     old: str = Field(..., min_length=1, description="Exact text to replace; it must occur exactly once.")
     new: str = Field(..., description="Replacement text.")
 
 
 class ListDirArgs(_Args):
-    path: str = Field(".", description=_PATH_DOC + " Default: the working directory.")
+    path: str = Field(".", description=_PATH_DOC + " Default: the working directory.", **_PATH)
 
 
 class GlobSearchArgs(_Args):
     pattern: str = Field(
-        ..., min_length=1, description="Glob relative to `path`: `*` and `?` within a name, `**` across directories."
+        ...,
+        min_length=1,
+        description="Glob relative to `path`: `*` and `?` within a name, `**` across directories.",
+        json_schema_extra={"pattern": GLOB_PATTERN},
     )
-    path: str | None = Field(None, description=_PATH_DOC + " Default: the working directory.")
+    path: str | None = Field(None, description=_PATH_DOC + " Default: the working directory.", **_OPTIONAL_PATH)
 
 
 class GrepSearchArgs(_Args):
-    pattern: str = Field(..., min_length=1, description="Python (`re` syntax) regular expression searched line by line, within a time limit.")
-    path: str | None = Field(None, description="File or directory to search. Default: the working directory.")
+    pattern: str = Field(
+        ...,
+        min_length=1,
+        description="Python (`re` syntax) regular expression searched line by line, within a time limit.",
+        json_schema_extra={"format": "regex"},
+    )
+    path: str | None = Field(None, description="File or directory to search. Default: the working directory.", **_OPTIONAL_PATH)
     glob: str | None = Field(
-        None, description="Only files matching this glob (a name glob like `*.py` matches at any depth)."
+        None,
+        description="Only files matching this glob (a name glob like `*.py` matches at any depth).",
+        json_schema_extra={"pattern": GLOB_PATTERN},
     )
 
 
 class ShellArgs(_Args):
-    command: str = Field(..., min_length=1, description="A bash command line, run in the working directory.")
-    timeout_s: float | None = Field(None, gt=0, description="Seconds before the whole process tree is killed.")
+    command: str = Field(
+        ...,
+        min_length=1,
+        description="A bash command line, run in the working directory.",
+        json_schema_extra={"pattern": r"^[^\x00]*$"},  # no NUL: no argv can hold one
+    )
+    # The upper bound is the server's ORCH_TOOL_TIMEOUT_MAX_S, put into the schema by GET /v1/tools.
+    timeout_s: Annotated[float, Field(strict=True, gt=0)] | None = Field(
+        None, description="Seconds before the whole process tree is killed."
+    )
 
 
 class ReadBytesArgs(_Args):
-    path: str = Field(..., description=_PATH_DOC)
+    path: str = Field(..., description=_PATH_DOC, **_PATH)
 
 
 @dataclass(frozen=True)

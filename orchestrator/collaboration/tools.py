@@ -19,7 +19,12 @@ from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolS
 class ContactSessionArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    target: str = Field(..., description="The session id to ask for help (a session of the same owner).")
+    target: str = Field(
+        ...,
+        max_length=128,
+        description="The session id to ask for help (a session of the same owner).",
+        json_schema_extra={"pattern": ids.SESSION_ID_PATTERN},
+    )
     message: str = Field(..., min_length=1, description="What you need, with the context the other session lacks.")
 
     @field_validator("target")
@@ -34,7 +39,11 @@ class ContactSessionArgs(BaseModel):
 class ReplyToCollaborationArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    request_id: str = Field(..., description="The request id (cr-…) from the delivery or from contact_session.")
+    request_id: str = Field(
+        ...,
+        description="The request id (cr-…) from the delivery or from contact_session.",
+        json_schema_extra={"pattern": f"^{REQUEST_ID.pattern}$"},
+    )
     kind: Literal["progress", "clarification", "supplement", "reply"] = Field(
         ...,
         description=(

@@ -20,7 +20,9 @@ from orchestrator.http import (
 from orchestrator.http.access_log import AccessLog
 from orchestrator.http.auth import has_valid_token
 from orchestrator.http.errors import install_error_handlers
+from orchestrator.http.openapi import install_docs
 from orchestrator.http.request_guard import RequestGuard
+from orchestrator.http.request_id import RequestId
 from orchestrator.service import OrchestratorService
 
 
@@ -36,8 +38,10 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app = FastAPI(
         title="Sandbox Orchestrator",
         version=__version__,
-        description="Per-user sandboxes for multi-user AI agents.",
+        description="Per-user sandboxes for multi-user AI agents (docs/api.md).",
         lifespan=lifespan,
+        docs_url=None,  # served offline by install_docs
+        redoc_url=None,
     )
     app.state.service = service
     install_error_handlers(app)
@@ -47,6 +51,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     )
     if settings.access_log:
         app.add_middleware(AccessLog)  # outside the guard: its refusals are logged too
+    app.add_middleware(RequestId)  # added last, so outermost: the access log and the guard see its id
     app.include_router(routes_core.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_collaboration.router)
@@ -54,4 +59,9 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_uploads.router)
     app.include_router(routes_skills.router)
     app.include_router(routes_lookups.router)
+    install_docs(
+        app,
+        max_user_id=settings.max_user_id,
+        query_maxima={"wait_s": settings.collaboration_inbox_wait_max_s},
+    )
     return app

@@ -14,6 +14,7 @@ from fastapi import Depends, Header, Request
 
 from mounts import ids
 from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
+from orchestrator.http.openapi import ABSOLUTE_CAP
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
 
@@ -69,7 +70,7 @@ def has_valid_token(settings: Settings, authorization: str | None) -> bool:
 
 async def require_bot(
     service: OrchestratorService = Depends(service_of),
-    authorization: str | None = Header(None),
+    authorization: str | None = Header(None, include_in_schema=False),  # bearerAuth in the OpenAPI
 ) -> Caller:
     caller = _caller(service, authorization)
     if caller is None:
@@ -79,7 +80,7 @@ async def require_bot(
 
 async def require_admin(
     service: OrchestratorService = Depends(service_of),
-    authorization: str | None = Header(None),
+    authorization: str | None = Header(None, include_in_schema=False),  # bearerAuth in the OpenAPI
 ) -> Caller:
     caller = _caller(service, authorization)
     if caller is None:
@@ -108,7 +109,19 @@ def parse_acting_user(values: list[str]) -> int | None:
         raise InvalidInput(exc.message, field=exc.field) from None
 
 
-async def acting_user(request: Request) -> int | None:
-    """`X-Acting-User: {uid}`: the person a request is made for. With it, every
-    person-facing route acts for that person only (docs/decisions.md lists them)."""
+async def acting_user(
+    request: Request,
+    _declared: int = Header(  # type: ignore[assignment] - an integer when sent; None when not
+        None,
+        alias="X-Acting-User",
+        ge=1,
+        le=ids.MAX_USER_ID,
+        description="The person this request is made for (docs/decisions.md, X-Acting-User).",
+        json_schema_extra={ABSOLUTE_CAP: True},  # checked against the absolute cap only
+    ),
+) -> int | None:
+    """`X-Acting-User: {uid}`: the person a request is made for. With it, every person-facing
+    route acts for that person only (docs/decisions.md lists them). The declared parameter puts
+    the header into the OpenAPI document as an integer; the raw headers stay the authority, since
+    a lax integer parse would take "+67" and would not see a second header."""
     return parse_acting_user(request.headers.getlist("x-acting-user"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from mounts import ids
+from orchestrator.http.openapi import ABSOLUTE_CAP
 from orchestrator.sessions.chat_records import NewMessage, Role, ToolCallSummary
 from orchestrator.sessions.chat_store import AppendResult
-from orchestrator.http.models import Body, FromRecord, SessionOut
+from orchestrator.http.models import Body, FromRecord, SessionOut, UserIdInt
 
 MESSAGE_CONTENT_MAX = 100_000
 MESSAGES_PER_REQUEST_MAX = 200
@@ -26,7 +26,8 @@ class MessageIn(Body):
     role: Role
     content: str = Field(..., max_length=MESSAGE_CONTENT_MAX)
     tool_calls: list[MessageToolCallIn] = Field(default_factory=list, max_length=TOOL_CALLS_PER_MESSAGE_MAX)
-    speaker_user_id: int | None = Field(None, gt=0, le=ids.MAX_USER_ID, strict=True)
+    # Stored as said: a past speaker need not be a user of this instance (no ORCH_MAX_USER_ID).
+    speaker_user_id: UserIdInt | None = Field(None, json_schema_extra={ABSOLUTE_CAP: True})
 
     def new(self) -> NewMessage:
         return NewMessage(

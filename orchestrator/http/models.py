@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AliasPath, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasPath, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from mounts import ids
 from mounts.layout import GroupRef
+from orchestrator.collaboration.coordinator import DELIVERY_ID
 from orchestrator.identity import Trigger
 from orchestrator.runs.records import RunStatus
 from orchestrator.sessions.records import Channel
@@ -32,12 +33,21 @@ def _check(validator, value, field):
         raise ValueError(exc.message) from None
 
 
+def _json_integer(value: object) -> object:
+    """JSON has one number type: 17.0 is the integer 17 (JSON Schema says so too), while
+    true, "17" and 17.5 stay refused by the strict check after this."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+# The bounds sit inside the type, so they stay in the schema of an optional field too.
+UserIdInt = Annotated[int, Field(gt=0, le=ids.MAX_USER_ID, strict=True), BeforeValidator(_json_integer)]
 UserIdField = Field(..., gt=0, le=ids.MAX_USER_ID, strict=True)
 
 
 class GroupIn(Body):
-    channel: str
-    chat_id: str
+    channel: str = Field(..., max_length=64, json_schema_extra={"pattern": ids.NAME_PATTERN})
+    chat_id: str = Field(..., max_length=128, json_schema_extra={"pattern": ids.CHAT_ID_PATTERN})
 
     @field_validator("channel")
     @classmethod
@@ -89,12 +99,14 @@ class ProjectSettingsOut(FromRecord):
 
 
 class SessionCreate(Body):
-    session_id: str | None = None
-    owner_user_id: int = UserIdField
-    project_id: str | None = None
+    session_id: str | None = Field(None, max_length=128, json_schema_extra={"pattern": ids.SESSION_ID_PATTERN})
+    owner_user_id: JsonInt = UserIdField
+    project_id: str | None = Field(None, max_length=64, json_schema_extra={"pattern": ids.PROJECT_ID_PATTERN})
     channel: Channel
     group: GroupIn | None = None
-    parent_session_id: str | None = None
+    parent_session_id: str | None = Field(
+        None, max_length=128, json_schema_extra={"pattern": ids.SESSION_ID_PATTERN}
+    )
     title: str | None = Field(None, max_length=500)
     if_exists: Literal["conflict", "return"] = Field(
         "conflict",
@@ -114,11 +126,16 @@ class SessionCreate(Body):
 
 
 class SessionPatch(Body):
+    """Only the fields sent change. `title: null` clears the title; a flag is true or false,
+    never null (an omitted flag stays as it is), so a null flag is a 422, not a 500 from the
+    store's NOT NULL column. The flags are typed `bool` with an unvalidated default of None, so
+    "not sent" stays distinguishable from "sent"."""
+
     title: str | None = Field(None, max_length=500)
-    archived: bool | None = Field(None, strict=True)
-    pinned: bool | None = Field(None, strict=True)
-    allow_cross_read: bool | None = Field(None, strict=True)
-    cross_private: bool | None = Field(None, strict=True)
+    archived: bool = Field(None, strict=True)  # type: ignore[assignment]
+    pinned: bool = Field(None, strict=True)  # type: ignore[assignment]
+    allow_cross_read: bool = Field(None, strict=True)  # type: ignore[assignment]
+    cross_private: bool = Field(None, strict=True)  # type: ignore[assignment]
 
 
 class SessionOut(FromRecord):
@@ -140,9 +157,9 @@ class SessionOut(FromRecord):
 
 class RunStart(Body):
     trigger: Trigger
-    speaker_user_id: int | None = Field(None, gt=0, le=ids.MAX_USER_ID, strict=True)
-    agent_id: str = "default"
-    delivery_id: str | None = Field(None, max_length=128)
+    speaker_user_id: UserIdInt | None = None
+    agent_id: str = Field("default", max_length=64, json_schema_extra={"pattern": ids.NAME_PATTERN})
+    delivery_id: str | None = Field(None, max_length=128, json_schema_extra={"pattern": f"^{DELIVERY_ID.pattern}$"})
 
     @field_validator("agent_id")
     @classmethod

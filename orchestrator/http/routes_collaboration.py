@@ -11,13 +11,13 @@ from orchestrator.collaboration.long_poll import next_delivery
 from orchestrator.errors import InvalidInput
 from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
 from orchestrator.http.collaboration_models import CollaborationListOut, CollaborationOut, InboxDeliveryOut, InboxOut, StopOut
-from orchestrator.http.params import session_id_param
+from orchestrator.http.params import SQLITE_INT_MAX, session_id_param
 from orchestrator.service import OrchestratorService
 
 router = APIRouter(tags=["collaboration"])
 
 
-def request_id_param(request_id: str = Path(..., max_length=64)) -> str:
+def request_id_param(request_id: str = Path(..., max_length=64, json_schema_extra={"pattern": f"^{REQUEST_ID.pattern}$"})) -> str:
     if not REQUEST_ID.fullmatch(request_id):
         raise InvalidInput("request_id must be a collaboration request id (cr-…)", field="request_id")
     return request_id
@@ -46,7 +46,7 @@ async def inbox(
 def list_collaborations(
     session_id: str = Depends(session_id_param),
     limit: int = Query(20, ge=1, le=100),
-    before: int | None = Query(None, ge=1, description="next_before of the previous page"),
+    before: int | None = Query(None, ge=1, le=SQLITE_INT_MAX, description="next_before of the previous page"),
     acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),

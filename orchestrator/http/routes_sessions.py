@@ -21,6 +21,7 @@ from orchestrator.http.chat_models import (
 )
 
 from orchestrator.http.acting import own_run, visible_run
+from orchestrator.http.openapi import ABSOLUTE_CAP
 from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
 from orchestrator.http.models import (
     RunContextOut,
@@ -94,7 +95,7 @@ def patch_session(
 
 @router.get("/v1/sessions", response_model=SessionListOut, tags=["sessions"])
 def list_sessions(
-    owner_user_id: int | None = Query(None, gt=0, le=ids.MAX_USER_ID),
+    owner_user_id: int | None = Query(None, gt=0, le=ids.MAX_USER_ID, json_schema_extra={ABSOLUTE_CAP: True}),
     project_id: str | None = Query(None, max_length=200),
     channel: str | None = Query(None, max_length=200, description="with chat_id: a group chat's sessions"),
     chat_id: str | None = Query(None, max_length=200),
@@ -200,7 +201,7 @@ def end_run(
 
 @router.get("/v1/tools", tags=["tools"])
 def list_tools(service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_bot)) -> dict:
-    return {"tools": service.tools.describe()}
+    return {"tools": service.tools.describe(shell_timeout_max_s=service.settings.tool_timeout_max_s)}
 
 
 # `{name:path}`: a name with a `/` (models invent any string) still reaches the dispatcher,

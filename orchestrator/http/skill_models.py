@@ -5,15 +5,31 @@ from __future__ import annotations
 import binascii
 from base64 import b64decode
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator.http.models import Body, FromRecord
 from orchestrator.skills.admin import InstallReport
 
 
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
 class SkillFileIn(Body):
     """One file: exactly one of `text` (stored as UTF-8) or `base64`; `executable` sets the
     file's x bits (part of the skill's fingerprint)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["text"], "properties": {"text": {"type": "string"}, "base64": {"type": "null"}}},
+                {
+                    "required": ["base64"],
+                    "properties": {"base64": {"type": "string", "pattern": BASE64_PATTERN}, "text": {"type": "null"}},
+                },
+            ]
+        },
+    )
 
     text: str | None = None
     base64: str | None = None
@@ -59,6 +75,10 @@ class SkillPut(Body):
     files: dict[str, SkillFileIn] = Field(
         ...,
         description="relative path -> {text | base64, executable}; a plain string is short for {text: ...}",
+        json_schema_extra={
+            "required": ["SKILL.md"],
+            "additionalProperties": {"anyOf": [{"$ref": "#/components/schemas/SkillFileIn"}, {"type": "string"}]},
+        },
     )
 
     @field_validator("files", mode="before")

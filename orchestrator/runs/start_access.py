@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.errors import InvalidInput
+from orchestrator.errors import Forbidden
 from orchestrator.identity import SPEAKER_TRIGGERS, Trigger
 from orchestrator.users.repository import GroupRef
 
@@ -28,6 +28,7 @@ class RunStartAccess:
 
 def run_start_access(trigger: Trigger, speaker_user_id: int | None, acting_user: int | None) -> RunStartAccess:
     if acting_user is not None and speaker_user_id not in (None, acting_user):
-        raise InvalidInput("the speaker must be the acting user (X-Acting-User)", field="speaker_user_id")
+        # Naming another person than the acting one is "may not" (403), not a malformed request.
+        raise Forbidden("the speaker must be the acting user (X-Acting-User)", field="speaker_user_id")
     speaks = trigger in SPEAKER_TRIGGERS
     return RunStartAccess(owner_only=not speaks, speaker_joins=speaks and speaker_user_id is not None)

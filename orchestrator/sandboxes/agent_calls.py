@@ -40,7 +40,9 @@ def answer_limits(settings: Settings) -> AnswerLimits:
 
 
 def tool_error(exc: AgentToolError) -> ToolError:
-    return ToolError(exc.code, exc.message, path=exc.path, **exc.details)
+    # `path` only when the error is about one (no `"path": null` on the others).
+    located = {"path": exc.path} if exc.path is not None else {}
+    return ToolError(exc.code, exc.message, **located, **exc.details)
 
 
 def sandbox_unavailable(user_id: int, why: str, *, may_have_run: bool = False, **details: Any) -> ToolError:

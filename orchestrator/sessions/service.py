@@ -14,7 +14,7 @@ from orchestrator import audit
 from orchestrator.sessions.chat_records import ChatMessage, NewMessage
 from orchestrator.sessions.chat_store import AppendResult, ChatKey, ChatStore
 from orchestrator.clock import now_iso
-from orchestrator.errors import CleanupPending, Conflict, InvalidInput, NotFound
+from orchestrator.errors import CleanupPending, Conflict, Forbidden, InvalidInput, NotFound
 from orchestrator.identity import inherited_runtime_user
 from orchestrator.log import kv
 from orchestrator.sessions.projects import ProjectRepository
@@ -113,7 +113,9 @@ class SessionService:
         session_id = new.session_id or f"s-{secrets.token_hex(12)}"
         if acting_user is not None:
             if acting_user != new.owner_user_id:
-                raise InvalidInput(
+                # Naming another user than the acting one is "may not", like every users/{uid}
+                # route (orchestrator/http/acting.py), not a malformed request.
+                raise Forbidden(
                     "a session is created for the acting user (X-Acting-User) only", field="owner_user_id"
                 )
             if new.parent_session_id is not None:

@@ -22,7 +22,7 @@ from orchestrator.sandboxes.router import SandboxRouter
 from orchestrator.tools.foreign_paths import classify_foreign_path, foreign_path_message
 from orchestrator.tools.registry import ToolCall
 from orchestrator.deliveries.url_fetch import UrlFetcher
-from sandbox_agent.wire import ReadBytesResult
+from sandbox_agent.wire import TOOL_PATH_ARG_MAX, ReadBytesResult
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
@@ -63,6 +63,10 @@ class BytesResolver:
             raise ToolError("invalid_arguments", "Give a file path or an http(s) URL.", field="path_or_url")
         if is_url(value):
             return self._from_url(value, max_bytes)
+        if len(path_or_url) > TOOL_PATH_ARG_MAX:  # the schema's bound, counted as it counts
+            raise ToolError(
+                "invalid_arguments", f"A path is at most {TOOL_PATH_ARG_MAX} characters.", field="path_or_url"
+            )
         return self.from_path(call, value, tool=tool, max_bytes=max_bytes)
 
     def _from_url(self, url: str, max_bytes: int) -> ResolvedBytes:
@@ -108,9 +112,16 @@ class BytesResolver:
             raise ToolError(foreign.code, foreign_path_message(foreign, user, tool=tool), **details)
         # A worker thread (host tools block): the same deadline and per-user cap as the
         # model's own calls, on the agent's blocking client.
-        result = self._sandboxes.call_blocking(
-            user, "read_bytes", {"path": path}, cwd=call.workdir, context=call.context()
-        )
+        try:
+            result = self._sandboxes.call_blocking(
+                user, "read_bytes", {"path": path}, cwd=call.workdir, context=call.context()
+            )
+        except ToolError as exc:
+            if exc.code != "too_large":
+                raise
+            # The model called `tool`, not read_bytes: name the tool and the cap it has.
+            shown = exc.details.get("path") or path
+            raise ToolError("too_large", f"The file is larger than {tool} sends (at most {max_bytes} bytes): {shown}", path=shown) from None
         if not isinstance(result, ReadBytesResult):
             raise ToolError("sandbox_error", f"The sandbox answered read_bytes with a {type(result).__name__}.")
         data, location = result.data, result.path

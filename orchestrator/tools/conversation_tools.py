@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from mounts import ids
+from sandbox_agent.wire import json_int
 from orchestrator import audit
 from orchestrator.sessions.chat_records import ChatMessage
 from orchestrator.sessions.chat_store import ChatKey, ChatStorageRefused, ChatStore
@@ -54,8 +55,8 @@ class ListConversationsArgs(_Args):
 
 
 class ReadConversationArgs(_Args):
-    conversation_id: str = Field(..., max_length=128)
-    limit: int = Field(READ_LIMIT_DEFAULT, ge=1, le=READ_LIMIT_MAX, description="Messages, newest last.")
+    conversation_id: str = Field(..., max_length=128, json_schema_extra={"pattern": ids.SESSION_ID_PATTERN})
+    limit: json_int(ge=1, le=READ_LIMIT_MAX) = Field(READ_LIMIT_DEFAULT, description="Messages, newest last.")  # type: ignore[valid-type]
 
     @field_validator("conversation_id")
     @classmethod

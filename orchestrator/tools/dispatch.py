@@ -32,7 +32,7 @@ from pydantic import BaseModel, ValidationError
 from mounts.layout import DataLayout
 from orchestrator import audit
 from orchestrator.clock import iso, now_iso
-from orchestrator.errors import Conflict, NotFound, ToolError
+from orchestrator.errors import NotFound, RunEnded, ToolError
 from orchestrator.runs.idle_runs import CallsInFlight
 from orchestrator.log import kv, run_logger
 from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
@@ -267,7 +267,7 @@ class ToolDispatcher:
                     done = self._recorded(tx, run_id, name, raw_arguments, tool_call_id)
                     if done is not None:
                         return _Repeated(done)
-                raise Conflict(f"run {run_id} has ended ({run.status.value}); start a new run to call tools")
+                raise RunEnded(f"run {run_id} has ended ({run.status.value}); start a new run to call tools")
             if session is None or session.deleted:
                 raise NotFound(f"session {run.session_id} not found")
             spec = self._registry.get(name)

@@ -9,6 +9,8 @@ import posixpath
 import re
 import secrets
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,12 +28,33 @@ from orchestrator.settings import Settings
 from orchestrator.tools.byte_sources import BytesResolver, is_url
 from orchestrator.tools.foreign_paths import public_upload_url
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
-from orchestrator.users.dirs import UserDirectories
+from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from orchestrator.users.files import UserFileWriter
+from sandbox_agent.wire import PATH_FIELD, TOOL_PATH_ARG_MAX, TOOL_PATH_PATTERN
 
 _EXTENSION = re.compile(r"\.[A-Za-z0-9]{1,10}$")
 _UNSAFE_NAME_CHARS = re.compile(r"[\x00-\x1f\x7f/\\]")
 FILE_NAME_MAX = 200
+
+
+
+@contextmanager
+def _tool_level_unsafe_directory() -> Iterator[None]:
+    """A directory the user's own shell replaced (a symlink, a file) is the model's business,
+    like every other tool failure: `200 {ok: false, error: {code: unsafe_directory}}`, not an
+    HTTP 409 that a bot's tool loop would take for its own mistake."""
+    try:
+        yield
+    except UnsafeDirectory as exc:
+        raise ToolError("unsafe_directory", exc.message) from None
+
+# A path argument of a host tool, of which surrounding white space is dropped (so it must hold
+# more); otherwise the limits of every path argument (sandbox_agent/wire.py).
+# Not `scheme:...` either (after the white space): that is read as a URL (byte_sources.is_url).
+STRIPPED_PATH = {
+    **PATH_FIELD["json_schema_extra"],
+    "pattern": r"(?=[\s\S]*\S)(?!\s*(?![A-Za-z]:[\\/])[A-Za-z][A-Za-z0-9+.-]*:)" + TOOL_PATH_PATTERN,
+}
 
 
 class _Args(BaseModel):
@@ -39,7 +62,13 @@ class _Args(BaseModel):
 
 
 class PublishArtifactArgs(_Args):
-    path: str = Field(..., min_length=1, max_length=4096, description="A file you can read: absolute, or relative to the working directory.")
+    path: str = Field(
+        ...,
+        min_length=1,
+        max_length=TOOL_PATH_ARG_MAX,  # counted before the white space is dropped, as the schema does
+        description="A file you can read: absolute, or relative to the working directory.",
+        json_schema_extra=STRIPPED_PATH,
+    )
 
 
 class SendArgs(_Args):
@@ -48,6 +77,13 @@ class SendArgs(_Args):
         min_length=1,
         max_length=8192,
         description="A file you can read (absolute, or relative to the working directory), or an http(s) URL.",
+        # A URL may be long; a path has the limits of every path argument (sandbox_agent/wire.py).
+        json_schema_extra={
+            "anyOf": [
+                {"pattern": "^https?://"},
+                STRIPPED_PATH,
+            ]
+        },
     )
 
 
@@ -108,7 +144,8 @@ class HostTools:
         image = sniff_image(source.data[:SNIFF_BYTES])
         extension = extension_of(source.file_name) or (image.extension if image else "")
         name = f"{uuid.uuid4().hex}{extension}"
-        uploads = self._directories.ensure_uploads(user)
+        with _tool_level_unsafe_directory():
+            uploads = self._directories.ensure_uploads(user)
         try:
             written = self._writer.write_new(user, uploads, name, source.data, mode=0o644)
         except UnsafePath as exc:
@@ -198,7 +235,8 @@ class HostTools:
                 for m in user_messages
             ],
         }
-        self._directories.ensure_session_runtime(user, run.session_id, is_owner=user == run.owner_user_id)
+        with _tool_level_unsafe_directory():
+            self._directories.ensure_session_runtime(user, run.session_id, is_owner=user == run.owner_user_id)
         name = f"user-messages-{now.strftime('%Y%m%dT%H%M%SZ')}-{secrets.token_hex(3)}.json"
         data = (json.dumps(document, ensure_ascii=False, indent=2) + "\n").encode()
         try:

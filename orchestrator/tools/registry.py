@@ -77,8 +77,10 @@ class ToolRegistry:
     def all(self) -> list[ToolSpec]:
         return sorted(self._tools.values(), key=lambda spec: spec.name)
 
-    def describe(self) -> list[dict[str, Any]]:
-        return [
+    def describe(self, *, shell_timeout_max_s: float | None = None) -> list[dict[str, Any]]:
+        """The tools as a model receives them. With `shell_timeout_max_s`, shell's `timeout_s`
+        states this server's upper bound (a setting, so not part of the static model)."""
+        described = [
             {
                 "name": spec.name,
                 "description": spec.description,
@@ -88,3 +90,10 @@ class ToolRegistry:
             }
             for spec in self.all()
         ]
+        if shell_timeout_max_s is not None:
+            for tool in described:
+                timeout = tool["parameters"].get("properties", {}).get("timeout_s") if tool["name"] == "shell" else None
+                for branch in (timeout or {}).get("anyOf", []):
+                    if branch.get("type") == "number":
+                        branch["maximum"] = shell_timeout_max_s
+        return described

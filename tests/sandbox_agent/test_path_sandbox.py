@@ -4,6 +4,7 @@ O_NOFOLLOW walk). A refusal must be the right structured error and change nothin
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 from pathlib import Path
 
@@ -341,3 +342,14 @@ def test_links_in_a_shared_root_resolve_only_within_it(sandbox: PathSandbox, tre
     with sandbox.write_target(f"{share}/sub/up", cwd) as target:
         assert target.root.purpose == "share" and target.name == "real.txt"
     assert read(sandbox, "skills/foo/SKILL.md", cwd) == b"# foo skill\n"  # private links still cross roots
+
+
+@pytest.mark.parametrize("target", ["hello.txt/", "hello.txt/.", "./hello.txt/"])
+def test_a_link_whose_target_ends_in_a_slash_names_a_directory(sandbox: PathSandbox, tree: Tree, target: str) -> None:
+    """As the kernel has it: `link -> file/` is "not a directory", in both resolvers; a planted
+    link must not make the walk read a file the path says is a directory."""
+    os.symlink(target, tree.workdir / "slashed")
+    assert refused(sandbox, "slashed", str(tree.workdir)).code == "not_a_directory"
+    os.symlink("skills/", tree.workdir / "to-dir")
+    with sandbox.open_dir("to-dir", str(tree.workdir)) as opened:
+        assert stat.S_ISDIR(os.fstat(opened.fd).st_mode)

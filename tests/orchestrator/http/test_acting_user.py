@@ -51,7 +51,7 @@ def test_item11_a_person_cannot_join_a_foreign_group_by_speaking(client: TestCli
     assert client.get(f"/v1/sessions/{sid}", headers=AS_MEMBER).status_code == 404
     # The acting user speaks for itself only, and only the owner starts an owner-run.
     as_other = {"trigger": "group_message", "speaker_user_id": 91}
-    assert client.post(f"/v1/sessions/{sid}/runs", json=as_other, headers=AS_MEMBER).status_code == 422
+    assert client.post(f"/v1/sessions/{sid}/runs", json=as_other, headers=AS_MEMBER).status_code == 403  # naming another person is "may not"
     # The trusted bot (no header) adds the speaker; then 67 speaks for itself.
     start_run(client, sid, **speak)
     assert [g.chat_id for g in service.users.groups_of(MEMBER)] == ["oc_team"]

@@ -31,7 +31,7 @@ def test_a_run_ended_between_two_calls_refuses_the_second_at_once(
     assert call(agent_client, run["run_id"], "write_file", path="a.txt", content="a").json()["ok"] is True
     assert agent_client.post(f"/v1/runs/{run['run_id']}/end", json={}).status_code == 200
     refused = call(agent_client, run["run_id"], "read_file", path="a.txt")
-    assert refused.status_code == 409 and refused.json()["error"]["code"] == "conflict"
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "run_ended"
     # Only the call that ran is audited.
     assert [e.detail["tool"] for e in audit.entries(agent_service.store, action="tool.call")] == ["write_file"]
 
