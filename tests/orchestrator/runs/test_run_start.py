@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.errors import InvalidInput
+from orchestrator.errors import Forbidden
 from orchestrator.identity import Trigger
 from orchestrator.runs.start_access import run_start_access
 from orchestrator.service import OrchestratorService
@@ -105,6 +105,6 @@ def test_the_start_access_rule(trigger: Trigger, speaker: int | None, acting: in
 
 
 def test_a_person_speaks_for_itself_only() -> None:
-    with pytest.raises(InvalidInput) as refused:
+    with pytest.raises(Forbidden) as refused:
         run_start_access(Trigger.GROUP_MESSAGE, MEMBER, OWNER)
     assert refused.value.field == "speaker_user_id"

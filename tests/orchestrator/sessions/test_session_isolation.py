@@ -91,7 +91,7 @@ def test_a_newcomer_joins_by_speaking_only_through_the_trusted_bot(api: Sessions
     for sid in ("solo", "no-such"):
         other = {"trigger": "group_message", "speaker_user_id": 17}
         refused = api.client.post(f"/v1/sessions/{sid}/runs", json=other, headers={"X-Acting-User": "68"})
-        assert refused.status_code == 422 and refused.json()["error"]["field"] == "speaker_user_id"
+        assert refused.status_code == 403 and refused.json()["error"]["field"] == "speaker_user_id"
 
 
 def test_listing_shows_only_the_acting_users_sessions_in_one_scope(api: SessionsApi) -> None:
@@ -143,7 +143,7 @@ def test_creating_for_someone_else_or_under_an_invisible_parent_is_refused(api: 
     api.create("theirs", 18)
     mine = {"X-Acting-User": "17"}
     other_owner = api.client.post("/v1/sessions", json={"owner_user_id": 18, "channel": "web"}, headers=mine)
-    assert other_owner.status_code == 422 and other_owner.json()["error"]["field"] == "owner_user_id"
+    assert other_owner.status_code == 403 and other_owner.json()["error"]["field"] == "owner_user_id"
     body = {"session_id": "child", "owner_user_id": 17, "channel": "web"}
     hidden = api.client.post("/v1/sessions", json={**body, "parent_session_id": "theirs"}, headers=mine)
     missing = api.client.post("/v1/sessions", json={**body, "parent_session_id": "nobody"}, headers=mine)
