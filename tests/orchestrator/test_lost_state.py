@@ -69,7 +69,7 @@ def test_item12_a_lost_state_db_refuses_to_start(agent_data_dir: Path, loss: str
         OrchestratorService(make_settings(agent_data_dir))
     result = serve(agent_data_dir)
     assert result.returncode == 2, result
-    lines = [line for line in result.stderr.splitlines() if line.startswith("orchestrator:")]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("orchestrator serve:")]
     assert len(lines) == 1 and str(db) in lines[0] and "restore" in lines[0], result.stderr
     assert not db.exists() or db.stat().st_size == 0  # nothing was created in its place
 

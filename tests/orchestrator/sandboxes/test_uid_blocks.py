@@ -189,9 +189,9 @@ def test_a_second_serve_with_an_overlapping_uid_block_exits_2_with_one_line(tmp_
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert result.returncode == 2, result
-        lines = [line for line in result.stderr.splitlines() if line.startswith("orchestrator:")]
+        lines = [line for line in result.stderr.splitlines() if line.startswith("orchestrator serve:")]
         assert lines == [
-            f"orchestrator: sandbox uids 700000500..700001500 of this instance overlap those of the orchestrator "
+            f"orchestrator serve: sandbox uids 700000500..700001500 of this instance overlap those of the orchestrator "
             f"on {first} (uids 700000000..700001000); give one of them another ORCH_SANDBOX_UID_BASE / "
             "a smaller ORCH_MAX_USER_ID"
         ], result.stderr
