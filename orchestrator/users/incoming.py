@@ -20,6 +20,7 @@ answer is the path to hand the model (sandboxes see the data dir at the same abs
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import secrets
 import stat
@@ -33,9 +34,12 @@ from mounts.fs.rename_swap import rename_noreplace
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import plan_mounts
 from orchestrator.errors import Conflict, InvalidInput, OrchestratorError
+from orchestrator.log import kv
 from orchestrator.runs.records import RunRecord
 from orchestrator.users.dirs import UserDirectories
 from orchestrator.users.group_gids import GroupGids
+
+log = logging.getLogger(__name__)
 
 NAME_MAX_BYTES = 200
 MAX_RENAMES = 100  # `name-2` ... `name-100`, then the upload is refused
@@ -127,6 +131,7 @@ class IncomingUpload:
         self.size = 0
         self._dir_fd = _open_destination(layout, destination)
         self._temp = f".upload-{secrets.token_hex(8)}.tmp"
+        self._placed = False
         try:
             self._fd = os.open(self._temp, _CREATE, 0o600, dir_fd=self._dir_fd)
         except BaseException:
@@ -156,18 +161,30 @@ class IncomingUpload:
                     rename_noreplace(self._dir_fd, self._temp, candidate)
                 except FileExistsError:
                     continue  # taken: by an earlier upload, or by whatever the sandbox planted
+                self._placed = True  # the temporary name is free again: whatever appears there is not ours
                 return d.directory.joinpath(*d.shared_parts, candidate)
             raise NoFreeName(f"{self._name} and {MAX_RENAMES - 1} numbered variants exist already")
         finally:
             self.abort()
 
     def abort(self) -> None:
-        """Remove the temporary file (after a commit there is none) and close everything."""
+        """Remove the temporary file (after a commit there is none) and close everything.
+
+        In `personal` scope the directory is the sandbox's: while the body streamed, its shell
+        may have moved the temporary file away and put a directory (or anything) at its name.
+        Such an entry is the sandbox's own and stays; it never turns the caller's answer into
+        a 500 nor keeps the directory's descriptor open."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-        if self._dir_fd >= 0:
-            remove_file_at(self._dir_fd, self._temp)
+        if self._dir_fd < 0:
+            return
+        try:
+            if not self._placed:
+                remove_file_at(self._dir_fd, self._temp)
+        except OSError as exc:
+            log.warning("upload temporary name not removed %s", kv(name=self._temp, error=exc.strerror))
+        finally:
             os.close(self._dir_fd)
             self._dir_fd = -1
 

@@ -226,3 +226,59 @@ def test_item6_a_stalled_upload_is_408_and_leaves_nothing(traversable_tmp: Path)
         assert answer.startswith("HTTP/1.1 408"), answer
         assert "request_timeout" in answer
         assert list(service.layout.incoming_dir(MEMBER, run["session_id"]).iterdir()) == []
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the host writes as root only when it runs as root")
+def test_a_directory_planted_at_the_temporary_name_neither_leaks_an_fd_nor_turns_the_refusal_into_500(
+    traversable_tmp: Path,
+) -> None:
+    """The sandbox owns incoming/, so it sees the upload's temporary name while the body streams:
+    its shell moves the temporary file away and makes a directory there. The refusal (413 here)
+    must stay the refusal, and the host must not keep the directory's fd open (a leak per upload
+    is a sandbox exhausting the server's descriptors)."""
+    import threading
+
+    import httpx
+
+    from orchestrator.http.app import create_app
+    from tests.conftest import API_TOKEN
+    from tests.live_server import live_server
+
+    data = traversable_tmp / "data"
+    data.mkdir()
+    cap = 256 * 1024
+    with serving(make_settings(data, upload_max_bytes=cap, **UID_BLOCK)) as (client, service):
+        run = member_run(client)
+        incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
+        swapped: dict = {}
+        attack = (
+            f"cd {incoming} && for i in $(seq 400); do t=$(ls -A | grep '^[.]upload-' | head -1); "
+            '[ -n "$t" ] && break; sleep 0.05; done; mv "$t" stolen && mkdir "$t" && echo swapped'
+        )
+        shell = threading.Thread(target=lambda: swapped.update(tool(client, run["run_id"], "shell", command=attack)))
+        with live_server(create_app(service)) as url:
+
+            def body() -> Iterator[bytes]:
+                yield b"a" * 65536
+                shell.join(timeout=60)  # the sandbox swaps the temporary file for a directory now
+                for _ in range(cap // 65536 + 2):
+                    yield b"b" * 65536
+
+            shell.start()
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=60) as http:
+                answer = http.put(f"/v1/runs/{run['run_id']}/files/incoming/big.bin", content=body())
+            assert swapped["result"]["stdout"].strip() == "swapped", swapped
+            assert _fds_on(incoming) == [], "the upload left the incoming directory's descriptor open"
+            assert answer.status_code == 413 and answer.json()["error"]["code"] == "payload_too_large", answer.text
+
+
+def _fds_on(path: Path) -> list[str]:
+    """This process's descriptors open on `path` (the server runs in the test's process)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                found.append(fd)
+        except FileNotFoundError:
+            pass
+    return found
