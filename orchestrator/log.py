@@ -6,18 +6,11 @@ import logging
 from collections.abc import MutableMapping
 from typing import Any
 
+from mounts.log_fields import kv
+
+__all__ = ["LOG_FORMAT", "RunLogger", "configure_logging", "kv", "run_logger"]
+
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
-
-
-def kv(**fields: Any) -> str:
-    """`a=1 b="two words"`: values with spaces or quotes are quoted."""
-    parts = []
-    for key, value in fields.items():
-        text = "null" if value is None else str(value)
-        if text == "" or any(c in text for c in ' "=\n'):
-            text = '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-        parts.append(f"{key}={text}")
-    return " ".join(parts)
 
 
 class RunLogger(logging.LoggerAdapter):

@@ -3,6 +3,7 @@ real shell calls through a live server (real sockets, process-backend agents, SQ
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -202,3 +203,24 @@ def test_path_segments_are_quoted() -> None:
     assert sdk.segment("read_file?x=1") == "read_file%3Fx%3D1"
     assert sdk.segment("..") == "%2E%2E" and sdk.segment(".") == "%2E"
     assert sdk.segment("a%2Fb") == "a%252Fb" and sdk.segment("oc 1/x") == "oc%201%2Fx"
+
+
+FORGED = "c1\r\x1b[2Kaccess method=GET route=/v1/forged status=200\u2028access method=PUT\x85route=/x\x0bz\tq\x00"
+
+
+def test_a_model_chosen_tool_call_id_cannot_forge_or_hide_log_lines(agent_data_dir, caplog: pytest.LogCaptureFixture) -> None:
+    """The id is the model's (the bot relays it): a carriage return, an escape sequence, a
+    Unicode line separator or NEL in it would, copied raw into the repeat's log line, let a
+    terminal or a line splitter show a forged line. Every line stays one printable line and
+    the id is still told apart (escaped, not dropped)."""
+    caplog.set_level(logging.INFO)
+    with serving(agent_data_dir) as (bot, _):
+        run = new_run(bot)
+        first = bot.call_tool(run.run_id, "shell", {"command": "echo a >> count.txt"}, tool_call_id=FORGED)
+        again = bot.call_tool(run.run_id, "shell", {"command": "echo a >> count.txt"}, tool_call_id=FORGED)
+        assert first.ok and again.ok and lines(run, "count.txt") == ["a"]
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("orchestrator")]
+    repeats = [m for m in messages if m.startswith("tool call repeat")]
+    assert len(repeats) == 1, messages
+    assert "\\r\\x1b[2Kaccess" in repeats[0] and "\\u2028" in repeats[0] and "\\x85" in repeats[0], repeats
+    assert [m for m in messages if not m.isprintable()] == []
