@@ -48,7 +48,7 @@ def _declared_length(request: Request) -> int | None:
     status_code=201,
     tags=["files"],
     summary="Upload a file from the chat into the run's sandbox (the path to hand the model comes back)",
-    responses={409: {"description": "run ended, unsafe directory or no free name"}, 413: {"description": "too large"}},
+    responses={409: {"description": "run ended, unsafe directory or no free name"}, 413: {"description": "too large"}, 507: {"description": "no room on the data filesystem"}},
 )
 async def upload_incoming(
     request: Request,

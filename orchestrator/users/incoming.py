@@ -58,6 +58,20 @@ class UploadTooLarge(OrchestratorError):
     code = "payload_too_large"  # the code of the request guard's 413 too
 
 
+class InsufficientStorage(OrchestratorError):
+    status_code = 507
+    code = "insufficient_storage"
+
+
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_room(exc: OSError) -> InsufficientStorage:
+    # The sandbox shares the filesystem (and may have filled it on purpose): a refusal the bot
+    # can tell its user, not an internal error. The temporary file is removed by `abort`.
+    return InsufficientStorage(f"no room for the upload on the data filesystem ({exc.strerror}); nothing was written")
+
+
 class UnsafeUploadDirectory(Conflict):
     code = "unsafe_directory"
 
@@ -143,8 +157,13 @@ class IncomingUpload:
         if self.size > self._max:
             raise UploadTooLarge(f"the upload is larger than {self._max} bytes (ORCH_UPLOAD_MAX_BYTES)")
         view = memoryview(chunk)
-        while view:
-            view = view[os.write(self._fd, view) :]
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            if exc.errno in _NO_ROOM:
+                raise _no_room(exc) from None
+            raise
 
     def commit(self) -> Path:
         """Owner, mode, fsync, then the first free name; the path the model is handed."""
@@ -152,7 +171,12 @@ class IncomingUpload:
         if d.uid is not None and d.gid is not None:
             os.fchown(self._fd, d.uid, d.gid)
         os.fchmod(self._fd, d.mode)
-        os.fsync(self._fd)
+        try:
+            os.fsync(self._fd)  # delayed allocation: a full disk may show only here
+        except OSError as exc:
+            if exc.errno in _NO_ROOM:
+                raise _no_room(exc) from None
+            raise
         os.close(self._fd)
         self._fd = -1
         try:

@@ -282,3 +282,26 @@ def _fds_on(path: Path) -> list[str]:
         except FileNotFoundError:
             pass
     return found
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="mounting a small filesystem needs root")
+def test_a_disk_the_sandbox_filled_is_a_structured_507_and_leaves_no_temporary_file(served: Served) -> None:
+    """The sandbox's shell fills the filesystem its incoming/ is on (a small one of its own
+    here, so that the state database keeps its room); the upload then is a clear refusal,
+    not an internal error, and the partial temporary file is gone."""
+    import subprocess
+
+    client, service = served
+    run = member_run(client)
+    incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
+    st = os.stat(incoming)
+    options = f"size=2m,uid={st.st_uid},gid={st.st_gid},mode=0700"
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(incoming)], check=True)
+    try:
+        filled = tool(client, run["run_id"], "shell", command=f"dd if=/dev/zero of={incoming}/fill bs=64k 2>&1; df {incoming}")
+        assert "No space left" in filled["result"]["stdout"], filled
+        answer = put(client, run["run_id"], "report.pdf", os.urandom(1024 * 1024))
+        assert answer.status_code == 507 and answer.json()["error"]["code"] == "insufficient_storage", answer.text
+        assert sorted(p.name for p in incoming.iterdir()) == ["fill"]
+    finally:
+        subprocess.run(["umount", "-l", str(incoming)], check=False)
