@@ -41,6 +41,15 @@ _UPLOAD = re.compile(r"^/v1/runs/[^/]+/files/incoming/[^/]+/?$")
 JSON_OVERHEAD = 1024 * 1024  # field names, quoting and escapes around the largest value
 
 
+LOGGED_PATH_MAX = 200  # the client chose the path, and sent it without a token outside /v1/
+
+
+def logged_path(path: str) -> str:
+    """Pure: a request's path as a log line names it, cut to LOGGED_PATH_MAX characters (kv
+    escapes what could end or rewrite the line)."""
+    return path if len(path) <= LOGGED_PATH_MAX else f"{path[:LOGGED_PATH_MAX]}...({len(path)} chars)"
+
+
 def body_limit(method: str, path: str, settings: Settings) -> int:
     """Pure: the largest request body a route takes, in bytes.
 
@@ -137,7 +146,7 @@ class RequestGuard:
         try:
             body = await self._read_body(receive, limit)
         except BodyTimeout as exc:
-            log.warning("request body timed out %s", kv(path=path, reason=str(exc)))
+            log.warning("request body timed out %s", kv(path=logged_path(path), reason=str(exc)))
             await self._refuse(send, self._timeout_refusal(exc))
             return
         if body is None:
@@ -159,7 +168,7 @@ class RequestGuard:
             try:
                 message = await self._next_message(receive, deadline)
             except BodyTimeout as exc:
-                log.warning("request body timed out %s", kv(path=path, reason=str(exc)))
+                log.warning("request body timed out %s", kv(path=logged_path(path), reason=str(exc)))
                 raise StreamedBodyTimeout(f"the request body {exc}") from None
             total += len(message.get("body", b""))
             if total > limit:

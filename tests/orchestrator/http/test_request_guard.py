@@ -182,3 +182,22 @@ def test_item5_orchestrator_serve_bounds_the_request_head(serve: str) -> None:
         assert status == 408 and b"request_timeout" in body
         sock.close()
     assert time.monotonic() - started < 4
+
+
+def test_a_stalled_body_on_a_crafted_path_logs_one_printable_line(served, caplog: pytest.LogCaptureFixture) -> None:
+    """No token is needed outside /v1/: the guard's timeout line names the request's path,
+    which the client chose (percent-decoded: CR, an escape sequence, U+2028). It is logged
+    escaped and shortened, never raw."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="orchestrator.http.request_guard")
+    base, _ = served
+    crafted = "/x%0D%1B%5B2Kaccess%20method=GET%20route=/v1/forged%20status=200%E2%80%A8" + "y" * 5000
+    with connect(base) as sock:
+        sock.sendall(f"POST {crafted} HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc".encode())
+        status, _ = read_response(sock)
+    assert status == 408
+    lines = [r.getMessage() for r in caplog.records if r.name == "orchestrator.http.request_guard"]
+    assert len(lines) == 1 and "timed out" in lines[0], lines
+    assert lines[0].isprintable() and "\\r\\x1b[2Kaccess" in lines[0] and "\\u2028" in lines[0], lines
+    assert len(lines[0]) < 1000, "a client-chosen path is shortened in the log"
