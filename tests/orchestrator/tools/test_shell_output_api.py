@@ -56,3 +56,42 @@ def test_item5_huge_output_through_the_api(served: Served) -> None:
     assert found["ok"] and [m["line"] for m in found["result"]["matches"]] == [300001], found
     read = tool(client, run["run_id"], "read_file", path=result["stdout_file"], offset=299999, limit=3)
     assert read["ok"] and "300000" in read["result"]["content"] and ERROR_LINE in read["result"]["content"], read
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the host removes the spool as root only when it runs as root")
+def test_deleting_the_session_removes_a_planted_spool_without_following_anything(traversable_tmp: Path) -> None:
+    """The host never reads the spool; it removes it with the session's runtime dir, as root.
+    The sandbox's shell plants links to a root-owned directory outside, a FIFO (an open would
+    block) and a 0000 subdirectory in shell-output/, and replaces incoming/ by a link: the
+    deletion removes the links, never what they point at."""
+    import time
+
+    outside = traversable_tmp / "outside"
+    outside.mkdir()
+    (outside / "passwd").write_text("root:x:0:0\n")
+    data = traversable_tmp / "data"
+    data.mkdir()
+    with serving(make_settings(data, **UID_BLOCK)) as (client, service):
+        run = start_run(client, group_session(client), trigger="group_message", speaker_user_id=MEMBER)
+        spool = service.layout.shell_output_dir(MEMBER, run["session_id"])
+        planted = tool(
+            client,
+            run["run_id"],
+            "shell",
+            command=(
+                f"cd {spool} && ln -s {outside}/passwd link && ln -s {outside} dirlink && mkfifo fifo && "
+                f"mkdir -p locked/deep && echo x > locked/deep/f && chmod 000 locked && "
+                f"rmdir ../incoming && ln -s {outside} ../incoming"
+            ),
+        )
+        assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
+        assert client.post(f"/v1/runs/{run['run_id']}/end", json={"status": "succeeded"}).status_code == 200
+        deleted = client.delete(f"/v1/sessions/{run['session_id']}")
+        assert deleted.status_code in (200, 202, 204), deleted.text
+        runtime = service.layout.runtime_dir(MEMBER, run["session_id"])
+        deadline = time.monotonic() + 20
+        while os.path.lexists(runtime) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.lexists(runtime)
+    assert sorted(p.name for p in outside.iterdir()) == ["passwd"]
+    assert (outside / "passwd").read_text() == "root:x:0:0\n"
