@@ -305,3 +305,50 @@ def test_a_disk_the_sandbox_filled_is_a_structured_507_and_leaves_no_temporary_f
         assert sorted(p.name for p in incoming.iterdir()) == ["fill"]
     finally:
         subprocess.run(["umount", "-l", str(incoming)], check=False)
+
+
+def test_a_slow_big_upload_does_not_delay_other_callers(traversable_tmp: Path) -> None:
+    """A 48 MiB upload trickling in over a real socket: /healthz and another user's tool call
+    keep answering at once (the body is written a network chunk at a time, the fsync and
+    rename in a worker thread)."""
+    import threading
+    import time
+
+    import httpx
+
+    from orchestrator.http.app import create_app
+    from tests.conftest import API_TOKEN
+    from tests.live_server import live_server
+
+    data = traversable_tmp / "data"
+    data.mkdir()
+    with serving(make_settings(data, upload_max_bytes=64 * 1024 * 1024, **UID_BLOCK)) as (client, service):
+        run = member_run(client)
+        other = start_run(client, client.post("/v1/sessions", json={"owner_user_id": OWNER, "channel": "web"}).json()["session_id"], trigger="web")
+        answers: dict = {}
+        with live_server(create_app(service)) as url:
+            auth = {"Authorization": f"Bearer {API_TOKEN}"}
+
+            def body() -> Iterator[bytes]:
+                for i in range(48):
+                    yield os.urandom(1024 * 1024)
+                    if i % 4 == 0:
+                        time.sleep(0.1)
+
+            def upload() -> None:
+                with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
+                    answers["upload"] = http.put(f"/v1/runs/{run['run_id']}/files/incoming/big.bin", content=body())
+
+            uploading = threading.Thread(target=upload)
+            uploading.start()
+            slowest = 0.0
+            with httpx.Client(base_url=url, headers=auth, timeout=30) as http:
+                while uploading.is_alive():
+                    started = time.monotonic()
+                    assert http.get("/healthz").status_code == 200
+                    called = http.post(f"/v1/runs/{other['run_id']}/tools/shell", json={"arguments": {"command": "true"}})
+                    assert called.status_code == 200 and called.json()["ok"], called.text
+                    slowest = max(slowest, time.monotonic() - started)
+            uploading.join()
+        assert answers["upload"].status_code == 201, answers["upload"].text
+        assert slowest < 1.0, f"another caller waited {slowest:.2f} s behind the upload"
