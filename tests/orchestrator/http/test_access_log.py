@@ -53,3 +53,18 @@ def test_an_unsafe_request_id_is_replaced(client: TestClient, caplog: pytest.Log
 
 def test_kv_quotes_what_would_break_a_line() -> None:
     assert kv(a="x y", b=None, c='q"') == 'a="x y" b=null c="q\\""'
+
+
+def test_headers_a_client_chose_cannot_forge_an_access_line(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+    """X-Request-Id and X-Acting-User with an escape sequence, a tab or U+2028 (h11 already
+    refuses CR and LF in header values), and a path full of them: the line keeps only safe
+    tokens (a fresh id, `invalid`, the route template)."""
+    caplog.set_level(logging.INFO, logger=ACCESS)
+    hostile = {"X-Request-Id": b"a\x1b[2Kaccess\tmethod=GET", "X-Acting-User": "17\x1b[2K\u2028x".encode()}
+    client.get("/v1/sessions/%1B%5B2K%E2%80%A8x", headers=hostile)
+    client.get("/%1B%5B2Kaccess%20method=GET%0D", headers=hostile)
+    messages = [r.getMessage() for r in caplog.records if r.name == ACCESS]
+    assert len(messages) == 2 and all(m.isprintable() for m in messages), messages
+    fields = [_fields(m) for m in messages]
+    assert [f["route"] for f in fields] == ["/v1/sessions/{session_id}", "-"]
+    assert all(f["acting_user"] == "invalid" and re.fullmatch(r"[0-9a-f]{32}", f["request_id"]) for f in fields), fields
