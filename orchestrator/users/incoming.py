@@ -148,6 +148,11 @@ class IncomingUpload:
         self._placed = False
         try:
             self._fd = os.open(self._temp, _CREATE, 0o600, dir_fd=self._dir_fd)
+        except OSError as exc:
+            os.close(self._dir_fd)
+            if exc.errno in _NO_ROOM:  # no inode left: the sandbox filled it with files
+                raise _no_room(exc) from None
+            raise
         except BaseException:
             os.close(self._dir_fd)
             raise

@@ -284,8 +284,13 @@ def _fds_on(path: Path) -> list[str]:
     return found
 
 
+FILL_BYTES = "dd if=/dev/zero of={incoming}/fill bs=64k 2>&1"
+FILL_INODES = "for i in $(seq 100); do touch {incoming}/f$i 2>&1 || break; done; dd if=/dev/zero of={incoming}/f1 bs=64k 2>&1"
+
+
 @pytest.mark.skipif(not AS_ROOT, reason="mounting a small filesystem needs root")
-def test_a_disk_the_sandbox_filled_is_a_structured_507_and_leaves_no_temporary_file(served: Served) -> None:
+@pytest.mark.parametrize("fill", [FILL_BYTES, FILL_INODES], ids=["bytes", "inodes"])
+def test_a_disk_the_sandbox_filled_is_a_structured_507_and_leaves_no_temporary_file(served: Served, fill: str) -> None:
     """The sandbox's shell fills the filesystem its incoming/ is on (a small one of its own
     here, so that the state database keeps its room); the upload then is a clear refusal,
     not an internal error, and the partial temporary file is gone."""
@@ -295,14 +300,15 @@ def test_a_disk_the_sandbox_filled_is_a_structured_507_and_leaves_no_temporary_f
     run = member_run(client)
     incoming = service.layout.incoming_dir(MEMBER, run["session_id"])
     st = os.stat(incoming)
-    options = f"size=2m,uid={st.st_uid},gid={st.st_gid},mode=0700"
+    options = f"size=2m,nr_inodes=8,uid={st.st_uid},gid={st.st_gid},mode=0700"
     subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(incoming)], check=True)
     try:
-        filled = tool(client, run["run_id"], "shell", command=f"dd if=/dev/zero of={incoming}/fill bs=64k 2>&1; df {incoming}")
+        filled = tool(client, run["run_id"], "shell", command=fill.format(incoming=incoming))
         assert "No space left" in filled["result"]["stdout"], filled
+        planted = sorted(p.name for p in incoming.iterdir())
         answer = put(client, run["run_id"], "report.pdf", os.urandom(1024 * 1024))
         assert answer.status_code == 507 and answer.json()["error"]["code"] == "insufficient_storage", answer.text
-        assert sorted(p.name for p in incoming.iterdir()) == ["fill"]
+        assert sorted(p.name for p in incoming.iterdir()) == planted
     finally:
         subprocess.run(["umount", "-l", str(incoming)], check=False)
 
