@@ -4,38 +4,25 @@
 
 `route` is the matched route's template, never the raw path (ids stay out of the access log,
 and lines group by route); `-` for a request no route matched. The request id is the one the
-request-id layer gave the request when it runs outside this one, else the caller's
-`X-Request-Id` when it is a short safe token, else a fresh one. A plain ASGI middleware: it
+request-id layer gives every request (`request_id.give_request_id`). A plain ASGI middleware: it
 adds no task and reads nothing of the body.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
-import uuid
 
 from orchestrator.http.auth import parse_acting_user
 from orchestrator.http.request_guard import ASGIApp, Message, Receive, Scope, Send
+from orchestrator.http.request_id import give_request_id
 from orchestrator.log import kv
 
 log = logging.getLogger("orchestrator.access")
 
-_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
-
 
 def _headers(scope: Scope, name: bytes) -> list[str]:
     return [value.decode("latin-1") for key, value in scope.get("headers") or () if key == name]
-
-
-def request_id_for(scope: Scope) -> str:
-    """The id another layer already gave the request, else the caller's safe one, else a new one."""
-    given = scope.get("state", {}).get("request_id")
-    if given:
-        return str(given)
-    offered = _headers(scope, b"x-request-id")
-    return offered[0] if len(offered) == 1 and _SAFE_REQUEST_ID.fullmatch(offered[0]) else uuid.uuid4().hex
 
 
 def acting_user_field(scope: Scope) -> str | int | None:
@@ -60,8 +47,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        request_id = request_id_for(scope)
-        scope.setdefault("state", {}).setdefault("request_id", request_id)
+        request_id = give_request_id(scope)
         status = 0  # no response started: the app failed, or the client left first
 
         async def send_noting_status(message: Message) -> None:

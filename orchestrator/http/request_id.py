@@ -32,6 +32,20 @@ def request_id_of(scope: MutableMapping[str, Any]) -> str | None:
     return scope.get("state", {}).get("request_id")
 
 
+def give_request_id(scope: MutableMapping[str, Any]) -> str:
+    """The request's id: the one already given, else chosen from the caller's `X-Request-Id`
+    (only a single one is kept: two would let a proxy and this server log different ones).
+    Stored in the scope's state, which the Request objects the app builds share, so the error
+    handlers (including the one for 500s) and the access log read the same id."""
+    given = request_id_of(scope)
+    if given:
+        return str(given)
+    offered = [value for key, value in scope.get("headers") or () if key == HEADER]
+    request_id = choose_request_id(offered[0] if len(offered) == 1 else None)
+    scope.setdefault("state", {})["request_id"] = request_id
+    return request_id
+
+
 class RequestId:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -40,13 +54,7 @@ class RequestId:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        offered = [value for key, value in scope.get("headers") or () if key == HEADER]
-        # Two ids would let a proxy and this server log different ones: only a single one is kept.
-        request_id = choose_request_id(offered[0] if len(offered) == 1 else None)
-        # The state dict is shared with the Request objects the app builds, so the error
-        # handlers (including the one for 500s) read the same id.
-        scope.setdefault("state", {})["request_id"] = request_id
-        header = (HEADER, request_id.encode("ascii"))
+        header = (HEADER, give_request_id(scope).encode("ascii"))
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
