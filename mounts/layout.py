@@ -329,3 +329,35 @@ class DataLayout:
 
     def agent_config_path(self, user_id: int) -> Path:
         return self.agent_secrets_dir(user_id) / AGENT_CONFIG_FILE
+
+    # per-volume disk images (host only: below state/, root 0700) -------------------
+    @property
+    def disks_dir(self) -> Path:
+        return self.state_dir / "disks"
+
+    @property
+    def disk_images_dir(self) -> Path:
+        return self.disks_dir / "images"
+
+    def disk_image(self, volume_key: str) -> Path:
+        return self.disk_images_dir / f"{ids.name(volume_key, 'volume')}.img"
+
+    def disk_image_partial(self, volume_key: str) -> Path:
+        """Where a new image is made (mkfs) before it is renamed into place."""
+        return self.disk_images_dir / f".partial-{ids.name(volume_key, 'volume')}.img"
+
+    @property
+    def disk_mounts_dir(self) -> Path:
+        return self.disks_dir / "mnt"
+
+    def disk_mount(self, volume_key: str) -> Path:
+        """Where a volume's image is mounted; its places are bound from here to their layout paths."""
+        return self.disk_mounts_dir / ids.name(volume_key, "volume")
+
+    @property
+    def disk_legacy_dir(self) -> Path:
+        return self.disks_dir / "legacy"
+
+    def disk_legacy(self, volume_key: str) -> Path:
+        """Where a migrated place's old directory waits for its removal."""
+        return self.disk_legacy_dir / ids.name(volume_key, "volume")

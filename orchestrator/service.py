@@ -27,6 +27,8 @@ from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_int
 from orchestrator import data_dir_lock
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
+from orchestrator.quotas.model import QuotaMechanism
+from orchestrator.quotas.service import DiskQuotas
 from orchestrator.sessions.projects import ProjectRepository
 from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
 from orchestrator.runs.service import RunService
@@ -105,6 +107,9 @@ class OrchestratorService:
         self.run_repo = RunRepository(self.store)
         self.switch = RuntimeIdentitySwitch(self.store, settings)
         self.directories = UserDirectories(self.layout, settings.sandbox_uid_base, settings.max_user_id)
+        self.disk_quotas = DiskQuotas(settings, sandbox_uid=self.directories.sandbox_uid)
+        self.disk_quotas.start()  # before any sandbox or host write: images adopted or mounted
+        self.directories.volumes = self.disk_quotas
         self.skills = build_skill_service(settings, self.directories)
         self.skill_admin = SkillAdmin(
             self.skills,
@@ -135,6 +140,11 @@ class OrchestratorService:
             self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
             process_sandbox=settings.process_sandbox,
         )
+        if self.disk_quotas.mechanism is not QuotaMechanism.OFF:
+            self.sandboxes.explain_no_space = self.disk_quotas.explain_no_space
+        if self.disk_quotas.mechanism is QuotaMechanism.SCAN:
+            self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
+            self.disk_quotas.stop_sandbox = self._stop_sandbox_of
         self.runs = RunService(
             settings=settings,
             store=self.store,
@@ -214,6 +224,10 @@ class OrchestratorService:
         self._tasks: list[PeriodicTask] = []
         self.skills_watcher: FileWatcher | None = None
 
+    def _stop_sandbox_of(self, user_id: int) -> None:
+        for backend in self.sandboxes.backends.values():
+            backend.stop(user_id)
+
     def _stop_calls_of_run(self, run: RunRecord) -> None:
         # Its runtime user's sandbox runs its container tools; any other that has one in flight too.
         for user_id in {run.runtime_user_id, *self.sandboxes.in_flight.users(run.run_id, None)}:
@@ -269,6 +283,8 @@ class OrchestratorService:
         if self.settings.delivery_sweep_interval_s > 0:
             sweep = PeriodicTask("delivery-sweep", self.settings.delivery_sweep_interval_s, self.deliveries.sweep)
             self._schedule(sweep)
+        if self.disk_quotas.mechanism is QuotaMechanism.SCAN:
+            self._schedule(PeriodicTask("disk-scan", self.settings.disk_scan_interval_s, self.disk_quotas.scan_round))
         if self.settings.run_max_idle_s > 0:
             idle = PeriodicTask("idle-runs", sweep_interval_s(self.settings.run_max_idle_s), self.idle_runs.sweep)
             self._schedule(idle)
@@ -286,6 +302,7 @@ class OrchestratorService:
             watcher.stop()
         self._watchers.clear()
         self.sandboxes.close()
+        self.disk_quotas.close()
         self.dispatcher.close()
         self.mailbox.close()
         self.store.close()

@@ -161,6 +161,30 @@ class Settings(BaseSettings):
     conversation_read_max_chars: int = Field(
         20_000, ge=1_000, description="Cap on the text read_conversation and session_search return."
     )
+    disk_quota: Literal["auto", "loop", "scan", "off"] = Field(
+        "auto",
+        description="Per-user disk quotas: `loop` (a loop-mounted ext4 image per user, share/ and group; root), "
+        "`scan` (a periodic usage scan stops an over-quota sandbox), `auto` (loop when root with loop devices, "
+        "else scan) or `off` (docs/disk-quotas.md).",
+    )
+    user_disk_quota_mb: int = Field(1024, ge=8, description="Default disk quota of a user's image (MiB).")
+    user_inode_quota: int = Field(100_000, ge=64, description="Default inode (file) quota of a user's image.")
+    shared_disk_quota_mb: int = Field(
+        4096, ge=8, description="Disk quota of share/ and of each group workspace (MiB), each its own image."
+    )
+    shared_inode_quota: int = Field(200_000, ge=64, description="Inode quota of share/ and of each group workspace.")
+    disk_scan_interval_s: float = Field(
+        30.0, gt=0, le=30.0, description="scan mechanism: how often every user's usage is counted (at most 30 s apart)."
+    )
+    disk_unmount_on_close: bool = Field(
+        False, description="Unmount the disk images when the orchestrator stops (default: keep; the next start adopts them)."
+    )
+    min_free_disk_pct: float = Field(
+        5.0,
+        ge=0,
+        le=100,
+        description="Below this free share of the data filesystem, new sandbox starts and host writes are refused (0: off).",
+    )
     collaboration_queue_max: int = Field(20, gt=0, description="Requests waiting per target session.")
     collaboration_clarifications_max: int = Field(3, ge=0, description="Clarifications per request.")
     collaboration_continuations_max: int = Field(

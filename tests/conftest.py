@@ -88,7 +88,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 # The uid registry dir too: a test run may keep its block in a registry of its own.
-KEPT_ENV = frozenset({"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR"})
+KEPT_ENV = frozenset(
+    {"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR", "ORCH_DISK_QUOTA"}
+)
 
 
 @pytest.fixture(autouse=True)
@@ -99,6 +101,9 @@ def _clean_identity_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("ORCH_") and key not in KEPT_ENV:
             monkeypatch.delenv(key, raising=False)
+    # Every server a test starts (in process or as a subprocess) runs without disk quotas: a
+    # loop image costs an mkfs and a loop device. tests/orchestrator/quotas/ turns them on.
+    monkeypatch.setenv("ORCH_DISK_QUOTA", "off")
 
 
 def make_settings(data_dir: Path, **overrides: object) -> Settings:
@@ -108,6 +113,9 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
         "admin_token": ADMIN_TOKEN,
         "public_base_url": "http://testserver",
         "backend": "process",
+        # Loop images per user would cost an mkfs and a loop device in every test: only the
+        # disk-quota tests (tests/orchestrator/quotas/) turn a mechanism on.
+        "disk_quota": "off",
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

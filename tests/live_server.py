@@ -61,7 +61,8 @@ def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = N
     from tests.conftest import KEPT_ENV
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_") or k in KEPT_ENV}
-    env.update({"ORCH_DATA_DIR": data_dir, **(extra_env or {})})
+    # Disk quotas off unless a test asks (loop images cost an mkfs and a loop device each).
+    env.update({"ORCH_DATA_DIR": data_dir, "ORCH_DISK_QUOTA": "off", **(extra_env or {})})
     log_path = f"{data_dir}.serve.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(

@@ -11,6 +11,7 @@ from orchestrator import __version__
 from orchestrator.http import (
     routes_collaboration,
     routes_core,
+    routes_disk,
     routes_files,
     routes_lookups,
     routes_sessions,
@@ -53,6 +54,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
         app.add_middleware(AccessLog)  # outside the guard: its refusals are logged too
     app.add_middleware(RequestId)  # added last, so outermost: the access log and the guard see its id
     app.include_router(routes_core.router)
+    app.include_router(routes_disk.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_collaboration.router)
     app.include_router(routes_files.router)

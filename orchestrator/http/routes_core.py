@@ -53,6 +53,8 @@ async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         # Whether process-backend sandboxes are kept apart (own uids, own network namespace).
         # uid_block: the sandbox uids this instance claims on the host (orchestrator/sandboxes/uid_blocks.py).
         "isolation": {**_process_isolation(service), "uid_block": _uid_block(service)},
+        # Which disk-quota mechanism is in force (docs/disk-quotas.md) and the host watermark.
+        "disk_quota": service.disk_quotas.health().__dict__,
     }
 
 

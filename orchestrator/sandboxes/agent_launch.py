@@ -106,7 +106,7 @@ def prepare_agent_launch(
     """Write the user's agent config and a fresh token; the caller starts the agent."""
     layout = directories.layout
     user_id = user.user_id
-    directories.ensure_sandbox_dirs(user.plan)
+    directories.ensure_sandbox_dirs(user.plan, sandbox_start=True)
     sandbox_uid = directories.sandbox_uid(user_id) if directories.chown else None
     token = secrets.token_urlsafe(TOKEN_BYTES)
     roots = [

@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, TypeVar
@@ -144,6 +144,11 @@ class SandboxRouter:
         self.process_sandbox = process_sandbox
         self.in_flight = SandboxCalls()
         self.caller = SandboxCaller(settings)
+        # Disk quotas (orchestrator/quotas/): checks before a call (scan mode refuses an
+        # over-quota user's writes; none on the kernel path) and the rewording of a no_space
+        # answer so it names the quota.
+        self.call_guards: list[Callable[[int, str], None]] = []
+        self.explain_no_space: Callable[[int, ToolError], ToolError] | None = None
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
         try:
@@ -197,9 +202,14 @@ class SandboxRouter:
         """Run one tool in the user's sandbox on the event loop (`SandboxCaller.call`)."""
         # The user and membership reads are SQLite reads in WAL mode: they never wait for a
         # writer, so they stay on the loop instead of costing a thread hop.
+        for guard in self.call_guards:
+            guard(user_id, tool)
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
         with self.in_flight.calling(user_id, context):
-            return await self.caller.call(backend, user, tool, arguments, cwd=cwd, context=context)
+            try:  # free unless raised (zero-cost try)
+                return await self.caller.call(backend, user, tool, arguments, cwd=cwd, context=context)
+            except ToolError as exc:
+                raise self._named_no_space(user_id, exc) from None
 
     def call_blocking(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
@@ -207,9 +217,19 @@ class SandboxRouter:
         """`call` for code running in a worker thread (host tools). It blocks that thread on the
         agent's blocking client instead of hopping back to the loop (`anyio.from_thread`): the
         hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
+        for guard in self.call_guards:
+            guard(user_id, tool)
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
         with self.in_flight.calling(user_id, context):
-            return self.caller.call_blocking(backend, user, tool, arguments, cwd=cwd, context=context)
+            try:
+                return self.caller.call_blocking(backend, user, tool, arguments, cwd=cwd, context=context)
+            except ToolError as exc:
+                raise self._named_no_space(user_id, exc) from None
+
+    def _named_no_space(self, user_id: int, exc: ToolError) -> ToolError:
+        if exc.code != "no_space" or self.explain_no_space is None:
+            return exc
+        return self.explain_no_space(user_id, exc)
 
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         """Stop the user's calls for this run or session (whole process trees) and return how

@@ -29,6 +29,7 @@ import logging
 import os
 import stat
 from pathlib import Path
+from typing import Protocol
 
 from mounts.fs.nofollow import UnsafePath, open_dir_at, open_root
 from mounts.layout import COMPACTION_SUBDIR, RUNTIME_SUBDIRS, DataLayout
@@ -66,12 +67,20 @@ def check_user_id(user_id: int, max_user_id: int, field: str = "user_id") -> int
     return user_id
 
 
+class VolumePreparer(Protocol):
+    """What puts a plan's read-write places on their own filesystems (orchestrator/quotas/)."""
+
+    def prepare(self, plan: MountPlan, *, sandbox_start: bool) -> None: ...
+
+
 class UserDirectories:
     def __init__(self, layout: DataLayout, uid_base: int, max_user_id: int = MAX_USER_ID) -> None:
         self.layout = layout
         self.uid_base = uid_base
         self.max_user_id = max_user_id
         self.chown = os.geteuid() == 0
+        # Set by the composition root when disk quotas are on (None: plain directories).
+        self.volumes: VolumePreparer | None = None
 
     def sandbox_uid(self, user_id: int) -> int:
         # The backstop of ORCH_MAX_USER_ID: no uid outside this instance's registered block
@@ -205,9 +214,14 @@ class UserDirectories:
     def ensure_socket_dir(self, user_id: int) -> Path:
         return self._ensure(self.layout.socket_dir(user_id), [self._parent(), self._private(user_id)])
 
-    def ensure_sandbox_dirs(self, plan: MountPlan) -> None:
-        """Every host directory of a user's mount plan exists with its owner and mode."""
+    def ensure_sandbox_dirs(self, plan: MountPlan, *, sandbox_start: bool = False) -> None:
+        """Every host directory of a user's mount plan exists with its owner and mode.
+        `sandbox_start`: the user's sandbox is about to start (none of it runs), so its disk
+        image may be made and its old directories migrated into it (docs/disk-quotas.md)."""
         self.ensure_data_root_traversable()
+        if self.volumes is not None:
+            # Mounted first: the owners and modes below then land on the image's directories.
+            self.volumes.prepare(plan, sandbox_start=sandbox_start)
         for mount in plan.mounts:
             purpose, path = mount.purpose, mount.host_path
             depth = len(path.relative_to(self.layout.root).parts)

@@ -49,7 +49,7 @@ def make_run(data_dir: Path, port: int, extra_env: dict[str, str] | None = None)
     """`make run` in a fresh terminal: the repository's Makefile, its venv, no tokens."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "MAKE", "MFLAGS"))}
     # A test run's own uid registry (tests/conftest.py) keeps parallel runs from refusing each other.
-    env.update({k: os.environ[k] for k in ("ORCH_UID_REGISTRY_DIR",) if k in os.environ})
+    env.update({k: os.environ[k] for k in ("ORCH_UID_REGISTRY_DIR", "ORCH_DISK_QUOTA") if k in os.environ})
     env.update({"ORCH_DATA_DIR": str(data_dir), **(extra_env or {})})
     log_path = Path(f"{data_dir}.make-run.log")
     with open(log_path, "w") as log:

@@ -1,0 +1,29 @@
+"""Bodies of the admin disk-quota routes."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DiskLimitIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    disk_mb: int = Field(..., ge=8, le=16 * 1024 * 1024, description="The user's new disk quota (MiB); only growth.")
+
+
+class DiskUsageOut(BaseModel):
+    volume: str
+    mechanism: str
+    bytes_used: int
+    bytes_limit: int
+    inodes_used: int
+    inodes_limit: int
+    over_quota: bool
+    partial: bool
+    image_mb: int | None = Field(None, description="The image's size (loop): the quota as configured.")
+
+
+class UserDiskOut(BaseModel):
+    user_id: int
+    mechanism: str
+    usage: DiskUsageOut | None = Field(None, description="None until the user's image exists (or a scan counted it).")

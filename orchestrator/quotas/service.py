@@ -1,0 +1,353 @@
+"""DiskQuotas: the one object the rest of the orchestrator asks about disk limits.
+
+- `prepare(plan, sandbox_start=...)`, called by UserDirectories before a user's directories
+  get their owners: the host watermark, then (loop) the user's, share's and the groups'
+  images mounted and bound, or (scan) a host write of an over-quota user refused;
+- `usage(user_id)` / `all_usage()`: DiskUsage against the quota (the admin route reads it, and
+  so can /metrics);
+- `set_disk_limit(...)`: grow online, refuse a shrink;
+- `explain_no_space(...)`: a sandbox's no_space answer, told it is the quota and how full;
+- `refuse_write(...)` and `scan_round()`: the non-root fallback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mounts import ids
+from mounts.layout import GroupRef
+from mounts.plan import MountPlan
+from orchestrator.errors import Conflict, NotFound, OrchestratorError, ToolError
+from orchestrator.log import kv
+from orchestrator.quotas import loopfs
+from orchestrator.quotas.model import (
+    MIB,
+    DiskUsage,
+    Limits,
+    MechanismChoice,
+    QuotaMechanism,
+    Volume,
+    choose_mechanism,
+    free_pct,
+    group_volume,
+    no_space_message,
+    share_volume,
+    user_volume,
+    watermark_problem,
+)
+from orchestrator.quotas.scan import scan_usage
+from orchestrator.quotas.volumes import LoopVolumes, VolumeRefused
+from orchestrator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# The container tools that only write: refused for an over-quota user in scan mode (shell stays,
+# so the user can delete; a shell that writes is stopped again by the next scan).
+WRITING_TOOLS = frozenset({"write_file", "write_bytes", "edit_file"})
+
+
+class HostDiskLow(OrchestratorError):
+    """The data filesystem is below its free-space watermark."""
+
+    status_code = 507
+    code = "host_disk_low"
+
+
+class OverQuota(OrchestratorError):
+    """A host write for a user the usage scan found over its quota."""
+
+    status_code = 507
+    code = "no_space"
+
+
+class QuotaChangeRefused(Conflict):
+    code = "quota_change_refused"
+
+
+@dataclass(frozen=True)
+class HealthView:
+    mechanism: str
+    reason: str
+    min_free_disk_pct: float
+    host_free_pct: float
+    watermark_problem: str | None
+    over_quota_users: tuple[int, ...]
+
+
+class DiskQuotas:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        sandbox_uid: Callable[[int], int],
+        loop_problem: Callable[[], str | None] = loopfs.loop_problem,
+    ) -> None:
+        self.settings = settings
+        self.layout = settings.layout
+        self._sandbox_uid = sandbox_uid
+        self.is_root = os.geteuid() == 0
+        self.choice: MechanismChoice = choose_mechanism(
+            settings.disk_quota, is_root=self.is_root, loop_problem=loop_problem() if self.is_root else None
+        )
+        self.loop = LoopVolumes(self.layout) if self.mechanism is QuotaMechanism.LOOP else None
+        self.user_limits = Limits(settings.user_disk_quota_mb, settings.user_inode_quota)
+        self.shared_limits = Limits(settings.shared_disk_quota_mb, settings.shared_inode_quota)
+        self._over: set[int] = set()
+        self._scanned: dict[int, DiskUsage] = {}
+        self._over_lock = threading.Lock()
+        # Set by the composition root: stops a user's sandbox (scan mode, over quota).
+        self.stop_sandbox: Callable[[int], None] = lambda user_id: None
+
+    @property
+    def mechanism(self) -> QuotaMechanism:
+        return self.choice.mechanism
+
+    # --- start and stop ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Log the mechanism; with loop images adopt the mounted ones, mount the others, and
+        give share/ and every existing group workspace their image (before any sandbox of this
+        run mounts them)."""
+        log.info(
+            "disk quotas %s",
+            kv(
+                mechanism=self.mechanism.value,
+                reason=self.choice.reason,
+                user_disk_mb=self.user_limits.disk_mb,
+                user_inodes=self.user_limits.inodes,
+                min_free_disk_pct=self.settings.min_free_disk_pct,
+            ),
+        )
+        if self.loop is None:
+            return
+        for key in self.loop.image_keys():
+            volume = self._volume_of_key(key)
+            if volume is not None:
+                self.loop.ensure(volume, self._limits(volume), create=False, link_owner_ok=self._owner_check(volume))
+        self._ensure_loop(share_volume(self.layout), create=True)
+        for group in self._groups_on_disk():
+            self._ensure_loop(group_volume(self.layout, group), create=True)
+
+    def close(self) -> None:
+        # Kept mounted by default: sandboxes (containers) may outlive this process, and the next
+        # start adopts the mounts (docs/disk-quotas.md).
+        if self.loop is not None and self.settings.disk_unmount_on_close:
+            count = self.loop.unmount_all()
+            log.info("disk images unmounted %s", kv(mounts=count))
+
+    # --- the hook of UserDirectories -------------------------------------------------------
+
+    def prepare(self, plan: MountPlan, *, sandbox_start: bool) -> None:
+        self.check_watermark()
+        if self.mechanism is QuotaMechanism.SCAN and not sandbox_start and plan.user_id in self._over:
+            raise OverQuota(self._over_message(plan.user_id))
+        if self.loop is None:
+            return
+        # A user's own image is made (and its data migrated) only when its sandbox starts: then
+        # no sandbox of that user holds the old directories.
+        self._ensure_loop(user_volume(self.layout, plan.user_id), create=sandbox_start)
+        self._ensure_loop(share_volume(self.layout), create=not os.path.lexists(self.layout.share_dir))
+        for mount in plan.mounts:
+            if mount.purpose.startswith("group:"):
+                channel, _, chat = mount.purpose.removeprefix("group:").partition("/")
+                group = GroupRef(channel, chat)
+                # A new workspace gets its image at once; an old one was given its image at start.
+                self._ensure_loop(group_volume(self.layout, group), create=not os.path.lexists(mount.host_path))
+
+    def check_watermark(self) -> None:
+        problem = watermark_problem(self.host_free_pct(), self.settings.min_free_disk_pct)
+        if problem is not None:
+            log.error("host disk watermark: refused %s", kv(data_dir=self.layout.root, problem=problem))
+            raise HostDiskLow(problem)
+
+    def host_free_pct(self) -> float:
+        return free_pct(os.statvfs(self.layout.root))
+
+    # --- usage ------------------------------------------------------------------------------
+
+    def usage(self, user_id: int) -> DiskUsage | None:
+        """A user's disk and inode usage against its quota (None: nothing known yet, or off)."""
+        uid = ids.user_id(user_id)
+        if self.loop is not None:
+            return self.loop.usage(user_volume(self.layout, uid).key)
+        if self.mechanism is QuotaMechanism.SCAN:
+            return self._scanned.get(uid) or self._scan_user(uid)
+        return None
+
+    def all_usage(self) -> list[DiskUsage]:
+        """Every volume's usage (loop: each mounted image; scan: each user of the last round)."""
+        if self.loop is not None:
+            found = [self.loop.usage(key) for key in self.loop.image_keys()]
+            return [u for u in found if u is not None]
+        return [self._scanned[uid] for uid in sorted(self._scanned)]
+
+    def image_mb(self, volume_key: str) -> int | None:
+        """The size of a volume's image (its configured quota), None without loop images."""
+        return self.loop.size_mb(volume_key) if self.loop is not None and self.loop.usage(volume_key) else None
+
+    def set_disk_limit(self, user_id: int, disk_mb: int) -> DiskUsage:
+        uid = ids.user_id(user_id)
+        if self.loop is None:
+            raise QuotaChangeRefused(
+                f"per-user limits change only with loop images (in force: {self.mechanism.value}); "
+                "set ORCH_USER_DISK_QUOTA_MB for everyone"
+            )
+        key = user_volume(self.layout, uid).key
+        if self.loop.usage(key) is None:
+            raise NotFound(f"user {uid} has no mounted disk image yet (it is made when its sandbox first starts)")
+        try:
+            self.loop.grow(key, disk_mb)
+        except VolumeRefused as exc:
+            raise QuotaChangeRefused(exc.reason, field="disk_mb") from None
+        usage = self.loop.usage(key)
+        assert usage is not None
+        return usage
+
+    def explain_no_space(self, user_id: int, error: ToolError) -> ToolError:
+        """A sandbox answered no_space: the same error, its message saying whose quota is full."""
+        usage = self._usage_for_path(user_id, error.details.get("path"))
+        if usage is None:
+            return error
+        return ToolError(error.code, no_space_message(error.message, usage), **error.details, quota=usage.as_dict())
+
+    def _usage_for_path(self, user_id: int, path: object) -> DiskUsage | None:
+        if self.loop is None:
+            return self._scanned.get(user_id) if self.mechanism is QuotaMechanism.SCAN else None
+        volume = user_volume(self.layout, user_id)
+        if isinstance(path, str) and path.startswith("/"):
+            shown = Path(path)
+            if shown == self.layout.share_dir or self.layout.share_dir in shown.parents:
+                volume = share_volume(self.layout)
+            elif self.layout.groups_root in shown.parents:
+                parts = shown.relative_to(self.layout.groups_root).parts
+                try:
+                    volume = group_volume(self.layout, GroupRef(parts[0], parts[1]))
+                except (IndexError, ValueError):
+                    pass
+        return self.loop.usage(volume.key)
+
+    # --- the scan fallback ------------------------------------------------------------------
+
+    def refuse_write(self, user_id: int, tool: str) -> None:
+        """Scan mode: an over-quota user's writing tools answer no_space until it is under."""
+        if tool in WRITING_TOOLS and user_id in self._over:
+            raise ToolError("no_space", self._over_message(user_id))
+
+    def _over_message(self, user_id: int) -> str:
+        usage = self._scanned.get(user_id)
+        summary = usage.summary() if usage is not None else "over the limit"
+        return (
+            f"The disk quota of user {user_id} is exceeded ({summary} used); writes are refused until "
+            "files are deleted (the shell still works for that)."
+        )
+
+    def scan_round(self) -> list[int]:
+        """Scan every user's places; stop the sandbox of each one over its quota. Returns them."""
+        stopped = []
+        for uid in self._users_on_disk():
+            usage = self._scan_user(uid)
+            with self._over_lock:
+                was_over = uid in self._over
+                if usage.over_quota:
+                    self._over.add(uid)
+                else:
+                    self._over.discard(uid)
+            if usage.over_quota and not was_over:
+                log.error("disk quota exceeded: sandbox stopped, writes refused %s", kv(user=uid, usage=usage.summary()))
+                self.stop_sandbox(uid)
+                stopped.append(uid)
+            elif was_over and not usage.over_quota:
+                log.info("disk quota: back under the limit %s", kv(user=uid, usage=usage.summary()))
+        return stopped
+
+    def _scan_user(self, uid: int) -> DiskUsage:
+        volume = user_volume(self.layout, uid)
+        usage = scan_usage(
+            self.layout.root,
+            [p.layout_path for p in volume.places],
+            volume=volume.key,
+            bytes_limit=self.user_limits.disk_mb * MIB,
+            inodes_limit=self.user_limits.inodes,
+            max_entries=self.user_limits.inodes + 1,
+        )
+        self._scanned[uid] = usage
+        return usage
+
+    # --- health -----------------------------------------------------------------------------
+
+    def health(self) -> HealthView:
+        free = self.host_free_pct()
+        return HealthView(
+            mechanism=self.mechanism.value,
+            reason=self.choice.reason,
+            min_free_disk_pct=self.settings.min_free_disk_pct,
+            host_free_pct=round(free, 2),
+            watermark_problem=watermark_problem(free, self.settings.min_free_disk_pct),
+            over_quota_users=tuple(sorted(self._over)),
+        )
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _ensure_loop(self, volume: Volume, *, create: bool) -> None:
+        assert self.loop is not None
+        self.loop.ensure(volume, self._limits(volume), create=create, link_owner_ok=self._owner_check(volume))
+
+    def _limits(self, volume: Volume) -> Limits:
+        return self.user_limits if volume.user_id is not None else self.shared_limits
+
+    def _owner_check(self, volume: Volume) -> Callable[[int], bool]:
+        """Whose multiply-linked files the migration copies: the volume user's own (or, for a
+        shared volume, any sandbox uid's); a hard link to anyone else's file is left out."""
+        if not self.is_root:
+            own = os.geteuid()
+            return lambda uid: uid == own
+        if volume.user_id is not None:
+            mine = self._sandbox_uid(volume.user_id)
+            return lambda uid: uid == mine
+        ranges = self.settings.sandbox_id_ranges
+        return lambda uid: any(r.first <= uid <= r.last for r in ranges)
+
+    def _volume_of_key(self, key: str) -> Volume | None:
+        if key.startswith("user-") and key[5:].isdigit():
+            return user_volume(self.layout, int(key[5:]))
+        if key == "share":
+            return share_volume(self.layout)
+        if key.startswith("group-"):
+            for group in self._groups_on_disk():
+                if group_volume(self.layout, group).key == key:
+                    return group_volume(self.layout, group)
+        return None
+
+    def _groups_on_disk(self) -> list[GroupRef]:
+        groups = []
+        try:
+            channels = os.listdir(self.layout.groups_root)
+        except FileNotFoundError:
+            return []
+        for channel in sorted(channels):
+            try:
+                chats = os.listdir(self.layout.groups_root / ids.name(channel, "channel"))
+            except (OSError, ValueError):
+                continue
+            for chat in sorted(chats):
+                try:
+                    groups.append(GroupRef(channel, chat))
+                except ValueError:
+                    continue
+        return groups
+
+    def _users_on_disk(self) -> list[int]:
+        found: set[int] = set()
+        for root in (self.layout.runtime_root, self.layout.uploads_root, self.layout.users_root,
+                     self.layout.deps_root, self.layout.tmp_root):
+            try:
+                names = os.listdir(root)
+            except FileNotFoundError:
+                continue
+            found.update(int(n) for n in names if n.isdigit() and 0 < int(n) <= self.settings.max_user_id)
+        return sorted(found)
