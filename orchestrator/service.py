@@ -142,9 +142,9 @@ class OrchestratorService:
         )
         if self.disk_quotas.mechanism is not QuotaMechanism.OFF:
             self.sandboxes.explain_no_space = self.disk_quotas.explain_no_space
+        self.disk_quotas.stop_sandbox = self._stop_sandbox_of  # over quota (scan), an offline grow (loop)
         if self.disk_quotas.mechanism is QuotaMechanism.SCAN:
             self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
-            self.disk_quotas.stop_sandbox = self._stop_sandbox_of
         self.runs = RunService(
             settings=settings,
             store=self.store,

@@ -89,7 +89,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 # The uid registry dir too: a test run may keep its block in a registry of its own.
 KEPT_ENV = frozenset(
-    {"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR", "ORCH_DISK_QUOTA"}
+    {"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR", "ORCH_DISK_QUOTA",
+     "ORCH_REQUIRE_LOOP"}
 )
 
 

@@ -27,3 +27,8 @@ class UserDiskOut(BaseModel):
     user_id: int
     mechanism: str
     usage: DiskUsageOut | None = Field(None, description="None until the user's image exists (or a scan counted it).")
+    grown_online: bool | None = Field(
+        None,
+        description="After a change: true when the image grew under the running sandbox; false when the host "
+        "lacks CAP_SYS_RESOURCE, so the sandbox was stopped for an offline resize (the next call starts it).",
+    )

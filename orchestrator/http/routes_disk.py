@@ -47,5 +47,7 @@ def put_user_disk(
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_admin),
 ) -> UserDiskOut:
-    usage = service.disk_quotas.set_disk_limit(user_id, body.disk_mb)
-    return UserDiskOut(user_id=user_id, mechanism=service.disk_quotas.mechanism.value, usage=_out(service, usage))
+    usage, online = service.disk_quotas.set_disk_limit(user_id, body.disk_mb)
+    return UserDiskOut(
+        user_id=user_id, mechanism=service.disk_quotas.mechanism.value, usage=_out(service, usage), grown_online=online
+    )

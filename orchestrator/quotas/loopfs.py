@@ -106,13 +106,46 @@ def unmount(path: Path) -> None:
     raise LoopError(f"unmounting {path} failed: {os.strerror(code)}")
 
 
-def grow(image: Path, device: str, size_mb: int) -> None:
-    """Grow the mounted image online: a larger file, the loop device told, then resize2fs."""
+CAP_SYS_RESOURCE = 24
+
+
+def can_resize_online() -> bool:
+    """ext4's online resize (EXT4_IOC_RESIZE_FS) needs CAP_SYS_RESOURCE, which a container
+    running the orchestrator may lack even as root."""
+    try:
+        with open("/proc/self/status", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_RESOURCE & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _extend(image: Path, size_mb: int) -> None:
     fd = os.open(image, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         os.ftruncate(fd, size_mb * 1024 * 1024)
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def grow_online(image: Path, device: str, size_mb: int) -> None:
+    """Grow the mounted image: a larger file, the loop device told, then resize2fs."""
+    _extend(image, size_mb)
     _run("losetup", "--set-capacity", device)
     _run("resize2fs", device)
+
+
+def grow_offline(image: Path, size_mb: int) -> None:
+    """Grow an image that no one has mounted (checked first, as resize2fs requires)."""
+    _extend(image, size_mb)
+    _run("e2fsck", "-f", "-p", str(image))
+    _run("resize2fs", str(image))
+
+
+def image_attached(image: Path) -> bool:
+    """Whether some loop device still serves `image` (a mount of it somewhere, maybe in a
+    container's namespace, is still alive)."""
+    return bool(_run("losetup", "-j", str(image)).strip())

@@ -2,8 +2,10 @@
 
 The source is a directory a sandbox wrote: every entry is opened on directory fds with
 O_NOFOLLOW, a regular file is re-checked on its open fd (same inode as listed), and a file
-with more than one link that is not the volume's own is left out: a sandbox that hard-linked
-someone else's file must not get a copy of it. Symlinks are copied as links, never followed;
+that is not the volume's own (`owner_ok`; root's only with a single link) is left out: a
+sandbox that hard-linked someone else's file must not get a copy of it. The owner, not the
+link count, decides: the other name may already be gone (migrated out of share/ first), so
+the link count alone would let it through. Symlinks are copied as links, never followed;
 FIFOs, sockets and devices are left out. Each file is hashed as it is copied; afterwards the
 image side is walked and hashed again and both manifests must be equal.
 
@@ -40,7 +42,7 @@ class CopyReport:
     skipped: list[str] = field(default_factory=list)  # relative paths left out, with why
 
 
-def copy_tree(src_fd: int, dst_fd: int, *, link_owner_ok: Callable[[int], bool]) -> tuple[CopyReport, Manifest]:
+def copy_tree(src_fd: int, dst_fd: int, *, owner_ok: Callable[[int], bool]) -> tuple[CopyReport, Manifest]:
     """Copy what is below `src_fd` into the (empty) directory `dst_fd`; returns what was copied
     and the source manifest (hashes of the bytes actually copied)."""
     report, manifest = CopyReport(), {}
@@ -65,8 +67,8 @@ def copy_tree(src_fd: int, dst_fd: int, *, link_owner_ok: Callable[[int], bool])
                         dirs_to_finish.append((os.dup(dchild), st))
                         stack.append((child, dchild, path))
                     elif stat.S_ISREG(st.st_mode):
-                        if st.st_nlink > 1 and not link_owner_ok(st.st_uid):
-                            report.skipped.append(f"{path}: a hard link to a file of uid {st.st_uid}")
+                        if not (owner_ok(st.st_uid) or (st.st_uid == 0 and st.st_nlink == 1)):
+                            report.skipped.append(f"{path}: a file of uid {st.st_uid} (a hard link to someone else's)")
                             continue
                         digest = _copy_file(sfd, dfd, name, st)
                         if digest is None:
@@ -176,14 +178,14 @@ def _hash_at(dir_fd: int, name: str) -> str:
         os.close(fd)
 
 
-def migrate_place(src_fd: int, image_parent_fd: int, subdir: str, *, link_owner_ok: Callable[[int], bool]) -> CopyReport:
+def migrate_place(src_fd: int, image_parent_fd: int, subdir: str, *, owner_ok: Callable[[int], bool]) -> CopyReport:
     """Copy the place `src_fd` into `image_parent_fd/subdir`, fresh (what an interrupted attempt
     left there is removed first), and verify it. Raises MigrationMismatch when the copy differs."""
     remove_tree_at(image_parent_fd, subdir)
     os.mkdir(subdir, 0o700, dir_fd=image_parent_fd)
     dst_fd = os.open(subdir, DIR_FLAGS, dir_fd=image_parent_fd)
     try:
-        report, expected = copy_tree(src_fd, dst_fd, link_owner_ok=link_owner_ok)
+        report, expected = copy_tree(src_fd, dst_fd, owner_ok=owner_ok)
         found = manifest_of(dst_fd)
     finally:
         os.close(dst_fd)

@@ -128,7 +128,7 @@ class DiskQuotas:
         for key in self.loop.image_keys():
             volume = self._volume_of_key(key)
             if volume is not None:
-                self.loop.ensure(volume, self._limits(volume), create=False, link_owner_ok=self._owner_check(volume))
+                self.loop.ensure(volume, self._limits(volume), create=False, owner_ok=self._owner_check(volume))
         self._ensure_loop(share_volume(self.layout), create=True)
         for group in self._groups_on_disk():
             self._ensure_loop(group_volume(self.layout, group), create=True)
@@ -190,23 +190,28 @@ class DiskQuotas:
         """The size of a volume's image (its configured quota), None without loop images."""
         return self.loop.size_mb(volume_key) if self.loop is not None and self.loop.usage(volume_key) else None
 
-    def set_disk_limit(self, user_id: int, disk_mb: int) -> DiskUsage:
+    def set_disk_limit(self, user_id: int, disk_mb: int) -> tuple[DiskUsage, bool]:
+        """Grow a user's image; returns its usage and whether it grew online (else its sandbox
+        was stopped for the resize and starts again at the next call)."""
         uid = ids.user_id(user_id)
         if self.loop is None:
             raise QuotaChangeRefused(
                 f"per-user limits change only with loop images (in force: {self.mechanism.value}); "
                 "set ORCH_USER_DISK_QUOTA_MB for everyone"
             )
-        key = user_volume(self.layout, uid).key
+        volume = user_volume(self.layout, uid)
+        key = volume.key
         if self.loop.usage(key) is None:
             raise NotFound(f"user {uid} has no mounted disk image yet (it is made when its sandbox first starts)")
         try:
-            self.loop.grow(key, disk_mb)
+            online = self.loop.grow(volume, disk_mb, stop_users=lambda: self.stop_sandbox(uid))
         except VolumeRefused as exc:
             raise QuotaChangeRefused(exc.reason, field="disk_mb") from None
+        if not online:
+            self._ensure_loop(volume, create=False)  # mounted and bound again, grown
         usage = self.loop.usage(key)
         assert usage is not None
-        return usage
+        return usage, online
 
     def explain_no_space(self, user_id: int, error: ToolError) -> ToolError:
         """A sandbox answered no_space: the same error, its message saying whose quota is full."""
@@ -295,14 +300,14 @@ class DiskQuotas:
 
     def _ensure_loop(self, volume: Volume, *, create: bool) -> None:
         assert self.loop is not None
-        self.loop.ensure(volume, self._limits(volume), create=create, link_owner_ok=self._owner_check(volume))
+        self.loop.ensure(volume, self._limits(volume), create=create, owner_ok=self._owner_check(volume))
 
     def _limits(self, volume: Volume) -> Limits:
         return self.user_limits if volume.user_id is not None else self.shared_limits
 
     def _owner_check(self, volume: Volume) -> Callable[[int], bool]:
-        """Whose multiply-linked files the migration copies: the volume user's own (or, for a
-        shared volume, any sandbox uid's); a hard link to anyone else's file is left out."""
+        """Whose files the migration copies: the volume user's own (or, for a shared volume,
+        any sandbox uid's); anyone else's file there is a hard link a sandbox made, left out."""
         if not self.is_root:
             own = os.geteuid()
             return lambda uid: uid == own

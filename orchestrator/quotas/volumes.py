@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,6 +41,8 @@ from orchestrator.quotas.mountinfo import MountEntry, read_mounts, top_mount_at
 log = logging.getLogger(__name__)
 
 MIGRATED_MARKER = ".migrated"
+# How long an offline grow waits for the last user of a volume to let go of it.
+OFFLINE_RELEASE_S = 10.0
 
 
 class VolumeRefused(RuntimeError):
@@ -91,7 +94,7 @@ class LoopVolumes:
 
     # --- ensure -------------------------------------------------------------------------------
 
-    def ensure(self, volume: Volume, limits: Limits, *, create: bool, link_owner_ok: Callable[[int], bool]) -> bool:
+    def ensure(self, volume: Volume, limits: Limits, *, create: bool, owner_ok: Callable[[int], bool]) -> bool:
         """The volume's image mounted and every place bound; `create` also makes (and migrates
         into) a missing image. False when there is no image and `create` is not given."""
         if volume.key in self._ready:
@@ -101,11 +104,11 @@ class LoopVolumes:
                 return True
             if not self.exists(volume) and not create:
                 return False
-            self._ensure_locked(volume, limits, link_owner_ok)
+            self._ensure_locked(volume, limits, owner_ok)
             self._ready.add(volume.key)
             return True
 
-    def _ensure_locked(self, volume: Volume, limits: Limits, link_owner_ok: Callable[[int], bool]) -> None:
+    def _ensure_locked(self, volume: Volume, limits: Limits, owner_ok: Callable[[int], bool]) -> None:
         layout, key = self.layout, volume.key
         for directory in (layout.disk_images_dir, layout.disk_mounts_dir, layout.disk_legacy_dir):
             _make_host_dir(layout, directory)
@@ -133,7 +136,7 @@ class LoopVolumes:
             log.info("disk image adopted %s", kv(volume=key, device=image_entry.source))
         with closing_fd(open_root(mount_point)) as image_fd:
             if not _exists_at(image_fd, MIGRATED_MARKER):
-                self._migrate(volume, image_fd, link_owner_ok)
+                self._migrate(volume, image_fd, owner_ok)
             legacy_fd = _open_host_dir(layout, layout.disk_legacy(key))
             with closing_fd(legacy_fd):
                 for place in volume.places:
@@ -141,7 +144,7 @@ class LoopVolumes:
                 for name in os.listdir(legacy_fd):
                     remove_tree_at(legacy_fd, name)
 
-    def _migrate(self, volume: Volume, image_fd: int, link_owner_ok: Callable[[int], bool]) -> None:
+    def _migrate(self, volume: Volume, image_fd: int, owner_ok: Callable[[int], bool]) -> None:
         for place in volume.places:
             src = open_below(self.layout.root, place.layout_path.relative_to(self.layout.root).parts)
             if src is None:
@@ -149,7 +152,7 @@ class LoopVolumes:
                 os.mkdir(place.subdir, 0o700, dir_fd=image_fd)
                 continue
             with closing_fd(src):
-                report = migrate_place(src, image_fd, place.subdir, link_owner_ok=link_owner_ok)
+                report = migrate_place(src, image_fd, place.subdir, owner_ok=owner_ok)
             log.info(
                 "disk migration copied and verified a place %s",
                 kv(volume=volume.key, place=place.subdir, files=report.files, bytes=report.bytes, skipped=len(report.skipped)),
@@ -193,7 +196,11 @@ class LoopVolumes:
 
     # --- changes ------------------------------------------------------------------------------
 
-    def grow(self, key: str, size_mb: int) -> None:
+    def grow(self, volume: Volume, size_mb: int, *, stop_users: Callable[[], None]) -> bool:
+        """Grow the volume's image to `size_mb`; True when done online. Without
+        CAP_SYS_RESOURCE (online resize refused) the volume's sandboxes are stopped first
+        (`stop_users`), its mounts taken down, the image checked and grown, and mounted again."""
+        key = volume.key
         with self._lock(key):
             entry = self.image_mount(key)
             if entry is None:
@@ -203,9 +210,25 @@ class LoopVolumes:
             if problem is not None:
                 raise VolumeRefused(problem)
             if size_mb == current:
-                return
-            loopfs.grow(self.layout.disk_image(key), entry.source, size_mb)
-            log.info("disk image grown %s", kv(volume=key, from_mb=current, to_mb=size_mb))
+                return True
+            image = self.layout.disk_image(key)
+            if loopfs.can_resize_online():
+                loopfs.grow_online(image, entry.source, size_mb)
+                log.info("disk image grown online %s", kv(volume=key, from_mb=current, to_mb=size_mb))
+                return True
+            stop_users()
+            self._ready.discard(key)
+            for place in volume.places:
+                loopfs.unmount(place.layout_path)
+            loopfs.unmount(self.layout.disk_mount(key))
+            deadline = time.monotonic() + OFFLINE_RELEASE_S
+            while loopfs.image_attached(image):
+                if time.monotonic() > deadline:
+                    raise VolumeRefused(f"the volume {key} is still in use (a sandbox holds it); try again")
+                time.sleep(0.05)
+            loopfs.grow_offline(image, size_mb)
+            log.info("disk image grown offline %s", kv(volume=key, from_mb=current, to_mb=size_mb))
+            return False
 
     def unmount_all(self) -> int:
         """Unmount every bind and image of this data dir (binds first); returns how many."""

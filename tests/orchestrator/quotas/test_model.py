@@ -1,0 +1,78 @@
+"""The pure deciders of disk quotas: no disk, no mount."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mounts.layout import DataLayout, GroupRef
+from orchestrator.quotas.model import (
+    DiskUsage,
+    QuotaMechanism,
+    choose_mechanism,
+    group_volume,
+    grow_problem,
+    no_space_message,
+    user_volume,
+    watermark_problem,
+)
+from orchestrator.quotas.mountinfo import parse_mountinfo, top_mount_at
+
+
+def test_auto_is_loop_for_root_with_loop_devices_else_the_scan() -> None:
+    assert choose_mechanism("auto", is_root=True, loop_problem=None).mechanism is QuotaMechanism.LOOP
+    fallback = choose_mechanism("auto", is_root=False, loop_problem=None)
+    assert fallback.mechanism is QuotaMechanism.SCAN and "not root" in fallback.reason
+    no_loop = choose_mechanism("auto", is_root=True, loop_problem="/dev/loop-control is missing")
+    assert no_loop.mechanism is QuotaMechanism.SCAN and "loop-control" in no_loop.reason
+    assert choose_mechanism("off", is_root=True, loop_problem=None).mechanism is QuotaMechanism.OFF
+
+
+def test_loop_asked_for_where_it_cannot_work_is_an_error_not_a_downgrade() -> None:
+    with pytest.raises(ValueError, match="not root"):
+        choose_mechanism("loop", is_root=False, loop_problem=None)
+
+
+def test_a_user_volume_holds_exactly_the_users_read_write_places() -> None:
+    layout = DataLayout(Path("/srv/data"))
+    volume = user_volume(layout, 7)
+    assert volume.key == "user-7"
+    assert [p.layout_path for p in volume.places] == [
+        layout.runtime_user_dir(7), layout.uploads_dir(7), layout.home_dir(7), layout.deps_dir(7), layout.tmp_dir(7)
+    ]
+    group = group_volume(layout, GroupRef("feishu", "oc_team"))
+    assert group.key.startswith("group-") and group.places[0].layout_path == layout.group_dir(GroupRef("feishu", "oc_team"))
+
+
+def test_shrinking_is_refused_with_the_reason_and_growing_is_allowed() -> None:
+    assert grow_problem(16, 32) is None
+    assert "can only grow online" in (grow_problem(32, 16) or "")
+    assert "at least" in (grow_problem(16, 4) or "")
+
+
+def test_the_watermark_refuses_below_its_threshold_only() -> None:
+    assert watermark_problem(4.9, 5) is not None and "ORCH_MIN_FREE_DISK_PCT=5%" in watermark_problem(4.9, 5)  # type: ignore[operator]
+    assert watermark_problem(5.0, 5) is None
+    assert watermark_problem(0.0, 0) is None  # 0 turns it off
+
+
+def test_a_no_space_message_names_the_quota_and_how_full_it_is() -> None:
+    usage = DiskUsage("user-7", QuotaMechanism.LOOP, 15 * 2**20, 16 * 2**20, 40, 256)
+    text = no_space_message("No space left on the device while writing: a.txt", usage)
+    assert "disk quota" in text and "15.0 of 16.0 MiB" in text and "40 of 256 files" in text
+
+
+def test_mountinfo_parsing_unescapes_and_the_top_mount_wins() -> None:
+    text = (
+        "40 27 7:0 / /srv/data/state/disks/mnt/user-7 rw,nosuid - ext4 /dev/loop0 rw\n"
+        "41 27 7:0 /home /srv/my\\040data/users/7 rw - ext4 /dev/loop0 rw\n"
+        "42 41 7:1 / /srv/my\\040data/users/7 rw - ext4 /dev/loop1 rw\n"
+        "garbage line\n"
+    )
+    entries = parse_mountinfo(text)
+    assert len(entries) == 3 and entries[1].root == "/home"
+    top = top_mount_at(entries, Path("/srv/my data/users/7"))
+    assert top is not None and top.source == "/dev/loop1"
+    assert os.path.basename(entries[0].source) == "loop0"
