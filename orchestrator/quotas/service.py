@@ -143,7 +143,12 @@ class DiskQuotas:
     # --- the hook of UserDirectories -------------------------------------------------------
 
     def prepare(self, plan: MountPlan, *, sandbox_start: bool) -> None:
-        self.check_watermark()
+        try:
+            self.check_watermark()
+        except HostDiskLow as exc:
+            if sandbox_start:  # what the model sees as the tool's answer (a host write: the 507)
+                raise ToolError(exc.code, f"The sandbox was not started: {exc.message}. The tool did not run.") from None
+            raise
         if self.mechanism is QuotaMechanism.SCAN and not sandbox_start and plan.user_id in self._over:
             raise OverQuota(self._over_message(plan.user_id))
         if self.loop is None:
@@ -158,6 +163,11 @@ class DiskQuotas:
                 group = GroupRef(channel, chat)
                 # A new workspace gets its image at once; an old one was given its image at start.
                 self._ensure_loop(group_volume(self.layout, group), create=not os.path.lexists(mount.host_path))
+
+    def check_host_write(self, user_id: int) -> None:
+        self.check_watermark()
+        if self.mechanism is QuotaMechanism.SCAN and user_id in self._over:
+            raise OverQuota(self._over_message(user_id))
 
     def check_watermark(self) -> None:
         problem = watermark_problem(self.host_free_pct(), self.settings.min_free_disk_pct)

@@ -72,6 +72,8 @@ class VolumePreparer(Protocol):
 
     def prepare(self, plan: MountPlan, *, sandbox_start: bool) -> None: ...
 
+    def check_host_write(self, user_id: int) -> None: ...
+
 
 class UserDirectories:
     def __init__(self, layout: DataLayout, uid_base: int, max_user_id: int = MAX_USER_ID) -> None:
@@ -213,6 +215,12 @@ class UserDirectories:
 
     def ensure_socket_dir(self, user_id: int) -> Path:
         return self._ensure(self.layout.socket_dir(user_id), [self._parent(), self._private(user_id)])
+
+    def check_host_write(self, user_id: int) -> None:
+        """Refuse a host write for the user when the disk is short (the watermark, or the
+        user over its quota in scan mode); nothing without disk quotas."""
+        if self.volumes is not None:
+            self.volumes.check_host_write(user_id)
 
     def ensure_sandbox_dirs(self, plan: MountPlan, *, sandbox_start: bool = False) -> None:
         """Every host directory of a user's mount plan exists with its owner and mode.

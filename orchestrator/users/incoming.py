@@ -273,6 +273,7 @@ class IncomingFiles:
     def begin(self, run: RunRecord, group: GroupRef | None, name: str, scope: UploadScope) -> IncomingUpload:
         name = upload_name(name)
         user = run.runtime_user_id
+        self._directories.check_host_write(user)
         if scope is UploadScope.PERSONAL:
             self._directories.ensure_session_runtime(user, run.session_id, is_owner=user == run.owner_user_id)
             sandbox_uid = self._directories.sandbox_uid(user) if self._directories.chown else None

@@ -1,0 +1,91 @@
+"""The fallback where loop images cannot be used: a periodic usage scan (forced here with
+ORCH_DISK_QUOTA=scan) stops an over-quota user's sandbox within its interval and refuses its
+writes until it is under again; the scan follows no link a sandbox planted and its cost is
+bounded by the inode quota."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from orchestrator.quotas.scan import scan_usage
+from tests.conftest import admin_headers
+from tests.orchestrator.quotas.world import QuotaWorld, quota_settings, traversable_data_dir
+
+OVER, PLANTER = 31, 32
+INTERVAL_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[QuotaWorld]:
+    settings = quota_settings(
+        traversable_data_dir(), disk_quota="scan", user_disk_quota_mb=8, user_inode_quota=500,
+        disk_scan_interval_s=INTERVAL_S,
+    )  # fmt: skip
+    world = QuotaWorld(settings)
+    try:
+        yield world
+    finally:
+        world.close()
+
+
+def running_users(world: QuotaWorld) -> set[int]:
+    return {s.user_id for s in world.service.sandboxes.status()}
+
+
+def test_the_scan_stops_an_over_quota_sandbox_within_its_interval_and_refuses_writes_until_under(world: QuotaWorld) -> None:
+    health = world.client.get("/healthz").json()["disk_quota"]
+    assert health["mechanism"] == "scan"
+    world.shell(OVER, "head -c 9500000 /dev/urandom > big")
+    assert OVER in running_users(world)
+    deadline = time.monotonic() + 2 * INTERVAL_S + 2
+    while OVER in running_users(world) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert OVER not in running_users(world), "the over-quota sandbox kept running"
+    assert world.client.get("/healthz").json()["disk_quota"]["over_quota_users"] == [OVER]
+
+    refused = world.tool(OVER, "write_file", path="more.txt", content="x")
+    assert not refused["ok"] and refused["error"]["code"] == "no_space", refused
+    assert "disk quota of user 31 is exceeded" in refused["error"]["message"]
+    assert "of 8.0 MiB" in refused["error"]["message"]
+    usage = world.user_disk(OVER)["usage"]
+    assert usage["mechanism"] == "scan" and usage["over_quota"] and usage["bytes_used"] > 9_000_000
+
+    # Reading and the shell still work, so the user can make room; the next scan lifts it.
+    assert world.tool(OVER, "read_file", path="big", limit=1)["ok"] is not None
+    world.shell(OVER, "rm big")
+    deadline = time.monotonic() + 2 * INTERVAL_S + 2
+    while world.client.get("/healthz").json()["disk_quota"]["over_quota_users"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert world.tool(OVER, "write_file", path="more.txt", content="x")["ok"]
+
+
+def test_the_scan_follows_no_planted_link_and_counts_a_hard_linked_file_once(world: QuotaWorld) -> None:
+    layout = world.service.layout
+    victim = layout.home_dir(OVER)
+    world.shell(OVER, f"head -c 3000000 /dev/urandom > {victim}/victim.bin")
+    world.shell(
+        PLANTER,
+        f"ln -s / root-of-host; ln -s {victim} neighbour; head -c 2000000 /dev/urandom > one.bin; "
+        "for i in 1 2 3 4 5; do ln one.bin link$i.bin; done",
+    )
+    world.service.disk_quotas.scan_round()
+    usage = world.user_disk(PLANTER)["usage"]
+    assert 1_900_000 < usage["bytes_used"] < 2_600_000, usage  # one 2 MB inode, neither link followed
+    assert not usage["over_quota"]
+
+
+def test_the_scan_cost_is_bounded_by_the_inode_quota(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    place = tmp_path / "place"
+    place.mkdir()
+    for n in range(2000):
+        (place / f"f{n}").touch()
+    usage = scan_usage(tmp_path, [place], volume="user-1", bytes_limit=2**30, inodes_limit=100, max_entries=101)
+    assert usage.partial and usage.over_quota and usage.inodes_used <= 101
+
+
+def test_limits_change_only_with_loop_images(world: QuotaWorld) -> None:
+    answer = world.client.put(f"/v1/admin/users/{OVER}/disk", json={"disk_mb": 64}, headers=admin_headers())
+    assert answer.status_code == 409 and "only with loop images" in answer.json()["error"]["message"]
