@@ -18,6 +18,7 @@ from orchestrator.startup_checks import IdRange
 
 # Ids stay in 31 bits: some tools (and signed 32-bit fields) mishandle larger ones.
 MAX_ID = 2**31 - 2
+EXT4_INODE_BYTES = 256  # mkfs.ext4's default inode size (the images of orchestrator/quotas/)
 
 
 class Settings(BaseSettings):
@@ -208,6 +209,16 @@ class Settings(BaseSettings):
                 f"the group gid range {groups[0]}..{groups[1]} (ORCH_GROUP_GID_BASE, ORCH_GROUP_GID_COUNT) "
                 f"overlaps the sandbox uids {users[0]}..{users[1]} (ORCH_SANDBOX_UID_BASE + user ids)"
             )
+        for size, inodes, names in (
+            (self.user_disk_quota_mb, self.user_inode_quota, "ORCH_USER_DISK_QUOTA_MB / ORCH_USER_INODE_QUOTA"),
+            (self.shared_disk_quota_mb, self.shared_inode_quota, "ORCH_SHARED_DISK_QUOTA_MB / ORCH_SHARED_INODE_QUOTA"),
+        ):
+            # ext4 keeps 256 bytes per inode in its inode tables, inside the image: at most half of it.
+            if inodes * EXT4_INODE_BYTES > size * 2**20 // 2:
+                raise ValueError(
+                    f"{inodes} inodes need {inodes * EXT4_INODE_BYTES // 2**20} MiB of inode tables, more than half of "
+                    f"a {size} MiB image ({names}): give a larger size or fewer inodes"
+                )
         if max(users[1], groups[1]) > MAX_ID:
             raise ValueError(f"sandbox uids and group gids must stay at or below {MAX_ID}")
         return self

@@ -76,3 +76,13 @@ def test_mountinfo_parsing_unescapes_and_the_top_mount_wins() -> None:
     top = top_mount_at(entries, Path("/srv/my data/users/7"))
     assert top is not None and top.source == "/dev/loop1"
     assert os.path.basename(entries[0].source) == "loop0"
+
+
+def test_an_inode_quota_the_image_cannot_hold_is_a_settings_error_naming_both() -> None:
+    from pydantic import ValidationError
+
+    from orchestrator.settings import Settings
+
+    with pytest.raises(ValidationError, match="ORCH_SHARED_DISK_QUOTA_MB / ORCH_SHARED_INODE_QUOTA"):
+        Settings(shared_disk_quota_mb=16, shared_inode_quota=200_000)
+    Settings(user_disk_quota_mb=16, user_inode_quota=256)
