@@ -88,7 +88,9 @@ def orchestrator_server(
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
     env.update({"ORCH_API_TOKEN": TOKEN, "ORCH_ADMIN_TOKEN": TOKEN + "-admin"})
-    env.update({"ORCH_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}", **settings})
+    # Disk quotas off unless a benchmark asks (bench/disk_quota.py): as root `auto` would leave
+    # loop images mounted after every run.
+    env.update({"ORCH_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}", "ORCH_DISK_QUOTA": "off", **settings})
     # -m with cwd: that tree's own packages come first on sys.path.
     process = subprocess.Popen(
         [python, "-m", "orchestrator", "--log-level", "WARNING", "serve", "--port", str(port)],
