@@ -268,8 +268,11 @@ class DataLayout:
     def groups_root(self) -> Path:
         return self.root / "groups"
 
+    def group_channel_dir(self, channel: str) -> Path:
+        return self.groups_root / ids.name(channel, "channel")
+
     def group_dir(self, group: GroupRef) -> Path:
-        return self.groups_root / ids.name(group.channel, "channel") / ids.chat_id(group.chat_id)
+        return self.group_channel_dir(group.channel) / ids.chat_id(group.chat_id)
 
     @property
     def share_dir(self) -> Path:

@@ -346,7 +346,7 @@ class DiskQuotas:
             return []
         for channel in sorted(channels):
             try:
-                chats = os.listdir(self.layout.groups_root / ids.name(channel, "channel"))
+                chats = os.listdir(self.layout.group_channel_dir(channel))
             except (OSError, ValueError):
                 continue
             for chat in sorted(chats):

@@ -10,7 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from mounts.layout import GroupRef
 from orchestrator.quotas.loopfs import can_resize_online
+from orchestrator.quotas.model import group_volume
+from tests.api_calls import OWNER, group_session, start_run, tool
 from orchestrator.quotas.mountinfo import read_mounts
 from tests.conftest import admin_headers
 from tests.orchestrator.quotas.conftest import require_loop
@@ -86,6 +89,26 @@ def test_a_sandbox_reaches_neither_the_image_files_nor_their_mount_points(world:
     entries = {e.mount_point: e for e in read_mounts()}
     assert entries[layout.home_dir(NEIGHBOUR)].device == entries[mount_point].device
     assert entries[layout.home_dir(NEIGHBOUR)].root == "/home"
+
+
+def test_share_and_a_group_workspace_have_images_of_their_own(world: QuotaWorld) -> None:
+    layout = world.service.layout
+    entries = {e.mount_point: e for e in read_mounts()}
+    assert entries[layout.share_dir].device == entries[layout.disk_mount("share")].device
+    # A group chat's session: its new workspace gets its own image when first planned.
+    sid = group_session(world.client)
+    run = start_run(world.client, sid, trigger="group_message", speaker_user_id=OWNER)["run_id"]
+    workspace = layout.group_dir(GroupRef("feishu", "oc_team"))
+    shell = tool(world.client, run, "shell", command=f"head -c 20000000 /dev/zero > {workspace}/big 2>/dev/null; true")
+    assert shell["ok"], shell
+    entries = {e.mount_point: e for e in read_mounts()}
+    group_key = group_volume(layout, GroupRef("feishu", "oc_team")).key
+    assert entries[workspace].device == entries[layout.disk_mount(group_key)].device
+    answer = tool(world.client, run, "write_file", path=f"{workspace}/more.txt", content="x" * 100_000)
+    assert answer["error"]["code"] == "no_space" and group_key in answer["error"]["message"], answer
+    # The group's full image takes nothing from the user's own nor from share/.
+    assert tool(world.client, run, "write_file", path="mine.txt", content="x" * 100_000)["ok"]
+    assert tool(world.client, run, "write_file", path=f"{layout.share_dir}/s.txt", content="x" * 100_000)["ok"]
 
 
 def test_a_restarted_orchestrator_adopts_the_mounts_and_never_mounts_twice(world: QuotaWorld) -> None:

@@ -50,6 +50,8 @@ def test_the_scan_stops_an_over_quota_sandbox_within_its_interval_and_refuses_wr
     assert not refused["ok"] and refused["error"]["code"] == "no_space", refused
     assert "disk quota of user 31 is exceeded" in refused["error"]["message"]
     assert "of 8.0 MiB" in refused["error"]["message"]
+    upload = world.client.put(f"/v1/runs/{world.run_of(OVER)}/files/incoming/x.txt", content=b"data")
+    assert upload.status_code == 507 and upload.json()["error"]["code"] == "no_space", upload.text
     usage = world.user_disk(OVER)["usage"]
     assert usage["mechanism"] == "scan" and usage["over_quota"] and usage["bytes_used"] > 9_000_000
 
