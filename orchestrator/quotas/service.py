@@ -43,6 +43,7 @@ from orchestrator.quotas.model import (
 from orchestrator.quotas.scan import scan_usage
 from orchestrator.quotas.volumes import LoopVolumes, VolumeRefused
 from orchestrator.settings import Settings
+from orchestrator.startup_checks import StartupRefused
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +92,12 @@ class DiskQuotas:
         self.layout = settings.layout
         self._sandbox_uid = sandbox_uid
         self.is_root = os.geteuid() == 0
-        self.choice: MechanismChoice = choose_mechanism(
-            settings.disk_quota, is_root=self.is_root, loop_problem=loop_problem() if self.is_root else None
-        )
+        try:
+            self.choice: MechanismChoice = choose_mechanism(
+                settings.disk_quota, is_root=self.is_root, loop_problem=loop_problem() if self.is_root else None
+            )
+        except ValueError as exc:  # `loop` asked for where it cannot work: `serve` says so in one line
+            raise StartupRefused(f"{exc}; use ORCH_DISK_QUOTA=scan or auto") from None
         self.loop = LoopVolumes(self.layout) if self.mechanism is QuotaMechanism.LOOP else None
         self.user_limits = Limits(settings.user_disk_quota_mb, settings.user_inode_quota)
         self.shared_limits = Limits(settings.shared_disk_quota_mb, settings.shared_inode_quota)

@@ -231,19 +231,17 @@ class LoopVolumes:
             return False
 
     def unmount_all(self) -> int:
-        """Unmount every bind and image of this data dir (binds first); returns how many."""
-        count = 0
-        root = self.layout.root
+        """Unmount every image of this data dir and every bind of one (binds first); returns how
+        many. Other mounts below the data dir (an operator's) are left alone."""
         with self._locks_guard:
             self._ready.clear()
-        # Deepest first: binds below the data root, then the images below state/disks/mnt/.
-        ours = [e for e in read_mounts() if e.mount_point == root or root in e.mount_point.parents]
-        for entry in sorted(ours, key=lambda e: (self.layout.disk_mounts_dir in e.mount_point.parents, -e.mount_id)):
-            if entry.mount_point == root:
-                continue
+        entries = read_mounts()
+        images = [e for e in entries if self.layout.disk_mounts_dir in e.mount_point.parents]
+        devices = {e.device for e in images}
+        binds = [e for e in entries if e.device in devices and e not in images and self.layout.root in e.mount_point.parents]
+        for entry in sorted(binds, key=lambda e: -e.mount_id) + sorted(images, key=lambda e: -e.mount_id):
             loopfs.unmount(entry.mount_point)
-            count += 1
-        return count
+        return len(binds) + len(images)
 
 
 def _backing_file(device: str) -> Path | None:

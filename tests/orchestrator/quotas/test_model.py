@@ -86,3 +86,13 @@ def test_an_inode_quota_the_image_cannot_hold_is_a_settings_error_naming_both() 
     with pytest.raises(ValidationError, match="ORCH_SHARED_DISK_QUOTA_MB / ORCH_SHARED_INODE_QUOTA"):
         Settings(shared_disk_quota_mb=16, shared_inode_quota=200_000)
     Settings(user_disk_quota_mb=16, user_inode_quota=256)
+
+
+def test_loop_asked_for_without_loop_devices_refuses_the_start_in_one_line(tmp_path: Path) -> None:
+    from orchestrator.quotas.service import DiskQuotas
+    from orchestrator.settings import Settings
+    from orchestrator.startup_checks import StartupRefused
+
+    settings = Settings(data_dir=tmp_path, disk_quota="loop")
+    with pytest.raises(StartupRefused, match="ORCH_DISK_QUOTA=loop, but"):
+        DiskQuotas(settings, sandbox_uid=lambda uid: uid, loop_problem=lambda: "/dev/loop-control is missing")
