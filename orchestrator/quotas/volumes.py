@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -34,13 +35,15 @@ from mounts.layout import DataLayout
 from orchestrator.crash_points import crash_point
 from orchestrator.log import kv
 from orchestrator.quotas import loopfs
-from orchestrator.quotas.migration import migrate_place
+from orchestrator.quotas.migration import manifest_of, migrate_place
 from orchestrator.quotas.model import MIB, DiskUsage, Limits, Volume, grow_problem, usage_from_statvfs
 from orchestrator.quotas.mountinfo import MountEntry, read_mounts, top_mount_at
 
 log = logging.getLogger(__name__)
 
 MIGRATED_MARKER = ".migrated"
+# Old directories kept aside (they held data the image lacked); never removed automatically.
+KEPT_PREFIX = "kept-"
 # How long an offline grow waits for the last user of a volume to let go of it.
 OFFLINE_RELEASE_S = 10.0
 
@@ -135,14 +138,19 @@ class LoopVolumes:
         else:
             log.info("disk image adopted %s", kv(volume=key, device=image_entry.source))
         with closing_fd(open_root(mount_point)) as image_fd:
-            if not _exists_at(image_fd, MIGRATED_MARKER):
+            just_migrated = not _exists_at(image_fd, MIGRATED_MARKER)
+            if just_migrated:
                 self._migrate(volume, image_fd, owner_ok)
             legacy_fd = _open_host_dir(layout, layout.disk_legacy(key))
             with closing_fd(legacy_fd):
                 for place in volume.places:
-                    self._bind_place(volume, place.subdir, place.layout_path, image_fd, legacy_fd, image_entry, entries)
+                    self._bind_place(
+                        volume, place.subdir, place.layout_path, image_fd, legacy_fd, image_entry, entries,
+                        verified=just_migrated,
+                    )  # fmt: skip
                 for name in os.listdir(legacy_fd):
-                    remove_tree_at(legacy_fd, name)
+                    if not name.startswith(KEPT_PREFIX):
+                        remove_tree_at(legacy_fd, name)
 
     def _migrate(self, volume: Volume, image_fd: int, owner_ok: Callable[[int], bool]) -> None:
         for place in volume.places:
@@ -176,7 +184,11 @@ class LoopVolumes:
         legacy_fd: int,
         image_entry: MountEntry,
         entries: list[MountEntry],
+        *,
+        verified: bool,
     ) -> None:
+        """`verified`: the old directory was copied and verified by this very call (what it
+        left out, it left out on purpose)."""
         bound = top_mount_at(entries, target)
         if bound is not None and bound.device == image_entry.device and bound.root == f"/{subdir}":
             return  # adopted: bound by an earlier run
@@ -185,14 +197,32 @@ class LoopVolumes:
         parent_fd = _open_host_dir(self.layout, target.parent)
         with closing_fd(parent_fd):
             if _exists_at(parent_fd, target.name):
-                # Already copied into the image (the marker says so): out of the way, removed below.
-                if _exists_at(legacy_fd, subdir):
-                    remove_tree_at(legacy_fd, subdir)
-                os.rename(target.name, subdir, src_dir_fd=parent_fd, dst_dir_fd=legacy_fd)
+                # Copied into the image (the marker says so): out of the way, removed below, unless
+                # it now holds something the image does not (written while the image was not
+                # mounted): that is kept aside, never deleted.
+                same = verified or self._same_as_image(parent_fd, target.name, image_fd, subdir)
+                name = subdir if same else _kept_name(subdir)
+                if name != subdir:
+                    log.warning(
+                        "disk place held data the image lacks: kept aside %s",
+                        kv(volume=volume.key, place=subdir, kept=self.layout.disk_legacy(volume.key) / name),
+                    )
+                if _exists_at(legacy_fd, name):
+                    remove_tree_at(legacy_fd, name)
+                os.rename(target.name, name, src_dir_fd=parent_fd, dst_dir_fd=legacy_fd)
             os.mkdir(target.name, 0o700, dir_fd=parent_fd)
             with closing_fd(os.open(subdir, DIR_FLAGS, dir_fd=image_fd)) as source_fd:
                 loopfs.bind(source_fd, parent_fd, target.name)
         log.info("disk place bound %s", kv(volume=volume.key, place=subdir, path=target))
+
+    @staticmethod
+    def _same_as_image(parent_fd: int, name: str, image_fd: int, subdir: str) -> bool:
+        """Whether the old directory holds nothing but what the image's copy holds."""
+        with closing_fd(os.open(name, DIR_FLAGS, dir_fd=parent_fd)) as old_fd:
+            if not os.listdir(old_fd):
+                return True
+            with closing_fd(os.open(subdir, DIR_FLAGS, dir_fd=image_fd)) as copy_fd:
+                return manifest_of(old_fd) == manifest_of(copy_fd)
 
     # --- changes ------------------------------------------------------------------------------
 
@@ -251,6 +281,10 @@ def _backing_file(device: str) -> Path | None:
             return Path(f.read().strip())
     except OSError:
         return None
+
+
+def _kept_name(subdir: str) -> str:
+    return f"{KEPT_PREFIX}{subdir}-{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
 
 
 def _exists_at(dir_fd: int, name: str) -> bool:

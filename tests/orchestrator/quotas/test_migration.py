@@ -172,3 +172,22 @@ def test_the_migration_never_copies_another_users_file_through_a_hard_link_nor_f
     assert link.is_symlink() and os.readlink(link) == str(host_secret)
     assert not (home / "pipe").exists()
     assert secret.read_text() == "the other user's words\n" and os.stat(secret).st_nlink == 1
+
+
+def test_data_written_while_the_image_was_not_mounted_is_kept_aside_not_deleted(data_dir: Path) -> None:
+    settings = quota_settings(data_dir)
+    layout = settings.layout
+    populate(layout, settings.sandbox_uid_base + USER, files=2)
+    assert migrate(data_dir).returncode == 0
+    home = layout.home_dir(USER)
+    (home / "in-image.txt").write_text("in the image\n")
+    release_mounts(data_dir)  # e.g. a reboot, or ORCH_DISK_UNMOUNT_ON_CLOSE
+    (home / "written-while-unmounted.txt").write_text("not in the image\n")  # the bare mount point
+    assert migrate(data_dir).returncode == 0
+    assert (home / "in-image.txt").read_text() == "in the image\n"  # the image, mounted again
+    kept = [p for p in os.listdir(layout.disk_legacy("user-21")) if p.startswith("kept-home-")]
+    assert len(kept) == 1, os.listdir(layout.disk_legacy("user-21"))
+    saved = layout.disk_legacy("user-21") / kept[0] / "written-while-unmounted.txt"
+    assert saved.read_text() == "not in the image\n"
+    # The other places were empty mount points: nothing kept for them.
+    assert not [p for p in os.listdir(layout.disk_legacy("user-21")) if not p.startswith("kept-home-")]
