@@ -19,6 +19,8 @@ RUNTIME_SUBDIRS = ("skills", "shell-output", "user-messages", "incoming")
 COMPACTION_SUBDIR = "compaction"  # archives are the owner's: only the owner's runtime dir has one
 TOKEN_FILE = "token"  # in agent_secrets_dir
 AGENT_CONFIG_FILE = "agent.json"  # in agent_secrets_dir
+EGRESS_SOCKET_FILE = "egress.sock"  # in socket_dir: the orchestrator's egress proxy listens there
+EGRESS_STAGING_DIR = ".egress-staging"  # in sockets_root, root-only: where it binds before the rename
 
 
 @dataclass(frozen=True, order=True)
@@ -316,6 +318,10 @@ class DataLayout:
 
     def socket_path(self, user_id: int) -> Path:
         return self.socket_dir(user_id) / "agent.sock"
+
+    def egress_socket_path(self, user_id: int) -> Path:
+        """The user's way out (docs/egress.md): the sandbox's forwarder connects here."""
+        return self.socket_dir(user_id) / EGRESS_SOCKET_FILE
 
     # The socket directory is the sandbox's own (its agent binds there), so it holds no file
     # the host reads: the token and the agent's config live where only root writes.

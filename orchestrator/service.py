@@ -19,6 +19,7 @@ from orchestrator.collaboration.policy import CollaborationLimits
 from orchestrator.collaboration.store import open_mailbox
 from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries.outbox import DeliveryStore
+from orchestrator.egress.service import EgressService
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
 from orchestrator.users.incoming import IncomingFiles
@@ -145,6 +146,10 @@ class OrchestratorService:
         self.disk_quotas.stop_sandbox = self._stop_sandbox_of  # over quota (scan), an offline grow (loop)
         if self.disk_quotas.mechanism is QuotaMechanism.SCAN:
             self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
+        self.egress: EgressService | None = None
+        if settings.egress != "off":
+            self.egress = EgressService(settings, self.directories, self.store)
+            self.sandboxes.call_hooks.append(self.egress.before_call)
         self.runs = RunService(
             settings=settings,
             store=self.store,
@@ -303,6 +308,8 @@ class OrchestratorService:
         self._watchers.clear()
         self.sandboxes.close()
         self.disk_quotas.close()
+        if self.egress is not None:
+            self.egress.close()
         self.dispatcher.close()
         self.mailbox.close()
         self.store.close()

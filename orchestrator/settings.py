@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mounts.ids import MAX_USER_ID
 from mounts.layout import DataLayout
+from orchestrator.egress.policy import DEFAULT_ALLOW as DEFAULT_EGRESS_ALLOW
 from orchestrator.identity import DEFAULT_IDENTITY_MODE, IdentityMode, parse_identity_mode
 from orchestrator.users.group_gids import GidRange
 from orchestrator.startup_checks import IdRange
@@ -122,6 +123,35 @@ class Settings(BaseSettings):
     )
     sandbox_image: str = Field("sandbox-orchestrator/sandbox:latest", description="Docker image of sandboxes.")
     sandbox_network: str = Field("none", description="Docker network of sandboxes.")
+    egress: Literal["off", "allowlist"] = Field(
+        "allowlist",
+        description="`allowlist`: sandboxes reach only ORCH_EGRESS_ALLOW (plus per-user changes) through the "
+        "orchestrator's egress proxy (docs/egress.md); `off`: no proxy, no way out.",
+    )
+    egress_allow: str = Field(
+        ", ".join(DEFAULT_EGRESS_ALLOW),
+        description="Host patterns sandboxes may reach (`host`, `*.domain`, optional `:port` or `:*`; no port "
+        "means 443), separated by commas; the default is the public package registries.",
+    )
+    egress_allow_loopback: bool = Field(
+        False, description="Let the egress proxy connect to loopback addresses (tests only); private ranges never."
+    )
+    egress_forwarder_port: int = Field(
+        3128, gt=0, lt=65536, description="Port of the in-sandbox forwarder on 127.0.0.1 (a private network only)."
+    )
+    egress_max_connections: int = Field(64, gt=0, description="Egress connections one user may have open at once.")
+    egress_max_bytes_per_connection: int = Field(
+        1024 * 1024 * 1024, gt=0, description="Bytes (both ways) one egress connection may carry before it is cut."
+    )
+    egress_max_bytes_per_day: int = Field(
+        10 * 1024 * 1024 * 1024, gt=0, description="Egress bytes one user may move per UTC day."
+    )
+    egress_ca_bundle: Path = Field(
+        Path("/etc/ssl/certs/ca-certificates.crt"),
+        description="The host's CA bundle: mounted read-only into docker sandboxes at the same path, and what "
+        "pip and npm there are told to trust (TLS to the registries may be re-signed by a local CA).",
+    )
+    egress_connect_timeout_s: float = Field(10.0, gt=0, description="Time the egress proxy waits for an upstream.")
     sandbox_cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox.")
     sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit per sandbox (MiB).")
     sandbox_pids: int = Field(512, gt=0, description="Process limit per sandbox.")

@@ -19,6 +19,7 @@ import uvicorn
 from sandbox_agent import process_tree
 from sandbox_agent.app import AgentState, create_app
 from sandbox_agent.build import own_build_id
+from sandbox_agent.egress_forwarder import start_egress
 from sandbox_agent.path_sandbox import PathSandbox, Root
 from sandbox_agent.wire import AgentConfig, valid_token
 
@@ -122,6 +123,10 @@ def serve(config: AgentConfig) -> None:
         user_id=config.user_id,
         resolver=config.resolver,
     )
+    if config.egress is not None:
+        # The forwarder's port is known only once it is bound (any free one on a shared network).
+        proxy_env = start_egress(config.egress, config.home)
+        config = config.model_copy(update={"shell_env": {**config.shell_env, **proxy_env}})
     state = AgentState(config, sandbox, load_token(config.token_file))
     sock = bind_unix_socket(config.socket_path)
     bound = os.stat(config.socket_path)

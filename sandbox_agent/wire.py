@@ -265,6 +265,18 @@ def valid_token(text: str) -> bool:
     return TOKEN_PATTERN.fullmatch(text) is not None
 
 
+class EgressConfig(BaseModel):
+    """The sandbox's way out (docs/egress.md): the agent's forwarder listens on
+    127.0.0.1:`port` (0: any free port, where the network is the host's) and relays every
+    connection to the orchestrator's proxy at `socket_path`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    socket_path: str
+    port: int = Field(..., ge=0, lt=65536)
+    ca_file: str | None = None  # the CA bundle pip and npm are told to trust
+
+
 class AgentConfig(BaseModel):
     """Everything an agent needs; written by the orchestrator (root) as JSON into the user's
     agent-secrets directory, which the sandbox can read but not write. It holds no secret:
@@ -295,6 +307,7 @@ class AgentConfig(BaseModel):
     # ends, every process of the uid that is not the agent's is a leftover and is killed. With
     # a uid it shares (the orchestrator's own, not root), only its adopted orphans are.
     sweep_uid: bool = False
+    egress: EgressConfig | None = None  # None: egress off, no forwarder, no proxy settings
 
 
 # --- envelopes ------------------------------------------------------------------------------

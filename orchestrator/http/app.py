@@ -12,6 +12,7 @@ from orchestrator.http import (
     routes_collaboration,
     routes_core,
     routes_disk,
+    routes_egress,
     routes_files,
     routes_lookups,
     routes_sessions,
@@ -60,6 +61,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_files.router)
     app.include_router(routes_uploads.router)
     app.include_router(routes_skills.router)
+    app.include_router(routes_egress.router)
     app.include_router(routes_lookups.router)
     install_docs(
         app,

@@ -55,7 +55,28 @@ async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         "isolation": {**_process_isolation(service), "uid_block": _uid_block(service)},
         # Which disk-quota mechanism is in force (docs/disk-quotas.md) and the host watermark.
         "disk_quota": service.disk_quotas.health().__dict__,
+        "egress": _egress_status(service),
     }
+
+
+def _egress_status(service: OrchestratorService) -> dict[str, object]:
+    """Whether each backend makes the egress proxy the only way out (docs/egress.md)."""
+    settings = service.settings
+    if service.egress is None:
+        return {"mode": "off"}
+    process = service.sandboxes.backend_named("process", ProcessBackend)
+    enforced: dict[str, bool] = {}
+    if process is not None:
+        enforced["process"] = process.isolation.process_network == "namespace"
+    if "docker" in service.sandboxes.backends:
+        enforced["docker"] = settings.sandbox_network == "none"
+    status: dict[str, object] = {**service.egress.status(), "enforced": enforced}
+    if not all(enforced.values()):
+        status["warning"] = (
+            "egress is not enforced for " + ", ".join(sorted(k for k, v in enforced.items() if not v))
+            + ": those sandboxes get the proxy settings but share a network with a way around it"
+        )
+    return status
 
 
 def _process_isolation(service: OrchestratorService) -> dict[str, object]:

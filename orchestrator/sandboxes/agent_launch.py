@@ -25,7 +25,7 @@ from mounts.layout import AGENT_CONFIG_FILE, TOKEN_FILE, DataLayout
 from orchestrator.sandboxes.base import SandboxUser
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
-from sandbox_agent.wire import AgentConfig, AgentLimits, RootConfig, TOKEN_BYTES, valid_token
+from sandbox_agent.wire import AgentConfig, AgentLimits, EgressConfig, RootConfig, TOKEN_BYTES, valid_token
 
 SANDBOX_TMP = "/tmp"
 
@@ -84,15 +84,32 @@ def agent_limits(settings: Settings) -> AgentLimits:
 
 
 def shell_environment(layout: DataLayout, user_id: int) -> dict[str, str]:
-    """Per-user CLI installs go to `deps/{uid}`: npm and pip user prefixes there."""
+    """Per-user CLI installs go to `deps/{uid}`: npm's prefix `deps/{uid}/npm`, and pip's
+    target `deps/{uid}/pip` (importable through PYTHONPATH, its scripts on PATH). A target,
+    not `--user`: Debian's python refuses `pip install --user` (PEP 668, externally
+    managed), while an install into a directory of its own is allowed."""
     deps = layout.deps_dir(user_id)
-    npm, python = deps / "npm", deps / "python"
+    npm, pip = deps / "npm", deps / "pip"
     return {
-        "PATH": f"{npm / 'bin'}:{python / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "PATH": f"{npm / 'bin'}:{pip / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "NPM_CONFIG_PREFIX": str(npm),
-        "PYTHONUSERBASE": str(python),
-        "PIP_USER": "1",
+        "PIP_TARGET": str(pip),
+        "PYTHONPATH": str(pip),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
+
+
+def egress_config(settings: Settings, layout: DataLayout, user_id: int, *, private_network: bool) -> EgressConfig | None:
+    """Where the sandbox's forwarder listens and relays to; None with egress off. On the host's
+    network (the bare process backend) a fixed port would collide between users: any free one."""
+    if settings.egress == "off":
+        return None
+    ca = settings.egress_ca_bundle
+    return EgressConfig(
+        socket_path=str(layout.egress_socket_path(user_id)),
+        port=settings.egress_forwarder_port if private_network else 0,
+        ca_file=str(ca) if ca.is_file() else None,
+    )
 
 
 def prepare_agent_launch(
@@ -102,6 +119,7 @@ def prepare_agent_launch(
     *,
     in_sandbox: bool,
     parent_pid: int | None,
+    private_network: bool = True,
 ) -> AgentLaunch:
     """Write the user's agent config and a fresh token; the caller starts the agent."""
     layout = directories.layout
@@ -129,6 +147,7 @@ def prepare_agent_launch(
         # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.
         max_processes=settings.sandbox_pids if sandbox_uid is not None else None,
         sweep_uid=sandbox_uid is not None,  # a uid of its own: every process of it is this sandbox's
+        egress=egress_config(settings, layout, user_id, private_network=private_network),
     )
     with closing_fd(directories.open_agent_secrets_dir(user_id, create=True)) as dir_fd:
         try:

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -366,6 +367,7 @@ class DockerBackend:
             agent_dir=self.layout.agent_current,
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),
+            ca_bundle=self._ca_bundle(),
         )
         try:
             return self.client.containers.create(**spec.create_kwargs())
@@ -376,6 +378,11 @@ class DockerBackend:
         # orchestrator between `create` and its bookkeeping). Ours by label: replace it.
         self._remove(self.client.containers.get(spec.name))
         return self.client.containers.create(**spec.create_kwargs())
+
+    def _ca_bundle(self) -> Path | None:
+        """The host's CA bundle for pip and npm behind the egress proxy (docs/egress.md)."""
+        bundle = self.settings.egress_ca_bundle
+        return bundle if self.settings.egress != "off" and bundle.is_file() else None
 
     def _reconnect(self, slot: _Slot, container: Container) -> bool:
         """Talk to the agent already running in `container` with the token it was started with

@@ -113,6 +113,7 @@ def container_spec(
     agent_dir: Path,
     home_dir: Path,
     config_path: Path,
+    ca_bundle: Path | None = None,
 ) -> ContainerSpec:
     """The container of `plan.user_id`: the plan's mounts at the same paths (tmp at /tmp),
     running as the user's own uid (plus the shared group of `share/` and the gid of each of
@@ -121,6 +122,10 @@ def container_spec(
     mounts = tuple(
         BindMount(str(m.host_path), str(m.sandbox_path), m.access is Access.READ_ONLY) for m in plan.mounts
     )
+    if ca_bundle is not None:
+        # The host's trust store, read-only at the same path: mounted, not baked in, so the
+        # image stays machine-independent and a rotated local CA needs no rebuild.
+        mounts += (BindMount(str(ca_bundle), str(ca_bundle), True),)
     labels = {
         LABEL_MANAGED: MANAGED_VALUE,
         LABEL_INSTANCE: instance,

@@ -186,7 +186,8 @@ class ProcessBackend:
         try:
             release = self.deployment.ensure()
             launch = prepare_agent_launch(
-                self.settings, self.directories, user, in_sandbox=namespaced, parent_pid=os.getpid()
+                self.settings, self.directories, user, in_sandbox=namespaced, parent_pid=os.getpid(),
+                private_network=self.isolation.process_network == "namespace",
             )
             python = self.deployment.interpreter_for(run_as)
         except (OSError, RuntimeError, UnsafeDirectory) as exc:  # incl. GroupWithoutGid

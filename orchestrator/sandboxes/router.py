@@ -149,6 +149,8 @@ class SandboxRouter:
         # answer so it names the quota.
         self.call_guards: list[Callable[[int, str], None]] = []
         self.explain_no_space: Callable[[int, ToolError], ToolError] | None = None
+        # Run before every call with (user, context): the egress proxy keeps its listener up.
+        self.call_hooks: list[Callable[[int, CallContext | None], None]] = []
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
         try:
@@ -205,6 +207,8 @@ class SandboxRouter:
         for guard in self.call_guards:
             guard(user_id, tool)
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        for hook in self.call_hooks:
+            hook(user_id, context)
         with self.in_flight.calling(user_id, context):
             try:  # free unless raised (zero-cost try)
                 return await self.caller.call(backend, user, tool, arguments, cwd=cwd, context=context)
@@ -220,6 +224,8 @@ class SandboxRouter:
         for guard in self.call_guards:
             guard(user_id, tool)
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        for hook in self.call_hooks:
+            hook(user_id, context)
         with self.in_flight.calling(user_id, context):
             try:
                 return self.caller.call_blocking(backend, user, tool, arguments, cwd=cwd, context=context)

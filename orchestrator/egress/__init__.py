@@ -1,0 +1,2 @@
+"""Controlled egress: the allow-listing proxy sandboxes reach through their own Unix socket
+(docs/egress.md)."""

@@ -1,0 +1,293 @@
+"""The egress proxy as the orchestrator runs it: one asyncio loop in a thread of its own (so
+a user's flood of connections never queues behind, or in front of, the HTTP API's loop), one
+listening Unix socket per user in that user's socket directory, and the audit trail.
+
+The runtime user of a connection is the listener it arrived on, and the peer must be that
+user's sandbox uid (SO_PEERCRED), so nothing a sandbox sends decides whose policy applies.
+
+A listener is made when the user's sandbox is first called (the router's call hook) and made
+again when its socket was removed or replaced (the socket directory is the sandbox's own).
+Binding never resolves a path in that directory as root: the socket is bound in a root-only
+staging directory and renamed into place on directory fds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import secrets
+import socket
+import stat
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+from mounts.fs.nofollow import closing_fd, open_dir_at, open_root
+from mounts.fs.tree_removal import remove_tree_at
+from mounts.layout import EGRESS_SOCKET_FILE, EGRESS_STAGING_DIR, DataLayout
+from orchestrator import audit
+from orchestrator.egress.caps import CapLimits, UserCaps
+from orchestrator.egress.policy import parse_patterns, split_allow_setting
+from orchestrator.egress.proxy import ConnectionRecord, EgressProxy, ProxyTimeouts
+from orchestrator.egress.rules import EgressRules
+from orchestrator.log import kv
+from orchestrator.settings import Settings
+from orchestrator.state_store import StateStore
+from orchestrator.users.dirs import UserDirectories
+from sandbox_agent.wire import CallContext
+
+log = logging.getLogger(__name__)
+
+HEAD_MAX_BYTES = 16 * 1024
+RECHECK_S = 2.0  # how often a call re-checks that the user's socket is still ours
+AUDIT_BACKLOG = 10_000
+_PEERCRED = struct.Struct("3i")
+
+
+@dataclass
+class _Listener:
+    server: asyncio.AbstractServer
+    dev_ino: tuple[int, int]
+    checked_at: float
+
+
+class EgressService:
+    def __init__(self, settings: Settings, directories: UserDirectories, store: StateStore) -> None:
+        self.settings = settings
+        self.layout: DataLayout = directories.layout
+        self.directories = directories
+        self.store = store
+        self.rules = EgressRules(store, parse_patterns(split_allow_setting(settings.egress_allow)))
+        self.limits = CapLimits(
+            max_connections=settings.egress_max_connections,
+            bytes_per_connection=settings.egress_max_bytes_per_connection,
+            bytes_per_day=settings.egress_max_bytes_per_day,
+        )
+        self._caps: dict[int, UserCaps] = {}  # the loop's alone
+        self._context: dict[int, tuple[str | None, str | None]] = {}
+        self._listeners: dict[int, _Listener] = {}
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._audit_queue: queue.Queue[ConnectionRecord | None] = queue.Queue(AUDIT_BACKLOG)
+        self._audit_thread: threading.Thread | None = None
+        self._dropped = 0
+        self.proxy = EgressProxy(
+            allow_for=self.rules.allow_for,
+            caps_for=self._caps_of,
+            report=self._report,
+            allow_loopback=settings.egress_allow_loopback,
+            timeouts=ProxyTimeouts(connect_s=settings.egress_connect_timeout_s),
+        )
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            self._thread = threading.Thread(target=run, name="egress-proxy", daemon=True)
+            self._thread.start()
+            ready.wait(10)
+            self._audit_thread = threading.Thread(target=self._write_audit, name="egress-audit", daemon=True)
+            self._audit_thread.start()
+            self._loop = loop
+        return self._loop
+
+    def _caps_of(self, user_id: int) -> UserCaps:
+        caps = self._caps.get(user_id)
+        if caps is None:
+            caps = self._caps[user_id] = UserCaps(self.limits)
+        return caps
+
+    # --- listeners ------------------------------------------------------------------------
+
+    def before_call(self, user_id: int, context: CallContext | None) -> None:
+        """The router's hook before each sandbox call: remember what the call is for (the
+        audit names it) and make sure the user's listener is there. Warm: a dict lookup."""
+        if context is not None:
+            self._context[user_id] = (context.session_id, context.run_id)
+        listener = self._listeners.get(user_id)
+        now = time.monotonic()
+        if listener is not None and now - listener.checked_at < RECHECK_S:
+            return
+        with self._lock:
+            listener = self._listeners.get(user_id)
+            if listener is not None and self._still_ours(user_id, listener):
+                listener.checked_at = now
+                return
+            try:
+                self._listen(user_id, replacing=listener)
+            except Exception as exc:  # the call itself can still run; only its way out is missing
+                log.error("egress listener not made %s", kv(user=user_id, error=exc))
+
+    def _still_ours(self, user_id: int, listener: _Listener) -> bool:
+        # sockets/ is root's, so sockets/{uid} cannot be a link; lstat does not follow the last.
+        try:
+            st = os.lstat(self.layout.egress_socket_path(user_id))
+        except OSError:
+            return False
+        return stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == listener.dev_ino
+
+    def _listen(self, user_id: int, *, replacing: _Listener | None) -> None:
+        loop = self._ensure_loop()
+        sock, dev_ino = self._bind(user_id)
+        expected_uid = self.directories.sandbox_uid(user_id) if self.directories.chown else os.geteuid()
+
+        async def start() -> asyncio.AbstractServer:
+            if replacing is not None:
+                replacing.server.close()
+            return await asyncio.start_unix_server(
+                lambda r, w: self._on_connection(user_id, expected_uid, r, w), sock=sock, limit=HEAD_MAX_BYTES
+            )
+
+        server = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+        self._listeners[user_id] = _Listener(server, dev_ino, time.monotonic())
+        log.info("egress listener up %s", kv(user=user_id, socket=self.layout.egress_socket_path(user_id)))
+
+    def _bind(self, user_id: int) -> tuple[socket.socket, tuple[int, int]]:
+        self.directories.ensure_socket_dir(user_id)
+        name = f"{user_id}-{secrets.token_hex(6)}.sock"
+        with closing_fd(open_root(self.layout.root)) as root_fd:
+            sockets_fd = open_dir_at(root_fd, self.layout.sockets_root.name)
+            assert sockets_fd is not None  # ensure_socket_dir made it
+            with closing_fd(sockets_fd):
+                staging_fd = open_dir_at(sockets_fd, EGRESS_STAGING_DIR, create=True)
+                assert staging_fd is not None
+                with closing_fd(staging_fd):
+                    st = os.fstat(staging_fd)
+                    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+                        os.fchmod(staging_fd, 0o700)
+                    user_fd = open_dir_at(sockets_fd, str(user_id))
+                    if user_fd is None:
+                        raise FileNotFoundError(self.layout.socket_dir(user_id))
+                    with closing_fd(user_fd):
+                        return self._bind_in(staging_fd, user_fd, name)
+
+    @staticmethod
+    def _bind_in(staging_fd: int, user_fd: int, name: str) -> tuple[socket.socket, tuple[int, int]]:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # Through the directory fd: no path in the sandbox's directory is resolved, and the
+            # data dir's depth cannot push the address past the 108 bytes a socket name has.
+            sock.bind(f"/proc/self/fd/{staging_fd}/{name}")
+            os.chmod(name, 0o666, dir_fd=staging_fd)  # a root-only dir: nothing to follow here
+            sock.listen(512)
+            st = os.stat(name, dir_fd=staging_fd, follow_symlinks=False)
+            try:
+                os.rename(name, EGRESS_SOCKET_FILE, src_dir_fd=staging_fd, dst_dir_fd=user_fd)
+            except OSError:
+                # The sandbox put a directory (or the like) at the name: remove it, never follow.
+                remove_tree_at(user_fd, EGRESS_SOCKET_FILE)
+                os.rename(name, EGRESS_SOCKET_FILE, src_dir_fd=staging_fd, dst_dir_fd=user_fd)
+        except BaseException:
+            sock.close()
+            try:
+                os.unlink(name, dir_fd=staging_fd)
+            except OSError:
+                pass
+            raise
+        sock.setblocking(False)
+        return sock, (st.st_dev, st.st_ino)
+
+    async def _on_connection(
+        self, user_id: int, expected_uid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        sock = writer.get_extra_info("socket")
+        try:
+            _, peer_uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+        except OSError:
+            peer_uid = -1
+        if peer_uid != expected_uid:
+            # Not this user's sandbox (only root and the uid itself can enter the directory).
+            log.warning("egress peer refused %s", kv(user=user_id, peer_uid=peer_uid, expected=expected_uid))
+            writer.close()
+            return
+        await self.proxy.handle(user_id, reader, writer, context=self._context.get(user_id, (None, None)))
+
+    # --- audit ----------------------------------------------------------------------------
+
+    def _report(self, record: ConnectionRecord) -> None:
+        level = logging.INFO if record.verdict == "allowed" else logging.WARNING
+        log.log(
+            level,
+            "egress connection %s",
+            kv(user=record.user_id, session=record.session_id, run=record.run_id, method=record.method,
+               host=record.host, port=record.port, address=record.address, verdict=record.verdict,
+               reason=record.reason, bytes_up=record.bytes_up, bytes_down=record.bytes_down,
+               ms=record.duration_ms),
+        )  # fmt: skip
+        try:
+            self._audit_queue.put_nowait(record)
+        except queue.Full:
+            self._dropped += 1
+            if self._dropped % 1000 == 1:
+                log.error("egress audit backlog full; rows dropped %s", kv(dropped=self._dropped))
+
+    def _write_audit(self) -> None:
+        while True:
+            record = self._audit_queue.get()
+            if record is None:
+                self._audit_queue.task_done()
+                return
+            try:
+                with self.store.write() as tx:
+                    audit.record(
+                        tx, actor=f"sandbox:{record.user_id}", action="egress_connection",
+                        session_id=record.session_id, runtime_user_id=record.user_id,
+                        run_id=record.run_id, method=record.method, host=record.host, port=record.port,
+                        address=record.address, verdict=record.verdict, reason=record.reason,
+                        bytes_up=record.bytes_up, bytes_down=record.bytes_down, duration_ms=record.duration_ms,
+                    )  # fmt: skip
+            except Exception:  # a full disk must not stop the writer: the log line stays
+                log.exception("egress audit row not written %s", kv(user=record.user_id, host=record.host))
+            finally:
+                self._audit_queue.task_done()
+
+    def flush_audit(self, timeout_s: float = 5.0) -> None:
+        """Wait until the rows reported so far are written (tests, shutdown)."""
+        deadline = time.monotonic() + timeout_s
+        while self._audit_queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    # --- status and shutdown --------------------------------------------------------------
+
+    def status(self) -> dict[str, object]:
+        return {"mode": self.settings.egress, "listeners": len(self._listeners), "allow_default": [str(p) for p in self.rules.defaults]}
+
+    def close(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        listeners, self._listeners = dict(self._listeners), {}
+
+        async def stop() -> None:
+            for listener in listeners.values():
+                listener.server.close()
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), loop).result(5)
+        except Exception:
+            pass
+        for user_id, listener in listeners.items():
+            if self._still_ours(user_id, listener):
+                try:
+                    os.unlink(self.layout.egress_socket_path(user_id))
+                except OSError:
+                    pass
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._audit_queue.put(None)
+        if self._audit_thread is not None:
+            self._audit_thread.join(5)
+        self._loop = None

@@ -1,0 +1,131 @@
+"""The sandbox's end of controlled egress (docs/egress.md): a tiny TCP forwarder on
+127.0.0.1:{port} that relays every connection, byte for byte, to the orchestrator's proxy on
+the user's Unix socket. It decides nothing: the proxy on the host knows the user from the
+socket and applies the policy. Also the proxy settings the user's tools read: environment
+variables for shells and pip's and npm's config files in HOME (no secret in any of them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+
+from sandbox_agent.wire import EgressConfig
+
+log = logging.getLogger("sandbox_agent.egress")
+
+CHUNK = 256 * 1024
+MANAGED_MARK = "managed by the sandbox agent (egress proxy); rewritten at every agent start"
+
+
+class Forwarder:
+    def __init__(self, config: EgressConfig) -> None:
+        self.config = config
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", config.port))
+        self._sock.listen(512)
+        self._sock.setblocking(False)
+        self.port: int = self._sock.getsockname()[1]
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="egress-forwarder", daemon=True).start()
+
+    def _run(self) -> None:
+        async def main() -> None:
+            server = await asyncio.start_server(self._relay, sock=self._sock)
+            async with server:
+                await server.serve_forever()
+
+        try:
+            asyncio.run(main())
+        except Exception:
+            log.exception("egress forwarder stopped")
+
+    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            up_r, up_w = await asyncio.open_unix_connection(self.config.socket_path, limit=CHUNK)
+        except OSError as exc:
+            body = (
+                f"The egress proxy is not reachable from this sandbox ({exc.strerror}); "
+                "it comes back with the next tool call. Retry then.\n"
+            ).encode()
+            client_w.write(
+                b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            client_w.close()
+            return
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(CHUNK):
+                    dst.write(data)
+                    await dst.drain()
+                if dst.can_write_eof():
+                    dst.write_eof()
+            except OSError:
+                pass
+
+        try:
+            await asyncio.gather(pump(client_r, up_w), pump(up_r, client_w))
+        finally:
+            client_w.close()
+            up_w.close()
+
+
+def proxy_environment(port: int, ca_file: str | None) -> dict[str, str]:
+    """What shells get: the usual proxy variables (both cases: tools read either), and the CA
+    bundle for the TLS libraries that do not read the system store."""
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+        "NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1",
+        "npm_config_proxy": url, "npm_config_https_proxy": url,
+    }  # fmt: skip
+    if ca_file is not None:
+        env.update(SSL_CERT_FILE=ca_file, REQUESTS_CA_BUNDLE=ca_file, PIP_CERT=ca_file, NODE_EXTRA_CA_CERTS=ca_file,
+                   npm_config_cafile=ca_file)  # fmt: skip
+    return env
+
+
+def tool_configs(port: int, ca_file: str | None) -> dict[str, str]:
+    """pip's and npm's config files (relative to HOME), for tools started without our env."""
+    url = f"http://127.0.0.1:{port}"
+    pip = [f"# {MANAGED_MARK}", "[global]", f"proxy = {url}"] + ([f"cert = {ca_file}"] if ca_file else [])
+    npm = [f"; {MANAGED_MARK}", f"proxy={url}", f"https-proxy={url}"] + ([f"cafile={ca_file}"] if ca_file else [])
+    return {".config/pip/pip.conf": "\n".join(pip) + "\n", ".npmrc": "\n".join(npm) + "\n"}
+
+
+def write_tool_configs(home: str, files: dict[str, str]) -> None:
+    """As the sandbox's own uid, into its own HOME: no other user's file can be reached. A
+    file the user wrote without our mark is left alone (the environment still applies)."""
+    for rel, content in files.items():
+        path = Path(home) / rel
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                existing = path.read_text(errors="replace")[:4096]
+            except FileNotFoundError:
+                existing = None
+            if existing is not None and MANAGED_MARK not in existing:
+                log.info("keeping the user's own %s", path)
+                continue
+            tmp = path.with_name(f".{path.name}.agent-tmp")
+            tmp.write_text(content)
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("could not write %s: %s", path, exc)
+
+
+def start_egress(config: EgressConfig, home: str) -> dict[str, str]:
+    """Start the forwarder; returns the environment shells get."""
+    forwarder = Forwarder(config)
+    forwarder.start()
+    write_tool_configs(home, tool_configs(forwarder.port, config.ca_file))
+    log.info("egress forwarder listening port=%s socket=%s", forwarder.port, config.socket_path)
+    return proxy_environment(forwarder.port, config.ca_file)

@@ -1,0 +1,48 @@
+"""What a sandbox's shell runs to use its way out: a raw HTTP client of the in-sandbox
+forwarder on 127.0.0.1:$port (taken from HTTP_PROXY, as tools do). Raw on purpose: urllib
+would skip the proxy for 127.0.0.1 (NO_PROXY), and the test must see the proxy's answer."""
+
+from __future__ import annotations
+
+import shlex
+
+SCRIPT = r"""
+import json, os, socket, sys
+proxy = os.environ["HTTP_PROXY"].rsplit(":", 1)
+mode, target = sys.argv[1], sys.argv[2]
+s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=20)
+if mode == "connect":
+    host, _, path = target.partition("/")
+    s.sendall(f"CONNECT {host} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            break
+        head += chunk
+    status = int(head.split(b" ")[1]) if head else 0
+    if status != 200:
+        body = s.recv(65536)
+        print(json.dumps({"status": status, "body": body.decode(errors="replace"), "head": head.decode(errors="replace")}))
+        sys.exit(0)
+    s.sendall(f"GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+else:
+    s.sendall(f"GET http://{target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+data = b""
+while True:
+    try:
+        chunk = s.recv(1 << 16)
+    except OSError:
+        break
+    if not chunk:
+        break
+    data += chunk
+head, _, body = data.partition(b"\r\n\r\n")
+status = int(head.split(b" ")[1]) if head else 0
+print(json.dumps({"status": status, "body": body[:2000].decode(errors="replace"), "length": len(body), "head": head.decode(errors="replace")}))
+"""
+
+
+def command(mode: str, target: str) -> str:
+    """`mode`: "get" (plain-HTTP proxy request) or "connect" (a tunnel, then a GET inside it)."""
+    return f"python3 -c {shlex.quote(SCRIPT)} {mode} {shlex.quote(target)}"

@@ -1,0 +1,173 @@
+"""The egress proxy end to end with real agents of the process backend (as root each in a
+network namespace with only `lo` and its forwarder): a sandbox shell reaches a loopback test
+upstream only as far as its runtime user's allow list says, refusals are 403s a model can act
+on, caps refuse or cut, and every connection leaves an audit row. Only 127.0.0.1 is contacted:
+names that must be refused are under `.invalid` (never resolves) or resolve to loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator import audit
+from orchestrator.http.app import create_app
+from orchestrator.service import OrchestratorService
+from tests.api_calls import tool
+from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers, make_settings
+from tests.orchestrator.egress.sandbox_client import command
+from tests.orchestrator.egress.upstream import HELLO, loopback_upstream
+
+AS_ROOT = os.geteuid() == 0
+pytestmark = pytest.mark.skipif(not AS_ROOT, reason="a sandbox network of its own needs a root orchestrator")
+
+BYTE_CAP = 1024 * 1024
+MAX_CONNECTIONS = 16
+
+Served = tuple[TestClient, OrchestratorService]
+
+
+def uid_slice(index: int) -> dict[str, int]:
+    """Two servers of this module live at once: each a slice of the run's uid block."""
+    base = int(os.environ.get("ORCH_SANDBOX_UID_BASE", "100000"))
+    return {"sandbox_uid_base": base + index * 1000, "max_user_id": 999}
+
+
+@contextmanager
+def served(**overrides: object) -> Iterator[Served]:
+    base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="egress-"))
+    os.chmod(base, 0o711)
+    data = base / "data"
+    data.mkdir()
+    service = OrchestratorService(make_settings(data, **overrides))
+    try:
+        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
+            yield client, service
+    finally:
+        service.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[int]:
+    with loopback_upstream() as port:
+        yield port
+
+
+@pytest.fixture(scope="module")
+def loopback_allowed() -> Iterator[Served]:
+    """A server whose proxy may reach loopback (ORCH_EGRESS_ALLOW_LOOPBACK), with small caps."""
+    with served(
+        **uid_slice(0),
+        egress_allow_loopback=True,
+        egress_max_bytes_per_connection=BYTE_CAP,
+        egress_max_connections=MAX_CONNECTIONS,
+    ) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def loopback_refused() -> Iterator[Served]:
+    with served(**uid_slice(1)) as pair:
+        yield pair
+
+
+def web_run(client: TestClient, user_id: int) -> str:
+    response = client.post("/v1/sessions", json={"owner_user_id": user_id, "channel": "web"})
+    assert response.status_code == 201, response.text
+    run = client.post(f"/v1/sessions/{response.json()['session_id']}/runs", json={"trigger": "web"})
+    assert run.status_code == 201, run.text
+    return run.json()["run_id"]
+
+
+def through_proxy(client: TestClient, run_id: str, mode: str, target: str) -> dict:
+    answer = tool(client, run_id, "shell", command=command(mode, target), timeout_s=60)
+    assert answer["ok"], answer
+    assert answer["result"]["exit_code"] == 0, answer
+    return json.loads(answer["result"]["stdout"])
+
+
+def put_rules(client: TestClient, user_id: int, **body: list[str]) -> dict:
+    response = client.put(f"/v1/admin/users/{user_id}/egress", json=body, headers=admin_headers())
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def egress_rows(service: OrchestratorService, user_id: int, host: str) -> list[audit.AuditEntry]:
+    assert service.egress is not None
+    service.egress.flush_audit()
+    rows = audit.entries(service.store, action="egress_connection", limit=1000)
+    return [r for r in rows if r.runtime_user_id == user_id and r.detail["host"] == host]
+
+
+def test_an_admin_allows_a_loopback_upstream_for_67_only_and_removing_it_refuses_the_next(
+    loopback_allowed: Served, upstream: int
+) -> None:
+    client, service = loopback_allowed
+    target = f"127.0.0.1:{upstream}"
+    run_67, run_17 = web_run(client, 67), web_run(client, 17)
+    before = through_proxy(client, run_67, "get", f"{target}/hello")
+    assert before["status"] == 403, before
+    assert f"Egress to {target} is not allowed for runtime identity 67" in before["body"]
+    assert "ask an admin to allow it" in before["body"] and "pypi.org" in before["body"]
+
+    rules = put_rules(client, 67, allow=[target])
+    assert target in rules["effective"] and "pypi.org" in rules["effective"]
+    got = through_proxy(client, run_67, "get", f"{target}/hello")
+    assert got["status"] == 200 and got["body"] == HELLO.decode(), got
+    tunnel = through_proxy(client, run_67, "connect", f"{target}/hello")
+    assert tunnel["status"] == 200 and tunnel["body"] == HELLO.decode(), tunnel
+    other = through_proxy(client, run_17, "get", f"{target}/hello")
+    assert other["status"] == 403 and "runtime identity 17" in other["body"], other
+
+    put_rules(client, 67, allow=[])
+    after = through_proxy(client, run_67, "connect", f"{target}/hello")
+    assert after["status"] == 403 and "runtime identity 67" in after["body"], after
+
+    rows_67 = egress_rows(service, 67, "127.0.0.1")
+    verdicts = sorted((r.detail["method"], r.detail["verdict"]) for r in rows_67)
+    assert verdicts == sorted(
+        [("GET", "host_not_allowed"), ("GET", "allowed"), ("CONNECT", "allowed"), ("CONNECT", "host_not_allowed")]
+    ), verdicts
+    allowed = next(r for r in rows_67 if r.detail["verdict"] == "allowed" and r.detail["method"] == "GET")
+    assert allowed.detail["address"] == "127.0.0.1" and allowed.detail["port"] == upstream
+    assert allowed.detail["bytes_down"] > len(HELLO) and allowed.detail["bytes_up"] > 0
+    assert allowed.detail["run_id"] == run_67 and allowed.session_id is not None
+    assert [r.detail["verdict"] for r in egress_rows(service, 17, "127.0.0.1")] == ["host_not_allowed"]
+
+
+def test_a_name_not_on_the_list_and_a_name_resolving_to_loopback_are_refused(loopback_refused: Served, upstream: int) -> None:
+    client, service = loopback_refused
+    put_rules(client, 17, allow=[f"localhost:{upstream}"])
+    run_id = web_run(client, 17)
+    unknown = through_proxy(client, run_id, "connect", "registry.example.invalid:443/")
+    assert unknown["status"] == 403, unknown
+    assert "Egress to registry.example.invalid:443 is not allowed for runtime identity 17" in unknown["body"]
+    local = through_proxy(client, run_id, "get", f"localhost:{upstream}/hello")
+    assert local["status"] == 403, local
+    assert "resolves to a loopback address" in local["body"], local
+    [unknown_row] = egress_rows(service, 17, "registry.example.invalid")
+    assert unknown_row.detail["verdict"] == "host_not_allowed" and unknown_row.detail["address"] is None
+    [local_row] = egress_rows(service, 17, "localhost")
+    assert (local_row.detail["verdict"], local_row.detail["reason"]) == ("address_forbidden", "loopback")
+
+
+def test_a_connection_past_the_byte_cap_is_cut(loopback_allowed: Served, upstream: int) -> None:
+    client, service = loopback_allowed
+    put_rules(client, 68, allow=[f"127.0.0.1:{upstream}"])
+    run_id = web_run(client, 68)
+    small = through_proxy(client, run_id, "get", f"127.0.0.1:{upstream}/big?n={BYTE_CAP // 2}")
+    assert small["status"] == 200 and small["length"] == BYTE_CAP // 2, small
+    big = through_proxy(client, run_id, "get", f"127.0.0.1:{upstream}/big?n={3 * BYTE_CAP}")
+    assert big["status"] == 200 and big["length"] < BYTE_CAP, big  # cut mid-body, not after it
+    rows = egress_rows(service, 68, "127.0.0.1")
+    cut = [r for r in rows if r.detail["verdict"] == "cut"]
+    assert len(cut) == 1 and cut[0].detail["reason"] == "connection_bytes_exceeded", [r.detail for r in rows]
+    assert cut[0].detail["bytes_down"] + cut[0].detail["bytes_up"] > BYTE_CAP
