@@ -171,3 +171,100 @@ def test_a_connection_past_the_byte_cap_is_cut(loopback_allowed: Served, upstrea
     cut = [r for r in rows if r.detail["verdict"] == "cut"]
     assert len(cut) == 1 and cut[0].detail["reason"] == "connection_bytes_exceeded", [r.detail for r in rows]
     assert cut[0].detail["bytes_down"] + cut[0].detail["bytes_up"] > BYTE_CAP
+
+
+FLOOD = r"""
+import collections, json, os, socket, sys, time
+host, port = os.environ["HTTP_PROXY"].split("//")[1].rsplit(":", 1)
+target = sys.argv[1]
+socks, statuses = [], collections.Counter()
+for _ in range(200):
+    s = socket.create_connection((host, int(port)), timeout=30)
+    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    socks.append(s)
+bodies = set()
+for s in socks:
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            break
+        head += chunk
+    status = int(head.split(b" ")[1]) if head else 0
+    statuses[status] += 1
+    if status != 200:
+        bodies.add(s.recv(4096).decode(errors="replace").strip())
+time.sleep(float(sys.argv[2]))  # the tunnels stay open while the other user is served
+print(json.dumps({"statuses": statuses, "bodies": sorted(bodies)}))
+"""
+
+
+def test_200_parallel_connects_of_one_sandbox_leave_other_users_served(loopback_allowed: Served, upstream: int) -> None:
+    import shlex
+    import threading
+    import time
+
+    client, service = loopback_allowed
+    target = f"127.0.0.1:{upstream}"
+    for user_id in (69, 70):
+        put_rules(client, user_id, allow=[target])
+    run_69, run_70 = web_run(client, 69), web_run(client, 70)
+    through_proxy(client, run_70, "get", f"{target}/hello")  # 70's sandbox is up before the flood
+    flood: dict = {}
+
+    def run_flood() -> None:
+        flood["answer"] = tool(client, run_69, "shell", command=f"python3 -c {shlex.quote(FLOOD)} {target} 4", timeout_s=60)
+
+    thread = threading.Thread(target=run_flood)
+    thread.start()
+    assert service.egress is not None
+    deadline = time.monotonic() + 30
+    while service.egress._caps.get(69) is None or service.egress._caps[69].open_connections < MAX_CONNECTIONS:
+        assert time.monotonic() < deadline, "the flood never filled 69's connections"
+        time.sleep(0.05)
+    started = time.monotonic()
+    health = client.get("/healthz")
+    health_s = time.monotonic() - started
+    started = time.monotonic()
+    other = through_proxy(client, run_70, "connect", f"{target}/hello")
+    other_s = time.monotonic() - started
+    assert service.egress._caps[69].open_connections == MAX_CONNECTIONS  # still held meanwhile
+    thread.join(60)
+    assert health.status_code == 200 and health_s < 1.0, health_s
+    assert other["status"] == 200 and other["body"] == HELLO.decode(), other
+    assert other_s < 5.0, other_s
+    answer = flood["answer"]
+    assert answer["ok"] and answer["result"]["exit_code"] == 0, answer
+    result = json.loads(answer["result"]["stdout"])
+    assert result["statuses"] == {"200": MAX_CONNECTIONS, "429": 200 - MAX_CONNECTIONS}, result
+    assert len(result["bodies"]) == 1 and "egress connections open (at most 16)" in result["bodies"][0], result
+    rows = egress_rows(service, 69, "127.0.0.1")
+    verdicts = sorted((r.detail["verdict"], r.detail["reason"]) for r in rows)
+    assert verdicts.count(("cap", "too_many_connections")) == 200 - MAX_CONNECTIONS
+    assert verdicts.count(("allowed", "ok")) == MAX_CONNECTIONS
+
+
+DIRECT = (
+    "python3 -c \"import socket,sys; s=socket.socket(); s.settimeout(3)\n"
+    "try:\n s.connect(('127.0.0.1', {port})); print('CONNECTED')\n"
+    "except OSError as e:\n print('REFUSED', e)\""
+)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
+def test_a_bwrap_sandbox_has_only_loopback_and_the_forwarder(upstream: int) -> None:
+    with served(**uid_slice(2), process_sandbox="bwrap", egress_allow_loopback=True) as (client, service):
+        health = client.get("/healthz").json()
+        assert health["egress"]["enforced"] == {"process": True}, health["egress"]
+        put_rules(client, 71, allow=[f"127.0.0.1:{upstream}"])
+        run_id = web_run(client, 71)
+        got = through_proxy(client, run_id, "get", f"127.0.0.1:{upstream}/hello")
+        assert got["status"] == 200 and got["body"] == HELLO.decode(), got
+        direct = tool(client, run_id, "shell", command=DIRECT.format(port=upstream))["result"]
+        assert "REFUSED" in direct["stdout"], direct  # the host's loopback is not the sandbox's
+        interfaces = tool(client, run_id, "shell", command="tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+        assert interfaces["result"]["stdout"].split() == ["lo"], interfaces
+        env = tool(client, run_id, "shell", command="echo $HTTPS_PROXY; cat ~/.config/pip/pip.conf ~/.npmrc")
+        assert env["result"]["stdout"].startswith("http://127.0.0.1:3128\n"), env
+        assert "proxy = http://127.0.0.1:3128" in env["result"]["stdout"]
+        assert "https-proxy=http://127.0.0.1:3128" in env["result"]["stdout"]

@@ -1,0 +1,165 @@
+"""The pure egress decider, as a function: every range a sandbox must never reach is tested
+here and never live (a bug would put a packet on the network)."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from orchestrator.egress.caps import CapExceeded, CapLimits, ConnectionMeter, UserCaps
+from orchestrator.egress.policy import (
+    DEFAULT_ALLOW,
+    HostPattern,
+    InvalidPattern,
+    InvalidTarget,
+    UserRules,
+    Verdict,
+    decide_addresses,
+    decide_host,
+    effective_allow,
+    forbidden_range,
+    normalize_host,
+    parse_absolute_url,
+    parse_authority,
+    parse_patterns,
+    refusal_message,
+)
+
+DEFAULTS = parse_patterns(DEFAULT_ALLOW)
+
+
+@pytest.mark.parametrize(
+    ("address", "reason"),
+    [
+        ("10.1.2.3", "private"),
+        ("172.16.0.1", "private"),
+        ("172.17.0.1", "private"),  # docker's default bridge
+        ("172.31.255.254", "private"),
+        ("192.168.1.1", "private"),
+        ("169.254.169.254", "link_local"),  # the cloud metadata service
+        ("169.254.0.1", "link_local"),
+        ("100.64.0.1", "cgnat"),
+        ("100.127.255.254", "cgnat"),
+        ("0.0.0.0", "unspecified"),
+        ("224.0.0.1", "multicast"),
+        ("239.255.255.250", "multicast"),
+        ("255.255.255.255", "reserved"),
+        ("127.0.0.1", "loopback"),
+        ("127.8.9.10", "loopback"),
+        ("::1", "loopback"),
+        ("::", "unspecified"),
+        ("fd00:ec2::254", "ula"),  # a metadata address
+        ("fc00::1", "ula"),
+        ("fe80::1", "link_local"),
+        ("ff02::1", "multicast"),
+        ("::ffff:10.0.0.1", "private"),  # v4-mapped: the v4 address decides
+        ("::ffff:169.254.169.254", "link_local"),
+        ("::ffff:127.0.0.1", "loopback"),
+    ],
+)
+def test_forbidden_ranges_are_refused(address: str, reason: str) -> None:
+    ip = ipaddress.ip_address(address)
+    assert forbidden_range(ip, allow_loopback=False) == reason
+    usable, decision = decide_addresses([ip], allow_loopback=False)
+    assert usable == () and decision.verdict is Verdict.ADDRESS_FORBIDDEN and decision.reason == reason
+
+
+@pytest.mark.parametrize("address", ["203.0.113.80", "198.51.100.7", "192.0.2.1", "151.101.0.223", "2606:4700::1111"])
+def test_public_and_documentation_addresses_stay_reachable(address: str) -> None:
+    # 203.0.113.x is where the registries resolve on this machine: non-global for `ipaddress`,
+    # but not one of the forbidden ranges.
+    ip = ipaddress.ip_address(address)
+    assert forbidden_range(ip, allow_loopback=False) is None
+    assert decide_addresses([ip], allow_loopback=False)[1].allowed
+
+
+def test_allow_loopback_opens_loopback_only() -> None:
+    assert forbidden_range(ipaddress.ip_address("127.0.0.1"), allow_loopback=True) is None
+    assert forbidden_range(ipaddress.ip_address("::1"), allow_loopback=True) is None
+    assert forbidden_range(ipaddress.ip_address("10.0.0.1"), allow_loopback=True) == "private"
+    assert forbidden_range(ipaddress.ip_address("169.254.169.254"), allow_loopback=True) == "link_local"
+
+
+def test_only_the_checked_addresses_are_handed_on() -> None:
+    mixed = [ipaddress.ip_address(a) for a in ("10.0.0.5", "203.0.113.80", "169.254.169.254")]
+    usable, decision = decide_addresses(mixed, allow_loopback=False)
+    assert decision.allowed and usable == (ipaddress.ip_address("203.0.113.80"),)
+
+
+def test_host_patterns() -> None:
+    assert decide_host("pypi.org", 443, DEFAULTS).allowed
+    assert decide_host("files.pythonhosted.org", 443, DEFAULTS).allowed
+    assert not decide_host("pythonhosted.org", 443, DEFAULTS).allowed  # the wildcard is for names below
+    assert not decide_host("evilpythonhosted.org", 443, DEFAULTS).allowed
+    assert not decide_host("pypi.org", 80, DEFAULTS).allowed  # no port: HTTPS only
+    assert not decide_host("pypi.org.evil.example", 443, DEFAULTS).allowed
+    assert decide_host("registry.npmjs.org", 443, DEFAULTS).allowed
+    any_port = HostPattern.parse("mirror.example:*")
+    assert any_port.matches("mirror.example", 8080) and str(any_port) == "mirror.example:*"
+    assert HostPattern.parse("[::1]:8080").matches("::1", 8080)
+    assert str(HostPattern.parse("Example.COM.:8443")) == "example.com:8443"
+    for bad in ("*.", "exa mple.com", "*.10.0.0.1", "host:0", "host:99999", "-bad.com", "a..b", "[::1", "http://x"):
+        with pytest.raises(InvalidPattern):
+            HostPattern.parse(bad)
+
+
+def test_user_rules_add_and_remove() -> None:
+    rules = UserRules(allow=("127.0.0.1:9000", "pypi.org"), remove=("registry.npmjs.org",))
+    effective = [str(p) for p in effective_allow(DEFAULTS, rules)]
+    assert effective == ["pypi.org", "*.pythonhosted.org", "127.0.0.1:9000"]
+
+
+def test_targets_are_parsed_strictly() -> None:
+    assert parse_authority("PyPI.org:443") == ("pypi.org", 443)
+    assert parse_authority("[::1]:8080") == ("::1", 8080)
+    assert parse_absolute_url("http://example.com/a?b") == ("example.com", 80, "/a?b")
+    assert parse_absolute_url("http://example.com:8080") == ("example.com", 8080, "/")
+    assert parse_absolute_url("http://[::1]/x") == ("::1", 80, "/x")
+    for bad in ("example.com", "example.com:http", "exa_mple.com:443", ":443", "[::1]443"):
+        with pytest.raises(InvalidTarget):
+            parse_authority(bad)
+    for bad in ("https://example.com/", "/relative", "http://user:pw@example.com/", "http://exa mple/"):
+        with pytest.raises(InvalidTarget):
+            parse_absolute_url(bad)
+    # Not an IP literal for the allow list (so no pattern "127.0.0.1" matches it); were it ever
+    # allowed, the resolver's answer (127.0.0.1) meets the address check.
+    assert normalize_host("0x7f.1") == "0x7f.1"
+    with pytest.raises(InvalidTarget):
+        normalize_host("a" * 300)
+
+
+def test_the_refusal_says_what_to_do() -> None:
+    decision = decide_host("evil.example.invalid", 443, DEFAULTS)
+    text = refusal_message("evil.example.invalid", 443, 67, DEFAULTS, decision)
+    assert text == (
+        "Egress to evil.example.invalid:443 is not allowed for runtime identity 67; allowed here: "
+        "pypi.org, *.pythonhosted.org, registry.npmjs.org; ask an admin to allow it."
+    )
+
+
+def test_caps_refuse_and_cut() -> None:
+    now = [86400.0 * 10]
+    caps = UserCaps(CapLimits(max_connections=2, bytes_per_connection=100, bytes_per_day=150), clock=lambda: now[0])
+    caps.admit()
+    caps.admit()
+    with pytest.raises(CapExceeded) as too_many:
+        caps.admit()
+    assert too_many.value.code == "too_many_connections"
+    caps.release()
+    meter = ConnectionMeter(caps)
+    meter.charge(60, upstream=False)
+    with pytest.raises(CapExceeded) as cut:
+        meter.charge(60, upstream=False)
+    assert cut.value.code == "connection_bytes_exceeded" and meter.cut is cut.value
+    second = ConnectionMeter(caps)
+    second.charge(20, upstream=True)
+    with pytest.raises(CapExceeded) as daily:
+        second.charge(20, upstream=False)
+    assert daily.value.code == "daily_bytes_exceeded"
+    caps.release()
+    caps.release()
+    with pytest.raises(CapExceeded):
+        caps.admit()  # the day's allowance is used up
+    now[0] += 86400
+    caps.admit()  # a new UTC day

@@ -1,0 +1,67 @@
+"""In a real docker sandbox (network `none`): pip installs a real package from PyPI into
+deps/{uid}/ through the egress proxy and it imports; the npm registry answers through the
+same way out (npm itself is not in the image, see docs/egress.md); a registry not on the
+user's list is refused. Only the package registries and loopback are contacted."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator import audit
+from orchestrator.service import OrchestratorService
+from tests.api_calls import tool
+from tests.conftest import admin_headers
+
+pytestmark = pytest.mark.docker
+
+NPM_INDEX = (
+    "python3 -c \"import json, urllib.request; "
+    "d = json.load(urllib.request.urlopen('https://registry.npmjs.org/is-number', timeout=60)); "
+    "print(d['name'], 'latest' in d['dist-tags'])\""
+)
+
+
+def web_run(client: TestClient, user_id: int) -> str:
+    session = client.post("/v1/sessions", json={"owner_user_id": user_id, "channel": "web"})
+    assert session.status_code == 201, session.text
+    run = client.post(f"/v1/sessions/{session.json()['session_id']}/runs", json={"trigger": "web"})
+    assert run.status_code == 201, run.text
+    return run.json()["run_id"]
+
+
+def shell(client: TestClient, run_id: str, command: str) -> dict:
+    answer = tool(client, run_id, "shell", command=command, timeout_s=240)
+    assert answer["ok"], answer
+    return answer["result"]
+
+
+def test_pip_installs_into_deps_through_the_proxy_and_npm_reaches_its_registry(
+    docker_client: TestClient, docker_service: OrchestratorService
+) -> None:
+    user_id = 67
+    deps = docker_service.layout.deps_dir(user_id)
+    run_id = web_run(docker_client, user_id)
+    installed = shell(docker_client, run_id, f"pip install --target {deps}/pip six 2>&1 | tail -3")
+    assert installed["exit_code"] == 0 and "Successfully installed six" in installed["stdout"], installed
+    imported = shell(docker_client, run_id, "cd / && python3 -c 'import six; print(six.__file__)'")
+    assert imported["stdout"].strip() == f"{deps}/pip/six.py", imported
+    assert (deps / "pip" / "six.py").is_file()
+    npm = shell(docker_client, run_id, NPM_INDEX)
+    assert npm["exit_code"] == 0 and npm["stdout"].split() == ["is-number", "True"], npm
+
+    removed = docker_client.put(
+        f"/v1/admin/users/{user_id}/egress", json={"remove": ["registry.npmjs.org"]}, headers=admin_headers()
+    )
+    assert removed.status_code == 200 and "registry.npmjs.org" not in removed.json()["effective"]
+    refused = shell(docker_client, run_id, NPM_INDEX + " 2>&1 | tail -1")
+    assert "403" in refused["stdout"], refused
+
+    assert docker_service.egress is not None
+    docker_service.egress.flush_audit()
+    rows = [r for r in audit.entries(docker_service.store, action="egress_connection", limit=500) if r.runtime_user_id == user_id]
+    seen = {(r.detail["host"], r.detail["verdict"]) for r in rows}
+    assert {("pypi.org", "allowed"), ("files.pythonhosted.org", "allowed"), ("registry.npmjs.org", "allowed"),
+            ("registry.npmjs.org", "host_not_allowed")} <= seen, seen  # fmt: skip
+    allowed = [r for r in rows if r.detail["verdict"] == "allowed"]
+    assert all(r.detail["address"] and r.detail["bytes_down"] > 0 for r in allowed)
