@@ -25,12 +25,17 @@ from typing import Any, TextIO
 from orchestrator.client import ApiError, OrchestratorClient, RunContext, ToolResult, TransportError
 
 SMOKE_SKILL = "orch-smoke"
+SMOKE_PACKAGE = "cowsay"  # a small pure-Python wheel with a console script, installed from PyPI
 SKILL_WAIT_S = 10.0  # a skill written into the data dir is seen once the skills watcher reports it
 PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89"
 
 
 class CheckFailed(Exception):
     pass
+
+
+class CheckSkipped(Exception):
+    """The check does not apply to this server (printed as a SKIP line, not a failure)."""
 
 
 def expect(condition: object, message: str) -> None:
@@ -52,6 +57,7 @@ class CheckResult:
     name: str
     ok: bool
     detail: str = ""
+    skipped: bool = False
 
 
 @dataclass
@@ -114,6 +120,8 @@ class SmokeRun:
         try:
             detail = step() or ""
             result = CheckResult(name, True, detail)
+        except CheckSkipped as exc:
+            result = CheckResult(name, True, str(exc), skipped=True)
         except CheckFailed as exc:
             result = CheckResult(name, False, str(exc))
         except ApiError as exc:
@@ -121,7 +129,7 @@ class SmokeRun:
         except Exception as exc:  # noqa: BLE001 - a smoke reports, it does not crash
             result = CheckResult(name, False, f"{type(exc).__name__}: {exc}")
         self.results.append(result)
-        line = f"{'PASS' if result.ok else 'FAIL'} {name}"
+        line = f"{'SKIP' if result.skipped else 'PASS' if result.ok else 'FAIL'} {name}"
         if not result.ok and self.mode_note is not None and not result.detail.startswith(NOT_RUN):
             line += " (owner mode)"  # the NOTE above says why; a check that did not run failed earlier
         if result.detail:
@@ -184,6 +192,7 @@ class SmokeRun:
             ("B reads a skill's SKILL.md (no path escape)", self.b_reads_skill),
             ("B's skill link points into skill-views/B", self.b_skill_view),
             ("B installs a CLI into deps/B/npm/bin and runs it", self.b_installs_cli),
+            ("B installs a real package into deps/B/ through the egress proxy and runs it", self.b_installs_package),
             ("B's read_file of A's upload: container diagnostic, no URL", self.b_reads_a_upload),
             ("B's send_file of A's upload path: host pre-check gives the public URL", self.b_sends_a_upload_path),
             ("B's send_file by that URL succeeds with A's bytes", self.b_sends_by_url),
@@ -205,7 +214,9 @@ class SmokeRun:
         failed = [r for r in self.results if not r.ok]
         if failed and self.mode_note is not None:
             print(f"NOTE {len(failed)} failure(s) above are expected in owner mode: {self.mode_note}", file=self.out, flush=True)
-        print(f"{len(self.results) - len(failed)} passed, {len(failed)} failed", file=self.out, flush=True)
+        skipped = sum(r.skipped for r in self.results)
+        summary = f"{len(self.results) - len(failed) - skipped} passed, " + (f"{skipped} skipped, " if skipped else "")
+        print(f"{summary}{len(failed)} failed", file=self.out, flush=True)
         return 1 if failed else 0
 
     def health(self) -> str:
@@ -372,6 +383,24 @@ class SmokeRun:
         expect(f"{deps}/orch-smoke-cli" in result["stdout"], f"not found on PATH: {result['stdout'][-300:]}")
         expect(f"smoke-cli-{self.nonce}" in result["stdout"], "the CLI did not run")
         return f"{deps}/orch-smoke-cli"
+
+    def b_installs_package(self) -> str:
+        egress = self.client.health().egress or {"mode": "off"}
+        if egress.get("mode") == "off":
+            raise CheckSkipped("the server says egress is off (ORCH_EGRESS=off): sandboxes have no way out")
+        run = need(self.b_run, "B's run")
+        target = f"{self.data_root(run)}/deps/{self.b}/pip"
+        result = self.ok(
+            run,
+            "shell",
+            command=f"python3 -m pip install --quiet --target {target} {SMOKE_PACKAGE} 2>&1 | tail -5"
+            f" && command -v {SMOKE_PACKAGE} && {SMOKE_PACKAGE} -t smoke-{self.nonce}",
+            timeout_s=300,
+        )
+        expect(result["exit_code"] == 0, f"exit {result['exit_code']}: {result['stdout'][-400:]} {result['stderr'][-300:]}")
+        expect(f"{target}/bin/{SMOKE_PACKAGE}" in result["stdout"], f"not installed on PATH: {result['stdout'][-400:]}")
+        expect(f"smoke-{self.nonce}" in result["stdout"], f"{SMOKE_PACKAGE} did not run: {result['stdout'][-400:]}")
+        return f"{SMOKE_PACKAGE} from PyPI in {target}"
 
     def b_reads_a_upload(self) -> str:
         run, upload = need(self.b_run, "B's run"), need(self.a_upload, "A's artifact")

@@ -30,6 +30,7 @@ class Health(Model):
     backend: str
     runtime_identity: str
     runtime_identity_source: str | None = None
+    egress: dict[str, Any] | None = None  # {"mode": "off" | "allowlist", ...} (docs/egress.md)
 
 
 class User(Model):

@@ -31,7 +31,7 @@ from tests.live_server import free_port, live_server, serve_process, wait_for_he
 
 REPO = Path(__file__).resolve().parents[2]
 ORCHESTRATOR = Path(sys.executable).parent / "orchestrator"  # the venv's console script, as the README uses it
-CHECKS = 21
+CHECKS = 22
 
 
 def run_smoke_command(
@@ -182,3 +182,21 @@ def test_the_smoke_against_no_server_prints_one_line_and_fails() -> None:
     assert result.returncode == 2, result
     assert result.stdout.splitlines() == [result.stdout.strip()] and "FAIL" not in result.stdout, result.stdout
     assert result.stdout.startswith(f"cannot reach {url}: ") and "orchestrator serve" in result.stdout
+
+
+def test_with_egress_off_the_smoke_skips_the_package_install_with_a_clear_line(agent_data_dir: Path) -> None:
+    port = free_port()
+    settings = make_settings(agent_data_dir, public_base_url=f"http://127.0.0.1:{port}", egress="off")
+    service = OrchestratorService(settings)
+    out = io.StringIO()
+    try:
+        with live_server(create_app(service), port) as url, OrchestratorClient(url, token=API_TOKEN, admin_token=ADMIN_TOKEN) as client:
+            # Users within any uid block a test run is given (ORCH_MAX_USER_ID may be small).
+            code = run_smoke(client, SmokeOptions(owner_user_id=417, member_user_id=467), out)
+    finally:
+        service.close()
+    report = out.getvalue()
+    assert code == 0, report
+    (skip,) = [line for line in report.splitlines() if line.startswith("SKIP")]
+    assert skip.startswith("SKIP B installs a real package into deps/B/ through the egress proxy") and "egress is off" in skip
+    assert report.splitlines()[-1] == f"{CHECKS - 1} passed, 1 skipped, 0 failed", report
