@@ -268,3 +268,49 @@ def test_a_bwrap_sandbox_has_only_loopback_and_the_forwarder(upstream: int) -> N
         assert env["result"]["stdout"].startswith("http://127.0.0.1:3128\n"), env
         assert "proxy = http://127.0.0.1:3128" in env["result"]["stdout"]
         assert "https-proxy=http://127.0.0.1:3128" in env["result"]["stdout"]
+
+
+def test_only_the_users_own_sandbox_uid_is_served_on_its_socket(loopback_allowed: Served, upstream: int) -> None:
+    import socket
+
+    client, service = loopback_allowed
+    put_rules(client, 72, allow=[f"127.0.0.1:{upstream}"])
+    run_id = web_run(client, 72)
+    assert through_proxy(client, run_id, "get", f"127.0.0.1:{upstream}/hello")["status"] == 200
+    # This test runs as root, which may enter the directory but is not 72's sandbox uid.
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(5)
+        sock.connect(str(service.layout.egress_socket_path(72)))
+        try:
+            sock.sendall(f"GET http://127.0.0.1:{upstream}/hello HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            answer = sock.recv(65536)
+        except (BrokenPipeError, ConnectionResetError):
+            answer = b""
+        assert answer == b""  # closed unanswered: nothing was relayed
+    rows = egress_rows(service, 72, "")
+    assert [(r.detail["verdict"], r.detail["reason"]) for r in rows] == [("peer_refused", "peer_uid_0")], rows
+
+
+def test_a_socket_the_sandbox_replaced_by_a_link_or_a_directory_is_made_again_without_following(
+    loopback_allowed: Served, upstream: int, tmp_path: Path
+) -> None:
+    import time
+
+    from orchestrator.egress import service as egress_service
+
+    client, service = loopback_allowed
+    put_rules(client, 73, allow=[f"127.0.0.1:{upstream}"])
+    run_id = web_run(client, 73)
+    assert through_proxy(client, run_id, "get", f"127.0.0.1:{upstream}/hello")["status"] == 200
+    victim = tmp_path / "victim"
+    victim.write_text("root's file\n")
+    os.chmod(tmp_path, 0o755)
+    socket_path = service.layout.egress_socket_path(73)
+    for plant in (f"ln -s {victim} {socket_path}", f"mkdir {socket_path} && touch {socket_path}/inside"):
+        planted = tool(client, run_id, "shell", command=f"rm -rf {socket_path} && {plant} && echo planted")
+        assert planted["result"]["stdout"].strip() == "planted", planted
+        time.sleep(egress_service.RECHECK_S + 0.2)
+        got = through_proxy(client, run_id, "get", f"127.0.0.1:{upstream}/hello")  # this call rebinds
+        assert got["status"] == 200 and got["body"] == HELLO.decode(), got
+        assert victim.read_text() == "root's file\n" and not victim.is_symlink()
+        assert socket_path.is_socket()
