@@ -1,6 +1,6 @@
 """The sandbox's end of controlled egress (docs/egress.md): a tiny TCP forwarder on
-127.0.0.1:{port} that relays every connection, byte for byte, to the orchestrator's proxy on
-the user's Unix socket. It decides nothing: the proxy on the host knows the user from the
+127.0.0.1:{port} that hands every connection it accepts to the orchestrator's proxy on the
+user's Unix socket (sandbox_agent/relay.py: the proxy then relays it). It decides nothing: the proxy on the host knows the user from the
 socket and applies the policy. Also the proxy settings the user's tools read: environment
 variables for shells and pip's and npm's config files in HOME (no secret in any of them).
 """
@@ -14,11 +14,11 @@ import socket
 import threading
 from pathlib import Path
 
+from sandbox_agent.relay import send_connection
 from sandbox_agent.wire import EgressConfig
 
 log = logging.getLogger("sandbox_agent.egress")
 
-CHUNK = 256 * 1024
 MANAGED_MARK = "managed by the sandbox agent (egress proxy); rewritten at every agent start"
 
 
@@ -36,46 +36,47 @@ class Forwarder:
         threading.Thread(target=self._run, name="egress-forwarder", daemon=True).start()
 
     def _run(self) -> None:
-        async def main() -> None:
-            server = await asyncio.start_server(self._relay, sock=self._sock)
-            async with server:
-                await server.serve_forever()
-
         try:
-            asyncio.run(main())
+            asyncio.run(self._serve())
         except Exception:
             log.exception("egress forwarder stopped")
 
-    async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        try:
-            up_r, up_w = await asyncio.open_unix_connection(self.config.socket_path, limit=CHUNK)
-        except OSError as exc:
-            body = (
-                f"The egress proxy is not reachable from this sandbox ({exc.strerror}); "
-                "it comes back with the next tool call. Retry then.\n"
-            ).encode()
-            client_w.write(
-                b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\n"
-                + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-            )
-            client_w.close()
-            return
-
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _serve(self) -> None:
+        loop = asyncio.get_running_loop()
+        running: set[asyncio.Task[None]] = set()  # referenced, so no relay is collected mid-way
+        while True:
             try:
-                while data := await src.read(CHUNK):
-                    dst.write(data)
-                    await dst.drain()
-                if dst.can_write_eof():
-                    dst.write_eof()
-            except OSError:
-                pass
+                conn, _ = await loop.sock_accept(self._sock)
+            except OSError as exc:  # out of fds (the user's own processes): back off
+                log.warning("egress forwarder accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = asyncio.ensure_future(self._relay(conn))
+            running.add(task)
+            task.add_done_callback(running.discard)
 
+    async def _relay(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        conn.setblocking(False)
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.setblocking(False)
         try:
-            await asyncio.gather(pump(client_r, up_w), pump(up_r, client_w))
+            try:
+                await loop.sock_connect(upstream, self.config.socket_path)
+            except OSError as exc:
+                body = (
+                    f"The egress proxy is not reachable from this sandbox ({exc.strerror}); "
+                    "it comes back with the next tool call. Retry then.\n"
+                ).encode()
+                head = f"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+                await loop.sock_sendall(conn, head.encode() + body)
+                return
+            send_connection(upstream, conn)  # the proxy relays it from here on
+        except OSError:
+            pass
         finally:
-            client_w.close()
-            up_w.close()
+            conn.close()
+            upstream.close()
 
 
 def proxy_environment(port: int, ca_file: str | None) -> dict[str, str]:

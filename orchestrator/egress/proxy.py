@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.log import kv
+from sandbox_agent.relay import RelayIdle, receive_connection, relay
 from orchestrator.egress.caps import CapExceeded, ConnectionMeter, UserCaps
 from orchestrator.egress.policy import (
     Decision,
@@ -34,7 +35,6 @@ from orchestrator.egress.policy import (
 
 log = logging.getLogger(__name__)
 
-CHUNK = 256 * 1024
 HOP_BY_HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IpAddress]]]
@@ -123,6 +123,46 @@ def origin_request(head: RequestHead, path: str) -> bytes:
     return b"\r\n".join([f"{head.method} {path} {head.version}".encode(), *kept, b"Connection: close", b"", b""])
 
 
+async def read_head(conn: socket.socket, already: bytes, *, max_bytes: int) -> tuple[bytes, bytes]:
+    """The request head (through the blank line) and whatever the client sent after it."""
+    loop = asyncio.get_running_loop()
+    buffer = already
+    while True:
+        cut = buffer.find(b"\r\n\r\n")
+        if cut >= 0:
+            return buffer[: cut + 4], buffer[cut + 4 :]
+        if len(buffer) >= max_bytes:
+            raise _Refused(431, "bad_request", "head_too_large", "The request head is too large.")
+        chunk = await loop.sock_recv(conn, max_bytes - len(buffer))
+        if not chunk:
+            raise _Refused(400, "bad_request", "no_head", "No complete request head arrived.")
+        buffer += chunk
+
+
+async def serve_unix(listening: socket.socket, handle: Callable[[socket.socket], Awaitable[None]]) -> None:
+    """Accept on a bound, listening Unix socket until cancelled; one task a connection (kept
+    referenced here, so none is collected while it waits)."""
+    loop = asyncio.get_running_loop()
+    listening.setblocking(False)
+    running: set[asyncio.Task[None]] = set()
+    try:
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(listening)
+            except OSError as exc:  # EMFILE and the like: back off instead of spinning
+                log.warning("egress accept failed %s", kv(error=exc))
+                await asyncio.sleep(0.1)
+                continue
+            conn.setblocking(False)
+            task = asyncio.ensure_future(handle(conn))
+            running.add(task)
+            task.add_done_callback(running.discard)
+    finally:
+        for task in running:
+            task.cancel()
+        listening.close()
+
+
 class EgressProxy:
     def __init__(
         self,
@@ -133,6 +173,7 @@ class EgressProxy:
         allow_loopback: bool,
         timeouts: ProxyTimeouts = ProxyTimeouts(),
         resolver: Resolver = system_resolver,
+        head_max_bytes: int = 16 * 1024,
     ) -> None:
         self._allow_for = allow_for
         self._caps_for = caps_for
@@ -140,29 +181,43 @@ class EgressProxy:
         self._allow_loopback = allow_loopback
         self._timeouts = timeouts
         self._resolver = resolver
+        self._head_max = head_max_bytes
 
     async def handle(
         self,
         user_id: int,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        unix: socket.socket,
         *,
         context: tuple[str | None, str | None] = (None, None),
     ) -> None:
+        """Serve one connection of `user_id` (the listener's user) and close it: the client the
+        forwarder handed over on `unix`, or `unix` itself."""
+        try:
+            conn, already = await asyncio.wait_for(receive_connection(unix), self._timeouts.head_s)
+        except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            unix.close()
+            log.warning("egress handoff refused %s", kv(user=user_id, error=exc or type(exc).__name__))
+            return
+        await self._serve(user_id, conn, already, context)
+
+    async def _serve(
+        self, user_id: int, conn: socket.socket, already: bytes, context: tuple[str | None, str | None]
+    ) -> None:
+        loop = asyncio.get_running_loop()
         started = time.monotonic()
         method, host, port, address = "?", "", 0, None
         verdict, reason = "allowed", "ok"
         caps = self._caps_for(user_id)
         meter = ConnectionMeter(caps)
         admitted = False
-        upstream: asyncio.StreamWriter | None = None
+        upstream: socket.socket | None = None
         try:
             try:
-                raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._timeouts.head_s)
-            except (asyncio.LimitOverrunError, ValueError):
-                raise _Refused(431, "bad_request", "head_too_large", "The request head is too large.") from None
-            except (asyncio.IncompleteReadError, asyncio.TimeoutError):
-                raise _Refused(400, "bad_request", "no_head", "No complete request head arrived.") from None
+                raw, rest = await asyncio.wait_for(
+                    read_head(conn, already, max_bytes=self._head_max), self._timeouts.head_s
+                )
+            except asyncio.TimeoutError:
+                raise _Refused(400, "bad_request", "no_head", "No complete request head arrived in time.") from None
             try:
                 head = parse_head(raw)
                 method = head.method
@@ -186,32 +241,41 @@ class EgressProxy:
             usable, decision = decide_addresses(addresses, allow_loopback=self._allow_loopback)
             if not decision.allowed:
                 raise _Refused(403, decision.verdict.value, decision.reason, refusal_message(host, port, user_id, allow, decision))
-            up_reader, upstream, address = await self._connect(host, port, usable)
+            upstream, address = await self._connect(host, port, usable)
             if method == "CONNECT":
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await loop.sock_sendall(conn, b"HTTP/1.1 200 Connection established\r\n\r\n")
+                first = rest
             else:
-                request = origin_request(head, path)
-                meter.charge(len(request), upstream=True)
-                upstream.write(request)
-            await self._relay(reader, writer, up_reader, upstream, meter)
+                first = origin_request(head, path) + rest
+            if first:
+                meter.charge(len(first), upstream=True)
+                await loop.sock_sendall(upstream, first)
+            stopped = await relay(
+                conn, upstream, on_bytes=lambda n, up: meter.charge(n, upstream=up), idle_s=self._timeouts.idle_s
+            )
             if meter.cut is not None:
                 verdict, reason = "cut", meter.cut.code
                 log.warning("egress connection cut %s", kv(user=user_id, host=host, code=meter.cut.code, why=str(meter.cut)))
+            elif isinstance(stopped, RelayIdle):
+                verdict, reason = "cut", "idle"
         except _Refused as refusal:
             verdict, reason = refusal.verdict, refusal.reason
             try:
-                writer.write(refusal_response(refusal.status, refusal.reason, refusal.message))
-                await asyncio.wait_for(writer.drain(), 5)
+                await asyncio.wait_for(
+                    loop.sock_sendall(conn, refusal_response(refusal.status, refusal.reason, refusal.message)), 5
+                )
             except (OSError, asyncio.TimeoutError):
                 pass
+        except CapExceeded as exc:  # the first bytes alone passed a cap
+            verdict, reason = "cut", exc.code
         except (OSError, asyncio.TimeoutError) as exc:
             verdict, reason = "upstream_failed", type(exc).__name__
         finally:
             if admitted:
                 caps.release()
-            for w in (writer, upstream):
-                if w is not None:
-                    w.close()
+            for sock in (conn, upstream):
+                if sock is not None:
+                    sock.close()
             session_id, run_id = context
             self._report(
                 ConnectionRecord(
@@ -233,61 +297,23 @@ class EgressProxy:
             raise _Refused(502, "upstream_failed", "dns", f"Egress to {host}:{port}: the name has no address.")
         return found
 
-    async def _connect(
-        self, host: str, port: int, usable: Sequence[IpAddress]
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str]:
+    async def _connect(self, host: str, port: int, usable: Sequence[IpAddress]) -> tuple[socket.socket, str]:
+        loop = asyncio.get_running_loop()
         last: Exception | None = None
         for address in usable:
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.setblocking(False)
             try:
                 # The checked address itself, never the name again: no second lookup to rebind.
-                r, w = await asyncio.wait_for(
-                    asyncio.open_connection(str(address), port, limit=CHUNK), self._timeouts.connect_s
-                )
-                return r, w, str(address)
+                await asyncio.wait_for(loop.sock_connect(sock, (str(address), port)), self._timeouts.connect_s)
+                return sock, str(address)
             except (OSError, asyncio.TimeoutError) as exc:
+                sock.close()
                 last = exc
-        raise _Refused(502, "upstream_failed", "connect", f"Egress to {host}:{port}: the upstream did not accept a connection ({last}).")
-
-    async def _relay(
-        self,
-        client_r: asyncio.StreamReader,
-        client_w: asyncio.StreamWriter,
-        up_r: asyncio.StreamReader,
-        up_w: asyncio.StreamWriter,
-        meter: ConnectionMeter,
-    ) -> None:
-        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, upstream: bool) -> None:
-            try:
-                while True:
-                    data = await asyncio.wait_for(src.read(CHUNK), self._timeouts.idle_s)
-                    if not data:
-                        break
-                    meter.charge(len(data), upstream=upstream)
-                    dst.write(data)
-                    await dst.drain()
-            except CapExceeded:
-                return
-            except (OSError, asyncio.TimeoutError):
-                return
-            finally:
-                if meter.cut is None and dst.can_write_eof():
-                    try:
-                        dst.write_eof()  # half-close: the other direction may still be talking
-                    except OSError:
-                        pass
-
-        tasks = [asyncio.create_task(pump(client_r, up_w, True)), asyncio.create_task(pump(up_r, client_w, False))]
-        try:
-            while tasks:
-                done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-                tasks = list(pending)
-                if meter.cut is not None:
-                    for t in tasks:
-                        t.cancel()
-                    break
-        finally:
-            for t in tasks:
-                t.cancel()
+        raise _Refused(
+            502, "upstream_failed", "connect", f"Egress to {host}:{port}: the upstream did not accept a connection ({last})."
+        )
 
 
-__all__ = ["ConnectionRecord", "Decision", "EgressProxy", "ProxyTimeouts", "Verdict", "refusal_response"]
+__all__ = ["ConnectionRecord", "Decision", "EgressProxy", "ProxyTimeouts", "Verdict", "refusal_response", "serve_unix"]

@@ -31,7 +31,7 @@ from mounts.layout import EGRESS_SOCKET_FILE, EGRESS_STAGING_DIR, DataLayout
 from orchestrator import audit
 from orchestrator.egress.caps import CapLimits, UserCaps
 from orchestrator.egress.policy import parse_patterns, split_allow_setting
-from orchestrator.egress.proxy import ConnectionRecord, EgressProxy, ProxyTimeouts
+from orchestrator.egress.proxy import ConnectionRecord, EgressProxy, ProxyTimeouts, serve_unix
 from orchestrator.egress.rules import EgressRules
 from orchestrator.log import kv
 from orchestrator.settings import Settings
@@ -49,7 +49,7 @@ _PEERCRED = struct.Struct("3i")
 
 @dataclass
 class _Listener:
-    server: asyncio.AbstractServer
+    task: asyncio.Future[None]
     dev_ino: tuple[int, int]
     checked_at: float
 
@@ -81,6 +81,7 @@ class EgressService:
             report=self._report,
             allow_loopback=settings.egress_allow_loopback,
             timeouts=ProxyTimeouts(connect_s=settings.egress_connect_timeout_s),
+            head_max_bytes=HEAD_MAX_BYTES,
         )
 
     # --- the loop -------------------------------------------------------------------------
@@ -143,15 +144,13 @@ class EgressService:
         sock, dev_ino = self._bind(user_id)
         expected_uid = self.directories.sandbox_uid(user_id) if self.directories.chown else os.geteuid()
 
-        async def start() -> asyncio.AbstractServer:
+        async def start() -> asyncio.Future[None]:
             if replacing is not None:
-                replacing.server.close()
-            return await asyncio.start_unix_server(
-                lambda r, w: self._on_connection(user_id, expected_uid, r, w), sock=sock, limit=HEAD_MAX_BYTES
-            )
+                replacing.task.cancel()
+            return asyncio.ensure_future(serve_unix(sock, lambda conn: self._on_connection(user_id, expected_uid, conn)))
 
-        server = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-        self._listeners[user_id] = _Listener(server, dev_ino, time.monotonic())
+        task = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+        self._listeners[user_id] = _Listener(task, dev_ino, time.monotonic())
         log.info("egress listener up %s", kv(user=user_id, socket=self.layout.egress_socket_path(user_id)))
 
     def _bind(self, user_id: int) -> tuple[socket.socket, tuple[int, int]]:
@@ -199,24 +198,21 @@ class EgressService:
         sock.setblocking(False)
         return sock, (st.st_dev, st.st_ino)
 
-    async def _on_connection(
-        self, user_id: int, expected_uid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        sock = writer.get_extra_info("socket")
+    async def _on_connection(self, user_id: int, expected_uid: int, conn: socket.socket) -> None:
         try:
-            _, peer_uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+            _, peer_uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
         except OSError:
             peer_uid = -1
         if peer_uid != expected_uid:
             # Not this user's sandbox (only root and the uid itself can enter the directory).
-            writer.close()
+            conn.close()
             self._report(
                 ConnectionRecord(user_id=user_id, session_id=None, run_id=None, method="?", host="", port=0,
                                  address=None, verdict="peer_refused", reason=f"peer_uid_{peer_uid}",
                                  bytes_up=0, bytes_down=0, duration_ms=0)
             )  # fmt: skip
             return
-        await self.proxy.handle(user_id, reader, writer, context=self._context.get(user_id, (None, None)))
+        await self.proxy.handle(user_id, conn, context=self._context.get(user_id, (None, None)))
 
     # --- audit ----------------------------------------------------------------------------
 
@@ -276,7 +272,7 @@ class EgressService:
 
         async def stop() -> None:
             for listener in listeners.values():
-                listener.server.close()
+                listener.task.cancel()
 
         try:
             asyncio.run_coroutine_threadsafe(stop(), loop).result(5)

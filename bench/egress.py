@@ -1,0 +1,199 @@
+"""Egress proxy figures (docs/egress.md): a large download from a loopback upstream through
+the whole way out (in-sandbox forwarder on TCP -> the user's Unix socket -> the proxy -> the
+upstream) against the same download directly, in one run, and the latency a CONNECT adds.
+
+usage: .venv/bin/python bench/egress.py [--mib 256] [--connects 300]
+Prints `name: value unit` lines. Only 127.0.0.1 is contacted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.egress.caps import CapLimits, UserCaps  # noqa: E402
+from orchestrator.egress.policy import parse_patterns  # noqa: E402
+from orchestrator.egress.proxy import EgressProxy, serve_unix  # noqa: E402
+
+BLOCK = b"x" * (1 << 20)
+
+
+FORWARDER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from sandbox_agent.egress_forwarder import Forwarder
+from sandbox_agent.wire import EgressConfig
+f = Forwarder(EgressConfig(socket_path=sys.argv[2], port=0))
+f.start()
+print(f.port, flush=True)
+time.sleep(3600)
+"""
+
+UPSTREAM = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from bench.egress import upstream_server
+import time
+print(upstream_server(), flush=True)
+time.sleep(3600)
+"""
+
+
+def in_process_of_its_own(code: str, *args: str) -> tuple[subprocess.Popen, int]:
+    """The forwarder runs in the sandbox's agent and the upstream somewhere else: processes of
+    their own here too, so the figures are not one interpreter's lock contention."""
+    root = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.Popen([sys.executable, "-c", code, root, *args], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, int(proc.stdout.readline())
+
+
+def upstream_server() -> int:
+    """A raw HTTP upstream: `GET /N` answers N bytes as fast as the kernel takes them."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(512)
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            n = int(head.split(b" ")[1].lstrip(b"/") or b"0")
+            conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n".encode())
+            while n > 0:
+                conn.sendall(BLOCK[: min(n, len(BLOCK))])
+                n -= len(BLOCK)
+
+    def accept() -> None:
+        while True:
+            conn, _ = server.accept()
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server.getsockname()[1]
+
+
+def start_proxy(socket_path: str, upstream: int) -> None:
+    """The real proxy code on a loop of its own, as the orchestrator runs it."""
+    limits = CapLimits(max_connections=10_000, bytes_per_connection=1 << 40, bytes_per_day=1 << 50)
+    caps = UserCaps(limits)
+    proxy = EgressProxy(
+        allow_for=lambda _uid: parse_patterns([f"127.0.0.1:{upstream}"]),
+        caps_for=lambda _uid: caps,
+        report=lambda _record: None,
+        allow_loopback=True,
+    )
+    ready = threading.Event()
+
+    def run() -> None:
+        async def main() -> None:
+            listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listening.bind(socket_path)
+            listening.listen(512)
+            ready.set()
+            await serve_unix(listening, lambda conn: proxy.handle(1, conn))
+
+        asyncio.run(main())
+
+    threading.Thread(target=run, daemon=True).start()
+    ready.wait(10)
+
+
+def read_response(sock: socket.socket) -> int:
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+    got = 0
+    while got < length:
+        n = sock.recv_into(view)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def tunnel(port: int, upstream: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return sock
+
+
+def download_mib_s(sock: socket.socket, size: int) -> float:
+    start = time.perf_counter()
+    sock.sendall(f"GET /{size} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    got = read_response(sock)
+    seconds = time.perf_counter() - start
+    assert got == size, (got, size)
+    sock.close()
+    return size / (1 << 20) / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mib", type=int, default=256)
+    parser.add_argument("--connects", type=int, default=300)
+    args = parser.parse_args()
+    size = args.mib << 20
+    upstream_proc, upstream = in_process_of_its_own(UPSTREAM)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/egress.sock"
+        start_proxy(path, upstream)
+        forwarder_proc, forwarder_port = in_process_of_its_own(FORWARDER, path)
+        try:
+            measure(args, size, upstream, forwarder_port)
+        finally:
+            for proc in (forwarder_proc, upstream_proc):
+                proc.kill()
+                proc.wait()
+
+
+def measure(args: argparse.Namespace, size: int, upstream: int, forwarder_port: int) -> None:
+    if True:
+        direct, proxied = [], []
+        for _ in range(3):  # interleaved: both see the same machine load
+            direct.append(download_mib_s(socket.create_connection(("127.0.0.1", upstream)), size))
+            proxied.append(download_mib_s(tunnel(forwarder_port, upstream), size))
+        d, p = statistics.median(direct), statistics.median(proxied)
+        print(f"download_{args.mib}mib_direct: {d:.0f} MiB/s")
+        print(f"download_{args.mib}mib_through_proxy: {p:.0f} MiB/s")
+        print(f"download_throughput_ratio: {p / d:.2f} x")
+
+        connect_direct, connect_proxied = [], []
+        for _ in range(args.connects):
+            start = time.perf_counter()
+            socket.create_connection(("127.0.0.1", upstream)).close()
+            connect_direct.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            tunnel(forwarder_port, upstream).close()
+            connect_proxied.append(time.perf_counter() - start)
+        added = sorted(p - d for p, d in zip(sorted(connect_proxied), sorted(connect_direct)))
+        q = statistics.quantiles(connect_proxied, n=100)
+        print(f"connect_direct_median: {statistics.median(connect_direct) * 1000:.3f} ms")
+        print(f"connect_through_proxy_median: {statistics.median(connect_proxied) * 1000:.3f} ms")
+        print(f"connect_through_proxy_p99: {q[98] * 1000:.3f} ms")
+        print(f"connect_added_median: {statistics.median(added) * 1000:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
