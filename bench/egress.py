@@ -9,6 +9,7 @@ Prints `name: value unit` lines. Only 127.0.0.1 is contacted.
 from __future__ import annotations
 
 import argparse
+import os
 import asyncio
 import socket
 import statistics
@@ -139,14 +140,16 @@ def tunnel(port: int, upstream: int) -> socket.socket:
     return sock
 
 
-def download_mib_s(sock: socket.socket, size: int) -> float:
+def download_mib_s(sock: socket.socket, size: int) -> tuple[float, float]:
+    """(MiB/s, CPU seconds this process spent: the client, plus the proxy when it is in the way)."""
+    cpu = time.process_time()
     start = time.perf_counter()
     sock.sendall(f"GET /{size} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     got = read_response(sock)
     seconds = time.perf_counter() - start
     assert got == size, (got, size)
     sock.close()
-    return size / (1 << 20) / seconds
+    return size / (1 << 20) / seconds, time.process_time() - cpu
 
 
 def main() -> None:
@@ -171,13 +174,16 @@ def main() -> None:
 def measure(args: argparse.Namespace, size: int, upstream: int, forwarder_port: int) -> None:
     if True:
         direct, proxied = [], []
-        for _ in range(3):  # interleaved: both see the same machine load
+        for _ in range(5):  # interleaved: both see the same machine load
             direct.append(download_mib_s(socket.create_connection(("127.0.0.1", upstream)), size))
             proxied.append(download_mib_s(tunnel(forwarder_port, upstream), size))
-        d, p = statistics.median(direct), statistics.median(proxied)
+        d, p = statistics.median(r for r, _ in direct), statistics.median(r for r, _ in proxied)
+        proxy_cpu = statistics.median(c for _, c in proxied) - statistics.median(c for _, c in direct)
         print(f"download_{args.mib}mib_direct: {d:.0f} MiB/s")
         print(f"download_{args.mib}mib_through_proxy: {p:.0f} MiB/s")
         print(f"download_throughput_ratio: {p / d:.2f} x")
+        print(f"proxy_cpu_per_gib: {proxy_cpu / (size / (1 << 30)) * 1000:.0f} ms")
+        print(f"load_average_1min: {os.getloadavg()[0]:.1f} (on {os.cpu_count()} cores)")
 
         connect_direct, connect_proxied = [], []
         for _ in range(args.connects):
