@@ -73,12 +73,14 @@ class ConnectionMeter:
     up: int = 0
     down: int = 0
     cut: CapExceeded | None = field(default=None)
+    delivered_down: int = 0  # downstream bytes passed on: all charged before the cut's chunk
 
     def charge(self, n: int, *, upstream: bool) -> None:
         """Count `n` bytes; raises CapExceeded once a cap is passed (the relay then cuts)."""
         if upstream:
             self.up += n
         else:
+            self.delivered_down = self.down  # the relay writes a chunk out before it reads the next
             self.down += n
         caps = self.caps
         caps._roll()

@@ -256,6 +256,11 @@ class EgressProxy:
             if meter.cut is not None:
                 verdict, reason = "cut", meter.cut.code
                 log.warning("egress connection cut %s", kv(user=user_id, host=host, code=meter.cut.code, why=str(meter.cut)))
+                if method != "CONNECT" and meter.delivered_down == 0:
+                    # Nothing of the answer reached the client yet: it can still read why.
+                    # (In a CONNECT tunnel any byte of ours would be taken for TLS.)
+                    message = f"Egress to {host}:{port}: {meter.cut}; ask an admin to raise the cap."
+                    await asyncio.wait_for(loop.sock_sendall(conn, refusal_response(403, reason, message)), 5)
             elif isinstance(stopped, RelayIdle):
                 verdict, reason = "cut", "idle"
         except _Refused as refusal:
@@ -273,10 +278,8 @@ class EgressProxy:
         finally:
             if admitted:
                 caps.release()
-            for sock in (conn, upstream):
-                if sock is not None:
-                    sock.close()
             session_id, run_id = context
+            # Reported before the close: whoever sees the close finds the row on its way.
             self._report(
                 ConnectionRecord(
                     user_id=user_id, session_id=session_id, run_id=run_id, method=method, host=host, port=port,
@@ -284,6 +287,9 @@ class EgressProxy:
                     duration_ms=int((time.monotonic() - started) * 1000),
                 )
             )  # fmt: skip
+            for sock in (conn, upstream):
+                if sock is not None:
+                    sock.close()
 
     async def _resolve(self, host: str, port: int) -> Sequence[IpAddress]:
         literal = literal_address(host)

@@ -205,12 +205,13 @@ class EgressService:
             peer_uid = -1
         if peer_uid != expected_uid:
             # Not this user's sandbox (only root and the uid itself can enter the directory).
-            conn.close()
+            # Reported before the close: whoever sees the close finds the row on its way.
             self._report(
                 ConnectionRecord(user_id=user_id, session_id=None, run_id=None, method="?", host="", port=0,
                                  address=None, verdict="peer_refused", reason=f"peer_uid_{peer_uid}",
                                  bytes_up=0, bytes_down=0, duration_ms=0)
             )  # fmt: skip
+            conn.close()
             return
         await self.proxy.handle(user_id, conn, context=self._context.get(user_id, (None, None)))
 
