@@ -73,11 +73,18 @@ def upstream_server() -> int:
                 if not chunk:
                     return
                 head += chunk
-            n = int(head.split(b" ")[1].lstrip(b"/") or b"0")
+            target = head.split(b" ")[1].lstrip(b"/").decode()
+            size, _, rate = target.partition("@")  # /N or /N@MiB-per-second (a paced upstream)
+            n = int(size or 0)
+            pace = 1 / int(rate) if rate else 0.0
             conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n".encode())
+            start, sent = time.perf_counter(), 0
             while n > 0:
                 conn.sendall(BLOCK[: min(n, len(BLOCK))])
                 n -= len(BLOCK)
+                sent += 1
+                if pace:
+                    time.sleep(max(0.0, start + sent * pace - time.perf_counter()))
 
     def accept() -> None:
         while True:
@@ -140,11 +147,12 @@ def tunnel(port: int, upstream: int) -> socket.socket:
     return sock
 
 
-def download_mib_s(sock: socket.socket, size: int) -> tuple[float, float]:
+def download_mib_s(sock: socket.socket, size: int, rate: int | None = None) -> tuple[float, float]:
     """(MiB/s, CPU seconds this process spent: the client, plus the proxy when it is in the way)."""
     cpu = time.process_time()
     start = time.perf_counter()
-    sock.sendall(f"GET /{size} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    target = f"{size}@{rate}" if rate else str(size)
+    sock.sendall(f"GET /{target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
     got = read_response(sock)
     seconds = time.perf_counter() - start
     assert got == size, (got, size)
@@ -184,6 +192,14 @@ def measure(args: argparse.Namespace, size: int, upstream: int, forwarder_port: 
         print(f"download_throughput_ratio: {p / d:.2f} x")
         print(f"proxy_cpu_per_gib: {proxy_cpu / (size / (1 << 30)) * 1000:.0f} ms")
         print(f"load_average_1min: {os.getloadavg()[0]:.1f} (on {os.cpu_count()} cores)")
+
+        # A registry download is paced by the network, not by loopback: the same at 100 MiB/s.
+        paced = 64 << 20
+        slow_direct = statistics.median(download_mib_s(socket.create_connection(("127.0.0.1", upstream)), paced, 100)[0] for _ in range(2))
+        slow_proxied = statistics.median(download_mib_s(tunnel(forwarder_port, upstream), paced, 100)[0] for _ in range(2))
+        print(f"download_paced_100mibs_direct: {slow_direct:.0f} MiB/s")
+        print(f"download_paced_100mibs_through_proxy: {slow_proxied:.0f} MiB/s")
+        print(f"download_paced_throughput_ratio: {slow_proxied / slow_direct:.2f} x")
 
         connect_direct, connect_proxied = [], []
         for _ in range(args.connects):

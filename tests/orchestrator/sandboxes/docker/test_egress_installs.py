@@ -65,3 +65,14 @@ def test_pip_installs_into_deps_through_the_proxy_and_npm_reaches_its_registry(
             ("registry.npmjs.org", "host_not_allowed")} <= seen, seen  # fmt: skip
     allowed = [r for r in rows if r.detail["verdict"] == "allowed"]
     assert all(r.detail["address"] and r.detail["bytes_down"] > 0 for r in allowed)
+
+
+def test_healthz_says_where_egress_is_not_enforced(docker_data_dir, sandbox_image: str) -> None:  # type: ignore[no-untyped-def]
+    from tests.agent_env import serving
+    from tests.orchestrator.sandboxes.docker.conftest import docker_settings
+
+    with serving(docker_settings(docker_data_dir, sandbox_image, backend="auto", sandbox_network="bridge")) as (client, _):
+        egress = client.get("/healthz").json()["egress"]
+    assert egress["mode"] == "allowlist" and egress["enforced"]["docker"] is False, egress
+    assert "not enforced for docker" in egress["warning"], egress
+    assert egress["allow_default"] == ["pypi.org", "*.pythonhosted.org", "registry.npmjs.org"]
