@@ -33,6 +33,17 @@ class Health(Model):
     egress: dict[str, Any] | None = None  # {"mode": "off" | "allowlist", ...} (docs/egress.md)
 
 
+class EgressRules(Model):
+    """A user's egress allow list (docs/egress.md)."""
+
+    user_id: int
+    mode: str
+    allow: list[str]
+    remove: list[str]
+    defaults: list[str]
+    effective: list[str]
+
+
 class User(Model):
     user_id: int
     display_name: str | None

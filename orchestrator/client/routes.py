@@ -10,7 +10,7 @@ the server's is the one the requests really use.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote, unquote
@@ -25,6 +25,7 @@ from orchestrator.client.models import (
     CollaborationStopped,
     Delivery,
     DeliveryContent,
+    EgressRules,
     Group,
     Health,
     IncomingFile,
@@ -479,6 +480,19 @@ class ClientMethods:
     @route("GET", "/v1/admin/sandboxes")
     def sandboxes(self) -> Request[dict[str, Any]]:
         return Request(lambda r: dict(r.json()), admin=True)
+
+    @route("GET", "/v1/admin/users/{user_id}/egress")
+    def get_egress(self, user_id: int) -> Request[EgressRules]:
+        """The user's egress allow list: defaults, the admin's changes, the effective list."""
+        return Request(_json_of(EgressRules), {"user_id": user_id}, admin=True)
+
+    @route("PUT", "/v1/admin/users/{user_id}/egress")
+    def set_egress(
+        self, user_id: int, *, allow: Sequence[str] = (), remove: Sequence[str] = ()
+    ) -> Request[EgressRules]:
+        """Replace the user's additions and removals; applies to the user's next connection."""
+        body = {"allow": list(allow), "remove": list(remove)}
+        return Request(_json_of(EgressRules), {"user_id": user_id}, json=body, admin=True)
 
     # skills --------------------------------------------------------------------------------
     @route("GET", "/v1/admin/skills")
