@@ -7,20 +7,41 @@ from __future__ import annotations
 import shlex
 
 SCRIPT = r"""
-import json, os, socket, sys
+import collections, json, os, socket, sys, time
 proxy = os.environ["HTTP_PROXY"].rsplit(":", 1)
 mode, target = sys.argv[1], sys.argv[2]
-s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=20)
-if mode == "connect":
-    host, _, path = target.partition("/")
-    s.sendall(f"CONNECT {host} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+
+def forwarder():
+    return socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=30)
+
+def read_head(s):
     head = b""
     while b"\r\n\r\n" not in head:
         chunk = s.recv(1)
         if not chunk:
             break
         head += chunk
-    status = int(head.split(b" ")[1]) if head else 0
+    return head, int(head.split(b" ")[1]) if head else 0
+
+if mode == "flood":  # 200 CONNECTs at once, held open for argv[3] seconds
+    socks, statuses, bodies = [], collections.Counter(), set()
+    for _ in range(200):
+        s = forwarder()
+        s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        socks.append(s)
+    for s in socks:
+        _, status = read_head(s)
+        statuses[status] += 1
+        if status != 200:
+            bodies.add(s.recv(4096).decode(errors="replace").strip())
+    time.sleep(float(sys.argv[3]))
+    print(json.dumps({"statuses": statuses, "bodies": sorted(bodies)}))
+    sys.exit(0)
+s = forwarder()
+if mode == "connect":
+    host, _, path = target.partition("/")
+    s.sendall(f"CONNECT {host} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    head, status = read_head(s)
     if status != 200:
         body = s.recv(65536)
         print(json.dumps({"status": status, "body": body.decode(errors="replace"), "head": head.decode(errors="replace")}))
@@ -43,6 +64,7 @@ print(json.dumps({"status": status, "body": body[:2000].decode(errors="replace")
 """
 
 
-def command(mode: str, target: str) -> str:
-    """`mode`: "get" (plain-HTTP proxy request) or "connect" (a tunnel, then a GET inside it)."""
-    return f"python3 -c {shlex.quote(SCRIPT)} {mode} {shlex.quote(target)}"
+def command(mode: str, target: str, *more: str) -> str:
+    """`mode`: "get" (plain-HTTP proxy request), "connect" (a tunnel, then a GET inside it) or
+    "flood" (200 tunnels at once, held open for `more[0]` seconds)."""
+    return " ".join(["python3", "-c", shlex.quote(SCRIPT), mode, shlex.quote(target), *map(shlex.quote, more)])

@@ -24,6 +24,7 @@ from tests.api_calls import tool
 from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers, make_settings
 from tests.orchestrator.egress.sandbox_client import command
 from tests.orchestrator.egress.upstream import HELLO, loopback_upstream
+from tests.orchestrator.sandboxes.test_process_network import web_run
 
 AS_ROOT = os.geteuid() == 0
 pytestmark = pytest.mark.skipif(not AS_ROOT, reason="a sandbox network of its own needs a root orchestrator")
@@ -77,14 +78,6 @@ def loopback_allowed() -> Iterator[Served]:
 def loopback_refused() -> Iterator[Served]:
     with served(**uid_slice(1)) as pair:
         yield pair
-
-
-def web_run(client: TestClient, user_id: int) -> str:
-    response = client.post("/v1/sessions", json={"owner_user_id": user_id, "channel": "web"})
-    assert response.status_code == 201, response.text
-    run = client.post(f"/v1/sessions/{response.json()['session_id']}/runs", json={"trigger": "web"})
-    assert run.status_code == 201, run.text
-    return run.json()["run_id"]
 
 
 def through_proxy(client: TestClient, run_id: str, mode: str, target: str) -> dict:
@@ -177,34 +170,7 @@ def test_a_connection_past_the_byte_cap_is_cut(loopback_allowed: Served, upstrea
     assert cut[0].detail["bytes_down"] + cut[0].detail["bytes_up"] > BYTE_CAP
 
 
-FLOOD = r"""
-import collections, json, os, socket, sys, time
-host, port = os.environ["HTTP_PROXY"].split("//")[1].rsplit(":", 1)
-target = sys.argv[1]
-socks, statuses = [], collections.Counter()
-for _ in range(200):
-    s = socket.create_connection((host, int(port)), timeout=30)
-    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-    socks.append(s)
-bodies = set()
-for s in socks:
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = s.recv(1)
-        if not chunk:
-            break
-        head += chunk
-    status = int(head.split(b" ")[1]) if head else 0
-    statuses[status] += 1
-    if status != 200:
-        bodies.add(s.recv(4096).decode(errors="replace").strip())
-time.sleep(float(sys.argv[2]))  # the tunnels stay open while the other user is served
-print(json.dumps({"statuses": statuses, "bodies": sorted(bodies)}))
-"""
-
-
 def test_200_parallel_connects_of_one_sandbox_leave_other_users_served(loopback_allowed: Served, upstream: int) -> None:
-    import shlex
     import threading
     import time
 
@@ -217,7 +183,7 @@ def test_200_parallel_connects_of_one_sandbox_leave_other_users_served(loopback_
     flood: dict = {}
 
     def run_flood() -> None:
-        flood["answer"] = tool(client, run_69, "shell", command=f"python3 -c {shlex.quote(FLOOD)} {target} 4", timeout_s=60)
+        flood["answer"] = tool(client, run_69, "shell", command=command("flood", target, "4"), timeout_s=60)
 
     thread = threading.Thread(target=run_flood)
     thread.start()

@@ -12,6 +12,7 @@ from orchestrator import audit
 from orchestrator.service import OrchestratorService
 from tests.api_calls import tool
 from tests.conftest import admin_headers
+from tests.orchestrator.sandboxes.test_process_network import web_run
 
 pytestmark = pytest.mark.docker
 
@@ -20,14 +21,6 @@ NPM_INDEX = (
     "d = json.load(urllib.request.urlopen('https://registry.npmjs.org/is-number', timeout=60)); "
     "print(d['name'], 'latest' in d['dist-tags'])\""
 )
-
-
-def web_run(client: TestClient, user_id: int) -> str:
-    session = client.post("/v1/sessions", json={"owner_user_id": user_id, "channel": "web"})
-    assert session.status_code == 201, session.text
-    run = client.post(f"/v1/sessions/{session.json()['session_id']}/runs", json={"trigger": "web"})
-    assert run.status_code == 201, run.text
-    return run.json()["run_id"]
 
 
 def shell(client: TestClient, run_id: str, command: str) -> dict:
