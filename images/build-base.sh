@@ -10,13 +10,15 @@
 # debootstrap) so a rebuild does not download them again.
 #
 # What the image holds: Debian's minbase plus python3 (3.11, the host's major.minor, so the
-# wheelhouse built on the host fits). Nothing else: the agent needs only Python and /bin/sh;
-# no CA certificates (sandboxes have no network), no compilers.
+# wheelhouse built on the host fits), and nodejs + npm for skills' CLIs (pip comes from the
+# wheelhouse). The agent itself needs only Python and /bin/sh; no CA certificates (the docker
+# backend mounts the host's bundle read-only, docs/egress.md), no compilers.
 set -euo pipefail
 
 REPOSITORY="${1:-sandbox-orchestrator/base}"
 SUITE=bookworm
 PACKAGES=python3
+APT_PACKAGES="nodejs npm"
 MIRROR="${SANDBOX_BASE_MIRROR:-http://deb.debian.org/debian}"
 CACHE_DIR="${SANDBOX_BASE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-orchestrator/debootstrap}"
 
@@ -51,6 +53,26 @@ debootstrap --variant=minbase --include="$PACKAGES" --cache-dir="$CACHE_DIR" \
       case "$line" in I:\ Retrieving*|I:\ Validating*|I:\ Extracting*|I:\ Unpacking\ *|I:\ Configuring\ *) ;; *) say "$line" ;; esac
     done
 say "debootstrap took $((SECONDS - started)) s"
+
+# nodejs and npm (for skills' npm CLIs, installed through the egress proxy: docs/egress.md).
+# Not through debootstrap --include: its minimal configure pass fails on npm's hundreds of
+# node-* packages; apt in the chroot resolves and configures them properly. Their .debs are
+# cached beside debootstrap's.
+mkdir -p "$CACHE_DIR/apt"
+cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf"
+mount -t proc proc "$ROOTFS/proc"
+mount --bind "$CACHE_DIR/apt" "$ROOTFS/var/cache/apt/archives"
+cleanup() {
+  umount "$ROOTFS/var/cache/apt/archives" 2>/dev/null || true
+  umount "$ROOTFS/proc" 2>/dev/null || true
+  rm -rf --one-file-system "$ROOTFS"
+}
+chroot "$ROOTFS" apt-get -q update >&2
+DEBIAN_FRONTEND=noninteractive chroot "$ROOTFS" apt-get -q -y --no-install-recommends install $APT_PACKAGES >&2
+umount "$ROOTFS/var/cache/apt/archives"
+umount "$ROOTFS/proc"
+: > "$ROOTFS/etc/resolv.conf"
+say "apt-get install $APT_PACKAGES: done after $((SECONDS - started)) s"
 
 # Trim what a sandbox never uses; keep the package database so `dpkg -l` still tells the truth.
 rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/* \

@@ -1,7 +1,7 @@
 """In a real docker sandbox (network `none`): pip installs a real package from PyPI into
-deps/{uid}/ through the egress proxy and it imports; the npm registry answers through the
-same way out (npm itself is not in the image, see docs/egress.md); a registry not on the
-user's list is refused. Only the package registries and loopback are contacted."""
+deps/{uid}/pip and npm one from the npm registry into deps/{uid}/npm, through the egress
+proxy, and both load; a registry taken off the user's list is refused. Only the package
+registries and loopback are contacted."""
 
 from __future__ import annotations
 
@@ -40,8 +40,15 @@ def test_pip_installs_into_deps_through_the_proxy_and_npm_reaches_its_registry(
     imported = shell(docker_client, run_id, "cd / && python3 -c 'import six; print(six.__file__)'")
     assert imported["stdout"].strip() == f"{deps}/pip/six.py", imported
     assert (deps / "pip" / "six.py").is_file()
-    npm = shell(docker_client, run_id, NPM_INDEX)
-    assert npm["exit_code"] == 0 and npm["stdout"].split() == ["is-number", "True"], npm
+    npm = shell(
+        docker_client, run_id,
+        f"npm install --no-audit --no-fund --prefix {deps}/npm is-number >/dev/null 2>&1; "
+        f"node -e \"console.log(require('{deps}/npm/node_modules/is-number')(5))\"",
+    )  # fmt: skip
+    assert npm["exit_code"] == 0 and npm["stdout"].strip() == "true", npm
+    assert (deps / "npm" / "node_modules" / "is-number" / "package.json").is_file()
+    index = shell(docker_client, run_id, NPM_INDEX)  # Python's TLS trusts the host's bundle too
+    assert index["exit_code"] == 0 and index["stdout"].split() == ["is-number", "True"], index
 
     removed = docker_client.put(
         f"/v1/admin/users/{user_id}/egress", json={"remove": ["registry.npmjs.org"]}, headers=admin_headers()
