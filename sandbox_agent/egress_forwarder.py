@@ -124,8 +124,13 @@ def write_tool_configs(home: str, files: dict[str, str]) -> None:
 
 
 def start_egress(config: EgressConfig, home: str) -> dict[str, str]:
-    """Start the forwarder; returns the environment shells get."""
-    forwarder = Forwarder(config)
+    """Start the forwarder; returns the environment shells get. A port someone else holds
+    costs the sandbox its way out, not its agent: the tools still run, without proxy settings."""
+    try:
+        forwarder = Forwarder(config)
+    except OSError as exc:
+        log.error("egress forwarder not started on 127.0.0.1:%s: %s", config.port, exc)
+        return {}
     forwarder.start()
     write_tool_configs(home, tool_configs(forwarder.port, config.ca_file))
     log.info("egress forwarder listening port=%s socket=%s", forwarder.port, config.socket_path)

@@ -163,3 +163,23 @@ def test_caps_refuse_and_cut() -> None:
         caps.admit()  # the day's allowance is used up
     now[0] += 86400
     caps.admit()  # a new UTC day
+
+
+def test_a_taken_forwarder_port_costs_the_way_out_not_the_agent(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    from sandbox_agent.egress_forwarder import start_egress
+    from sandbox_agent.wire import EgressConfig
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        env = start_egress(EgressConfig(socket_path=str(tmp_path / "egress.sock"), port=port), str(tmp_path))
+    assert env == {}
+    env = start_egress(EgressConfig(socket_path=str(tmp_path / "egress.sock"), port=0, ca_file="/ca.pem"), str(tmp_path))
+    assert env["HTTPS_PROXY"].startswith("http://127.0.0.1:") and env["PIP_CERT"] == "/ca.pem"
+    assert "proxy = " + env["HTTPS_PROXY"] in (tmp_path / ".config/pip/pip.conf").read_text()
+    (tmp_path / ".npmrc").write_text("registry=https://mirror.example/\n")  # the user's own: kept
+    start_egress(EgressConfig(socket_path=str(tmp_path / "egress.sock"), port=0), str(tmp_path))
+    assert (tmp_path / ".npmrc").read_text() == "registry=https://mirror.example/\n"
