@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 HEAD_MAX_BYTES = 16 * 1024
 RECHECK_S = 2.0  # how often a call re-checks that the user's socket is still ours
 AUDIT_BACKLOG = 10_000
+UNADMITTED_EXTRA = 256  # sockets a user may hold beyond its connection cap (heads on their way)
 _PEERCRED = struct.Struct("3i")
 
 
@@ -67,6 +68,8 @@ class EgressService:
             bytes_per_day=settings.egress_max_bytes_per_day,
         )
         self._caps: dict[int, UserCaps] = {}  # the loop's alone
+        self._held: dict[int, int] = {}  # the loop's alone: the user's sockets being served
+        self._refused_held = 0
         self._context: dict[int, tuple[str | None, str | None]] = {}
         self._listeners: dict[int, _Listener] = {}
         self._lock = threading.Lock()
@@ -199,6 +202,22 @@ class EgressService:
         return sock, (st.st_dev, st.st_ino)
 
     async def _on_connection(self, user_id: int, expected_uid: int, conn: socket.socket) -> None:
+        # Every socket of the user's counts, not only admitted ones: connections that never send
+        # a head would otherwise hold the host's descriptors for their head timeout each.
+        held = self._held.get(user_id, 0)
+        if held >= self.limits.max_connections + UNADMITTED_EXTRA:
+            conn.close()
+            self._refused_held += 1
+            if self._refused_held % 1000 == 1:
+                log.warning("egress sockets over the cap closed at once %s", kv(user=user_id, held=held, closed=self._refused_held))
+            return
+        self._held[user_id] = held + 1
+        try:
+            await self._serve_connection(user_id, expected_uid, conn)
+        finally:
+            self._held[user_id] -= 1
+
+    async def _serve_connection(self, user_id: int, expected_uid: int, conn: socket.socket) -> None:
         try:
             _, peer_uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
         except OSError:

@@ -284,3 +284,43 @@ def test_a_socket_the_sandbox_replaced_by_a_link_or_a_directory_is_made_again_wi
         assert got["status"] == 200 and got["body"] == HELLO.decode(), got
         assert victim.read_text() == "root's file\n" and not victim.is_symlink()
         assert socket_path.is_socket()
+
+
+HOARD = r"""
+import os, socket, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+held, refused = [], 0
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)  # and never a byte: each would wait for its head timeout
+    held.append(s)
+time.sleep(1)
+for s in held:
+    s.setblocking(False)
+    try:
+        if s.recv(1) == b"":
+            refused += 1
+    except BlockingIOError:
+        pass
+print(refused)
+"""
+
+
+def test_sockets_that_never_send_a_head_are_capped_per_user(loopback_allowed: Served, upstream: int) -> None:
+    import shlex
+
+    from orchestrator.egress import service as egress_service
+
+    client, service = loopback_allowed
+    put_rules(client, 74, allow=[f"127.0.0.1:{upstream}"])
+    run_id = web_run(client, 74)
+    assert through_proxy(client, run_id, "get", f"127.0.0.1:{upstream}/hello")["status"] == 200
+    cap = MAX_CONNECTIONS + egress_service.UNADMITTED_EXTRA
+    hoard = tool(
+        client, run_id, "shell",
+        command=f"ulimit -n 4096; python3 -c {shlex.quote(HOARD)} {service.layout.egress_socket_path(74)} {cap + 50}",
+    )["result"]  # fmt: skip
+    assert hoard["exit_code"] == 0 and int(hoard["stdout"]) == 50, hoard  # the ones past the cap: closed at once
+    other = web_run(client, 75)
+    put_rules(client, 75, allow=[f"127.0.0.1:{upstream}"])
+    assert through_proxy(client, other, "get", f"127.0.0.1:{upstream}/hello")["status"] == 200
