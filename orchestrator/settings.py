@@ -7,12 +7,12 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mounts.ids import MAX_USER_ID
 from mounts.layout import DataLayout
-from orchestrator.egress.policy import DEFAULT_ALLOW as DEFAULT_EGRESS_ALLOW
+from orchestrator.egress.policy import DEFAULT_ALLOW as DEFAULT_EGRESS_ALLOW, parse_patterns, split_allow_setting
 from orchestrator.identity import DEFAULT_IDENTITY_MODE, IdentityMode, parse_identity_mode
 from orchestrator.users.group_gids import GidRange
 from orchestrator.startup_checks import IdRange
@@ -227,6 +227,12 @@ class Settings(BaseSettings):
         120.0, gt=0, description="A delivery taken from the inbox must be started within this time."
     )
     collaboration_inbox_wait_max_s: float = Field(30.0, gt=0, description="Longest inbox long-poll.")
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress_patterns(cls, value: str) -> str:
+        parse_patterns(split_allow_setting(value))  # InvalidPattern is a ValueError: one clear line
+        return value
 
     @model_validator(mode="after")
     def _id_ranges_apart(self) -> Settings:

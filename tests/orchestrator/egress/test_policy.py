@@ -183,3 +183,15 @@ def test_a_taken_forwarder_port_costs_the_way_out_not_the_agent(tmp_path) -> Non
     (tmp_path / ".npmrc").write_text("registry=https://mirror.example/\n")  # the user's own: kept
     start_egress(EgressConfig(socket_path=str(tmp_path / "egress.sock"), port=0), str(tmp_path))
     assert (tmp_path / ".npmrc").read_text() == "registry=https://mirror.example/\n"
+
+
+def test_a_bad_allow_setting_is_one_clear_line() -> None:
+    from pydantic import ValidationError
+
+    from orchestrator.settings import Settings, settings_error_lines
+
+    assert Settings(egress_allow="pypi.org, *.example.com:8443 [::1]:9000").egress_allow
+    with pytest.raises(ValidationError) as bad:
+        Settings(egress_allow="pypi.org, exa mple.com:99999")
+    (line,) = settings_error_lines(bad.value)
+    assert line.startswith("invalid setting ORCH_EGRESS_ALLOW=") and "port must be 1-65535" in line, line
