@@ -44,6 +44,37 @@ class EgressRules(Model):
     effective: list[str]
 
 
+class DiskUsage(Model):
+    """One volume's disk and inode usage against its quota (docs/disk-quotas.md)."""
+
+    volume: str
+    mechanism: str
+    bytes_used: int
+    bytes_limit: int
+    inodes_used: int
+    inodes_limit: int
+    over_quota: bool
+    partial: bool
+    image_mb: int | None = None
+
+
+class UserDisk(Model):
+    user_id: int
+    mechanism: str
+    usage: DiskUsage | None = None
+    grown_online: bool | None = None
+
+
+class DiskOverview(Model):
+    mechanism: str
+    reason: str
+    min_free_disk_pct: float
+    host_free_pct: float
+    watermark_problem: str | None = None
+    over_quota_users: list[int]
+    volumes: list[DiskUsage]
+
+
 class User(Model):
     user_id: int
     display_name: str | None

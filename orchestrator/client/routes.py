@@ -25,6 +25,7 @@ from orchestrator.client.models import (
     CollaborationStopped,
     Delivery,
     DeliveryContent,
+    DiskOverview,
     EgressRules,
     Group,
     Health,
@@ -47,6 +48,7 @@ from orchestrator.client.models import (
     ToolInfo,
     ToolResult,
     User,
+    UserDisk,
     _skill_body,
 )
 from orchestrator.identity import IdentityMode, Trigger
@@ -493,6 +495,20 @@ class ClientMethods:
         """Replace the user's additions and removals; applies to the user's next connection."""
         body = {"allow": list(allow), "remove": list(remove)}
         return Request(_json_of(EgressRules), {"user_id": user_id}, json=body, admin=True)
+
+    @route("GET", "/v1/admin/disk")
+    def disk(self) -> Request[DiskOverview]:
+        """The disk-quota mechanism in force, the host watermark and every volume's usage."""
+        return Request(_json_of(DiskOverview), admin=True)
+
+    @route("GET", "/v1/admin/users/{user_id}/disk")
+    def get_user_disk(self, user_id: int) -> Request[UserDisk]:
+        return Request(_json_of(UserDisk), {"user_id": user_id}, admin=True)
+
+    @route("PUT", "/v1/admin/users/{user_id}/disk")
+    def set_user_disk(self, user_id: int, disk_mb: int) -> Request[UserDisk]:
+        """Grow the user's disk quota to `disk_mb` MiB (a shrink is refused: 409)."""
+        return Request(_json_of(UserDisk), {"user_id": user_id}, json={"disk_mb": disk_mb}, admin=True)
 
     # skills --------------------------------------------------------------------------------
     @route("GET", "/v1/admin/skills")

@@ -32,3 +32,15 @@ class UserDiskOut(BaseModel):
         description="After a change: true when the image grew under the running sandbox; false when the host "
         "lacks CAP_SYS_RESOURCE, so the sandbox was stopped for an offline resize (the next call starts it).",
     )
+
+
+class DiskOverviewOut(BaseModel):
+    """The mechanism in force, the host watermark and every volume's usage."""
+
+    mechanism: str
+    reason: str
+    min_free_disk_pct: float
+    host_free_pct: float
+    watermark_problem: str | None
+    over_quota_users: list[int]
+    volumes: list[DiskUsageOut]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends
 
 from orchestrator.http.auth import Caller, require_admin, service_of
-from orchestrator.http.disk_models import DiskLimitIn, DiskUsageOut, UserDiskOut
+from orchestrator.http.disk_models import DiskLimitIn, DiskOverviewOut, DiskUsageOut, UserDiskOut
 from orchestrator.http.params import user_id_param
 from orchestrator.quotas.model import DiskUsage
 from orchestrator.service import OrchestratorService
@@ -17,13 +17,19 @@ def _out(service: OrchestratorService, usage: DiskUsage) -> DiskUsageOut:
     return DiskUsageOut(**usage.as_dict(), image_mb=service.disk_quotas.image_mb(usage.volume))
 
 
-@router.get("/v1/admin/disk", tags=["admin"])
-def get_disk(service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)) -> dict:
+@router.get("/v1/admin/disk", response_model=DiskOverviewOut, tags=["admin"])
+def get_disk(service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)) -> DiskOverviewOut:
     quotas = service.disk_quotas
-    return {
-        **quotas.health().__dict__,
-        "volumes": [_out(service, usage).model_dump() for usage in quotas.all_usage()],
-    }
+    health = quotas.health()
+    return DiskOverviewOut(
+        mechanism=health.mechanism,
+        reason=health.reason,
+        min_free_disk_pct=health.min_free_disk_pct,
+        host_free_pct=health.host_free_pct,
+        watermark_problem=health.watermark_problem,
+        over_quota_users=list(health.over_quota_users),
+        volumes=[_out(service, usage) for usage in quotas.all_usage()],
+    )
 
 
 @router.get("/v1/admin/users/{user_id}/disk", response_model=UserDiskOut, tags=["admin"])

@@ -5,17 +5,22 @@ restarted orchestrator adopts the mounts instead of mounting again."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from mounts.layout import GroupRef
+from orchestrator.client import AsyncOrchestratorClient
+from orchestrator.client.models import DiskOverview, UserDisk
+from orchestrator.http.app import create_app
 from orchestrator.quotas.loopfs import can_resize_online
 from orchestrator.quotas.model import group_volume
 from tests.api_calls import OWNER, group_session, start_run, tool
 from orchestrator.quotas.mountinfo import read_mounts
-from tests.conftest import admin_headers
+from tests.conftest import ADMIN_TOKEN, API_TOKEN, admin_headers
 from tests.orchestrator.quotas.conftest import require_loop
 from tests.orchestrator.quotas.world import QuotaWorld, quota_settings, traversable_data_dir
 
@@ -51,6 +56,18 @@ def test_a_write_past_the_quota_is_no_space_naming_the_quota_and_the_neighbour_s
     assert neighbour["bytes_used"] < 0.2 * neighbour["bytes_limit"]
     listed = world.client.get("/v1/admin/disk", headers=admin_headers()).json()
     assert {"user-11", "user-12", "share"} <= {v["volume"] for v in listed["volumes"]}
+
+    # The SDK reads the same answers as typed models.
+    async def through_the_client() -> tuple[DiskOverview, UserDisk]:
+        transport = httpx.ASGITransport(app=create_app(world.service))
+        async with AsyncOrchestratorClient(
+            "http://orchestrator.test", API_TOKEN, admin_token=ADMIN_TOKEN, transport=transport
+        ) as client:
+            return await client.disk(), await client.get_user_disk(FILLER)
+
+    overview, filler = asyncio.run(through_the_client())
+    assert overview.mechanism == "loop" and "user-11" in {v.volume for v in overview.volumes}
+    assert filler.usage is not None and filler.usage.bytes_used == usage["bytes_used"]
 
 
 def test_an_online_grow_takes_effect_and_a_shrink_is_refused_with_its_reason(world: QuotaWorld) -> None:
