@@ -253,7 +253,7 @@ class OrchestratorService:
             self._schedule(
                 PeriodicTask(
                     f"reap-idle-{backend.name}",
-                    reap_interval_s(self.settings.idle_timeout_s),
+                    reap_interval_s(self.settings.idle_timeout_s, self.settings.pause_after_s),
                     backend.reap_idle,
                     first_delay_s=0.0,
                 )

@@ -227,6 +227,32 @@ class Settings(BaseSettings):
         120.0, gt=0, description="A delivery taken from the inbox must be started within this time."
     )
     collaboration_inbox_wait_max_s: float = Field(30.0, gt=0, description="Longest inbox long-poll.")
+    pause_after_s: float = Field(
+        120.0,
+        ge=0,
+        description="Freeze (docker pause / SIGSTOP) a sandbox idle this long; the next call resumes it. "
+        "0, or not below ORCH_IDLE_TIMEOUT_S: never pause (docs/lifecycle.md).",
+    )
+    dead_man_margin_s: float = Field(
+        60.0,
+        ge=0,
+        description="A sandbox with no call for ORCH_IDLE_TIMEOUT_S plus this margin stops itself, "
+        "even when no orchestrator is left to stop it (docs/lifecycle.md).",
+    )
+    large_transfer_bytes: int = Field(
+        1024 * 1024,
+        gt=0,
+        description="A send_file / send_image / publish_artifact payload of at least this size counts "
+        "as a large transfer (bounded by the two limits below).",
+    )
+    large_transfers_max: int = Field(4, gt=0, description="Large transfers held in memory at once, all users.")
+    user_large_transfers_max: int = Field(2, gt=0, description="Large transfers held in memory at once per user.")
+    large_transfer_wait_s: float = Field(
+        30.0, ge=0, description="How long a large transfer waits for a free slot before it is refused (busy)."
+    )
+    metrics_top_users: int = Field(
+        20, gt=0, description="Users with the most calls in flight shown one by one on /metrics (the rest summed)."
+    )
 
     @field_validator("egress_allow")
     @classmethod

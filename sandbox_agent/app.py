@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -62,6 +63,12 @@ class AgentState:
         self._busy = 0
         self._lock = threading.Lock()
         self.calls = CallRegistry()
+        # When the last authenticated call ended (or the agent started): the dead-man switch's
+        # clock. /health does not count: a probe must not keep an orphan alive.
+        self.last_call = self.started
+        # Agent-owned background processes (the processes issue) keep the sandbox alive: that
+        # work replaces this with its own "any still running?".
+        self.has_running_processes: Callable[[], bool] = lambda: False
 
     def token_ok(self, header: str | None) -> bool:
         if not header or not header.startswith("Bearer "):
@@ -79,6 +86,15 @@ class AgentState:
     def leave(self) -> None:
         with self._lock:
             self._busy -= 1
+            self.last_call = time.monotonic()
+
+    def idle_for(self, now: float) -> float | None:
+        """Seconds without a call as of `now`, or None while something keeps it busy."""
+        with self._lock:
+            if self._busy:
+                return None
+            last = self.last_call
+        return None if self.has_running_processes() else now - last
 
 
 def _invalid_arguments(exc: ValidationError) -> dict[str, Any]:

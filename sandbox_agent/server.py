@@ -90,6 +90,24 @@ def _watch_parent(server: uvicorn.Server, parent_pid: int) -> None:
         time.sleep(0.5)
 
 
+def dead_man_check_s(idle_exit_s: float) -> float:
+    """How often the dead-man switch looks: a tenth of its timeout, within [0.1, 10] s."""
+    return min(max(idle_exit_s / 10, 0.1), 10.0)
+
+
+def _dead_man_switch(server: uvicorn.Server, state: AgentState, idle_exit_s: float) -> None:
+    """Exit after `idle_exit_s` without a call: the orchestrator normally stops an idle sandbox
+    first (its idle timeout is shorter); this one acts when no orchestrator is left to. The
+    monotonic clock also runs while the agent is frozen, so a thawed orphan exits at once."""
+    while not server.should_exit:
+        time.sleep(dead_man_check_s(idle_exit_s))
+        idle = state.idle_for(time.monotonic())
+        if idle is not None and idle >= idle_exit_s:
+            log.warning("no call for %.0f s: the dead-man switch stops this sandbox", idle)
+            server.should_exit = True
+            return
+
+
 def _kill_descendants() -> None:
     try:
         children = psutil.Process().children(recursive=True)
@@ -145,6 +163,8 @@ def serve(config: AgentConfig) -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     if config.parent_pid is not None:
         threading.Thread(target=_watch_parent, args=(server, config.parent_pid), daemon=True).start()
+    if config.idle_exit_s is not None:
+        threading.Thread(target=_dead_man_switch, args=(server, state, config.idle_exit_s), daemon=True).start()
     log.info(
         "agent listening socket=%s user=%s build=%s resolver=%s roots=%d",
         config.socket_path, config.user_id, own_build_id(), sandbox.resolver, len(config.roots),

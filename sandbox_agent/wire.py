@@ -308,6 +308,9 @@ class AgentConfig(BaseModel):
     # a uid it shares (the orchestrator's own, not root), only its adopted orphans are.
     sweep_uid: bool = False
     egress: EgressConfig | None = None  # None: egress off, no forwarder, no proxy settings
+    # The dead-man switch: with no call for this long (and none in flight) the agent exits, and
+    # its container stops, even when no orchestrator is left to stop it. None: never.
+    idle_exit_s: float | None = Field(None, gt=0)
 
 
 # --- envelopes ------------------------------------------------------------------------------

@@ -148,6 +148,9 @@ def prepare_agent_launch(
         max_processes=settings.sandbox_pids if sandbox_uid is not None else None,
         sweep_uid=sandbox_uid is not None,  # a uid of its own: every process of it is this sandbox's
         egress=egress_config(settings, layout, user_id, private_network=private_network),
+        # Later than the orchestrator's own idle stop, so normally that one acts; this bounds a
+        # sandbox whose orchestrator vanished (docs/lifecycle.md).
+        idle_exit_s=settings.idle_timeout_s + settings.dead_man_margin_s,
     )
     with closing_fd(directories.open_agent_secrets_dir(user_id, create=True)) as dir_fd:
         try:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
 from mounts.plan import MountPlan
@@ -29,7 +30,7 @@ class SandboxUser:
 class SandboxStatus:
     user_id: int
     backend: str
-    state: str  # running | stopped | starting | failed
+    state: str  # running | paused | stopped | starting | failed
     plan_hash: str | None = None
     agent_build: str | None = None
     busy: int = 0
@@ -44,10 +45,40 @@ def loses_group_access(running_gids: Iterable[int], planned_gids: Iterable[int])
     return not set(running_gids) <= set(planned_gids)
 
 
-def reap_interval_s(idle_timeout_s: float) -> float:
-    """How often a backend's idle sandboxes are looked for: a quarter of the idle timeout, so
-    one is stopped at most a quarter late, within [0.05, 5] s."""
-    return min(max(idle_timeout_s / 4, 0.05), 5.0)
+def reap_interval_s(idle_timeout_s: float, pause_after_s: float = 0.0) -> float:
+    """How often a backend's idle sandboxes are looked for: a quarter of the shorter of the
+    idle timeout and the pause time (when pausing is on), so one is paused or stopped at most
+    a quarter late, within [0.05, 5] s."""
+    shortest = pause_after_s if 0 < pause_after_s < idle_timeout_s else idle_timeout_s
+    return min(max(shortest / 4, 0.05), 5.0)
+
+
+class IdleAction(Enum):
+    NOTHING = "nothing"
+    PAUSE = "pause"
+    STOP = "stop"
+
+
+def idle_action(
+    *,
+    idle_s: float,
+    in_flight: int,
+    paused: bool,
+    has_running_processes: bool,
+    pause_after_s: float,
+    idle_timeout_s: float,
+) -> IdleAction:
+    """Pure: what the reaper does with one sandbox. A call in flight or a process of the
+    agent's still running (the processes issue; False until that lands) is activity: nothing.
+    Idle for the idle timeout: stop (a paused one too). Idle for the pause time: pause, unless
+    pausing is off (0) or would not come before the stop. The one decision both backends use."""
+    if in_flight > 0 or has_running_processes:
+        return IdleAction.NOTHING
+    if idle_s >= idle_timeout_s:
+        return IdleAction.STOP
+    if not paused and 0 < pause_after_s < idle_timeout_s and idle_s >= pause_after_s:
+        return IdleAction.PAUSE
+    return IdleAction.NOTHING
 
 
 class CallCount:
@@ -59,10 +90,14 @@ class CallCount:
         self._lock = threading.Lock()
         self.in_flight = 0
         self.last_used = time.monotonic()
+        self.paused = False  # frozen by the reaper: no call may go to it until it is resumed
 
     @contextmanager
     def calling(self) -> Iterator[None]:
         with self._lock:
+            if self.paused:
+                # Handed out just before the reaper froze it: the request was not sent.
+                raise SandboxPaused()
             self.in_flight += 1
         try:
             yield
@@ -74,6 +109,24 @@ class CallCount:
     def touch(self) -> None:
         with self._lock:
             self.last_used = time.monotonic()
+
+    def pause_if_idle(self) -> bool:
+        """Mark the agent paused unless a call is in flight, atomically with `calling`: after
+        True no call reaches it until `unpause`, so none can be sent to a frozen agent."""
+        with self._lock:
+            if self.in_flight:
+                return False
+            self.paused = True
+            return True
+
+    def unpause(self) -> None:
+        with self._lock:
+            self.paused = False
+            self.last_used = time.monotonic()  # the pause clock restarts from the call that woke it
+
+
+class SandboxPaused(Exception):
+    """A call found its agent paused after it was handed out; it never reached the agent."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +156,11 @@ class SandboxBackend(Protocol):
         """Start (or adopt, or recreate) the user's sandbox and wait until its agent answers;
         raises `ToolError` (`sandbox_unavailable`, the tool did not run) when it cannot."""
 
+    def resume(self, user: SandboxUser) -> LiveAgent | None:
+        """When the user's sandbox is paused (frozen by the reaper): thaw it and return its
+        agent, ready for the call; None when it is not paused (the caller goes to `ensure`).
+        Worker thread: it may call the engine."""
+
     def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
         """Never hand out this agent again (given: only if it is still the user's current
         one): the next `ensure` starts afresh. `stalled` = it missed a deadline (stopped,
@@ -120,9 +178,10 @@ class SandboxBackend(Protocol):
         """Every sandbox this backend knows about."""
 
     def reap_idle(self, now: float | None = None) -> list[int]:
-        """Stop the sandboxes idle (no call in flight) for longer than the idle timeout, as of
-        `now` (monotonic; default: now); returns their users. The composition root runs it
-        as a `PeriodicTask` every `reap_interval_s`."""
+        """Apply `idle_action` to every sandbox as of `now` (monotonic; default: now): pause
+        the ones idle for the pause time, stop the ones idle for the idle timeout; returns the
+        users stopped. The composition root runs it as a `PeriodicTask` every
+        `reap_interval_s`."""
 
     def close(self) -> None:
         """Release resources at orchestrator shutdown (sandboxes may keep running)."""

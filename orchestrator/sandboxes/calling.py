@@ -14,7 +14,7 @@ from anyio import CapacityLimiter, to_thread
 
 from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s, tool_error
-from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxUser
+from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxPaused, SandboxUser
 from orchestrator.settings import Settings
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 from sandbox_agent.wire import CallContext
@@ -38,7 +38,7 @@ class SandboxCaller:
         """On the event loop: no thread is held while the agent works, only a start waits in
         a worker thread; the warm path hops no thread at all."""
         timeout = call_timeout_s(self._settings, tool, arguments)
-        agent = backend.warm(user) or await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
+        agent = backend.warm(user) or await to_thread.run_sync(_resumed_or_ready, backend, user, limiter=self._start_threads)
         with _attempt(backend, agent, tool, may_retry=True):
             return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
         agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
@@ -53,13 +53,18 @@ class SandboxCaller:
         """`call` for a worker thread, on the agent's blocking client: the same deadline, retry
         and errors."""
         timeout = call_timeout_s(self._settings, tool, arguments)
-        agent = backend.warm(user) or backend.ensure(user)
+        agent = backend.warm(user) or _resumed_or_ready(backend, user)
         with _attempt(backend, agent, tool, may_retry=True):
             return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
         agent = backend.ensure(user)
         with _attempt(backend, agent, tool, may_retry=False):
             return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
         raise AssertionError("unreachable: a last attempt answers or raises")
+
+
+def _resumed_or_ready(backend: SandboxBackend, user: SandboxUser) -> LiveAgent:
+    """Off the warm path: a paused sandbox is thawed (quick), anything else is `ensure`d."""
+    return backend.resume(user) or backend.ensure(user)
 
 
 @contextmanager
@@ -71,6 +76,10 @@ def _attempt(backend: SandboxBackend, agent: LiveAgent, tool: str, *, may_retry:
     try:
         with agent.count.calling():
             yield
+    except SandboxPaused:
+        if not may_retry:
+            raise call_failure(agent.user_id, AgentUnavailable("its sandbox was paused", delivered=False)) from None
+        return  # the caller's next attempt resumes it (`ensure` thaws a paused sandbox)
     except AgentToolError as exc:
         raise tool_error(exc) from None
     except AgentUnavailable as exc:

@@ -10,8 +10,11 @@ talked to over the agent's Unix socket (never over the container's IP).
 - After the router forgot the agent (a failed call) the next `ensure` inspects the container
   and recovers it; a container whose agent missed a deadline (paused, stopped, hung) is
   replaced. The calls, their one retry and their errors are the router's (docs/backends.md).
-- Idle containers are stopped by `reap_idle` (a periodic task of the composition root, whose
-  first round also adopts); containers outlive the orchestrator.
+- Idle containers are paused (`docker pause`, the cgroup freezer) and later stopped by
+  `reap_idle` (a periodic task of the composition root, whose first round also adopts, deciding
+  with `idle_action`); the next call unpauses a paused one. Containers outlive the orchestrator,
+  but each agent stops itself after the idle timeout (its dead-man switch), and adoption thaws
+  the paused ones of this instance so their switch runs again (docs/lifecycle.md).
 """
 
 from __future__ import annotations
@@ -33,7 +36,16 @@ from orchestrator.clock import iso
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, sandbox_unavailable
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
-from orchestrator.sandboxes.base import CallCount, LiveAgent, SandboxStatus, SandboxUser, loses_group_access
+from orchestrator import metrics
+from orchestrator.sandboxes.base import (
+    CallCount,
+    IdleAction,
+    LiveAgent,
+    SandboxStatus,
+    SandboxUser,
+    idle_action,
+    loses_group_access,
+)
 from orchestrator.sandboxes.docker_spec import (
     LABEL_BUILD,
     LABEL_INSTANCE,
@@ -178,11 +190,15 @@ class DockerBackend:
                     log.warning("removing the sandbox of an unknown user %s", kv(container=container.name, user=user_id))
                     self._remove(container)
                     continue
+                if container.status == "paused":
+                    # Frozen by a predecessor: thawed, so its agent's own idle timer runs again
+                    # (it stops itself if idle too long) and calls reach it as usual.
+                    self._unpause(container)
                 slot = self._slot(user_id)
                 with slot.lock:
                     slot.container_id = container.id
                     slot.count.touch()
-                    slot.stopped = container.status != "running"
+                    slot.stopped = container.status not in ("running", "paused")
                 adopted.append(user_id)
                 log.info("adopted a sandbox %s", kv(user=user_id, container=container.short_id, status=container.status))
             self._adopted = True
@@ -211,6 +227,7 @@ class DockerBackend:
         try:
             if (
                 slot.live is None
+                or slot.count.paused
                 or slot.stalled
                 or slot.forgotten
                 or slot.plan_hash != user.plan.plan_hash
@@ -221,6 +238,35 @@ class DockerBackend:
             return slot.live
         finally:
             slot.lock.release()
+
+    def resume(self, user: SandboxUser) -> LiveAgent | None:
+        with self._slots_lock:
+            slot = self._slots.get(user.user_id)
+        if slot is None or not slot.count.paused:
+            return None
+        with slot.lock:
+            if not slot.count.paused:
+                return None  # resumed meanwhile: `warm`/`ensure` decide
+            self._thaw_locked(slot)
+        return self.warm(user)  # None when something drifted: `ensure` handles it
+
+    def _thaw_locked(self, slot: _Slot) -> None:
+        started = time.monotonic()
+        container = self._find(slot)
+        if container is not None and container.status == "paused":
+            self._unpause(container)
+        slot.count.unpause()
+        metrics.observe_start(self.name, "resume", time.monotonic() - started)
+        log.info("sandbox resumed %s", kv(user=slot.user_id, container=container.short_id if container else None))
+
+    def _unpause(self, container: Container) -> None:
+        try:
+            container.unpause()
+        except NotFound:
+            pass
+        except APIError as exc:  # e.g. thawed by someone else meanwhile: the state says
+            log.warning("unpausing a sandbox failed %s", kv(container=container.short_id, error=exc.explanation))
+        container.reload()
 
     def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
         with self._slots_lock:
@@ -263,13 +309,13 @@ class DockerBackend:
                 SandboxStatus(
                     user_id=user_id,
                     backend=self.name,
-                    state="running" if container.status == "running" else "stopped",
+                    state=container.status if container.status in ("running", "paused") else "stopped",
                     plan_hash=container.labels.get(LABEL_PLAN),
                     agent_build=slot.running_build or container.labels.get(LABEL_BUILD),
                     busy=slot.count.in_flight,
                     detail={"container": container.name, "container_id": container.id, "status": container.status},
                     since=docker_time(container.attrs.get("State", {}).get(
-                        "StartedAt" if container.status == "running" else "FinishedAt"
+                        "StartedAt" if container.status in ("running", "paused") else "FinishedAt"
                     )),
                 )
             )
@@ -278,6 +324,8 @@ class DockerBackend:
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
         desired = Desired(user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build)
+        if slot.count.paused:
+            self._thaw_locked(slot)  # e.g. the retry of a call: then judged like any other
         if slot.stalled:
             self._remove_stalled(slot)
         elif slot.forgotten:
@@ -345,6 +393,7 @@ class DockerBackend:
                 kv(user=user.user_id, container=container.short_id, action=action.value,
                    build=slot.running_build, seconds=round(time.monotonic() - started, 3)),
             )  # fmt: skip
+            metrics.observe_start(self.name, "cold", time.monotonic() - started)
 
     def _create(self, user: SandboxUser, image_id: str, build: str) -> Container:
         if self.directories.chown:
@@ -475,6 +524,9 @@ class DockerBackend:
         slot.forget_agent()
         slot.stopped = True
         container = self._find(slot)
+        if container is not None and container.status == "paused":
+            self._unpause(container)  # a frozen process cannot act on the stop signal
+        slot.count.unpause()
         if container is None or container.status != "running":
             return
         log.info("stopping a sandbox %s", kv(user=slot.user_id, container=container.short_id, reason=reason))
@@ -496,14 +548,44 @@ class DockerBackend:
             if not slot.lock.acquire(blocking=False):
                 continue  # being started or used right now: not idle
             try:
-                idle = now - slot.count.last_used
-                if slot.container_id is None or slot.stopped or slot.count.in_flight or idle < self.settings.idle_timeout_s:
+                if slot.container_id is None or slot.stopped:
                     continue
-                self._stop_locked(slot, reason="idle")
-                stopped.append(slot.user_id)
+                action = idle_action(
+                    idle_s=now - slot.count.last_used,
+                    in_flight=slot.count.in_flight,
+                    paused=slot.count.paused,
+                    has_running_processes=False,  # agent-owned processes (the processes issue) feed this
+                    pause_after_s=self.settings.pause_after_s,
+                    idle_timeout_s=self.settings.idle_timeout_s,
+                )
+                if action is IdleAction.STOP:
+                    self._stop_locked(slot, reason="idle")
+                    stopped.append(slot.user_id)
+                elif action is IdleAction.PAUSE and self._pause_locked(slot):
+                    pass
+                else:
+                    continue
+                metrics.SANDBOX_IDLE_ACTIONS.labels(self.name, action.value).inc()
             finally:
                 slot.lock.release()
         return stopped
+
+    def _pause_locked(self, slot: _Slot) -> bool:
+        """Freeze the slot's container (the cgroup freezer); False when a call came first or
+        the engine refused (it then stays running, and is stopped later as before)."""
+        if not slot.count.pause_if_idle():
+            return False
+        container = self._find(slot)
+        try:
+            if container is None or container.status != "running":
+                raise NotFound("not running")
+            container.pause()
+        except (APIError, NotFound) as exc:
+            slot.count.unpause()
+            log.warning("pausing a sandbox failed %s", kv(user=slot.user_id, error=exc))
+            return False
+        log.info("idle sandbox paused %s", kv(user=slot.user_id, container=container.short_id))
+        return True
 
     # --- Docker helpers -----------------------------------------------------------------------
     def _slot(self, user_id: int) -> _Slot:

@@ -7,8 +7,9 @@
   one that missed a deadline (stopped, hung) is killed without asking. The calls themselves,
   their one retry and their errors are the router's (docs/backends.md).
 - An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
-- Idle agents are stopped by `reap_idle` (a periodic task of the composition root); all
-  agents are stopped at `close()`.
+- Idle agents are paused (SIGSTOP of the agent's whole process tree) and later stopped by
+  `reap_idle` (a periodic task of the composition root, deciding with `idle_action`); the next
+  call resumes a paused one (SIGCONT). All agents are stopped at `close()`.
 - As root, an agent runs as the user's own uid (base + user id) with the shared sandbox
   group and the gids of the user's group workspaces (exactly those of the plan), umask 002,
   and an interpreter that uid can execute, in a network namespace of its own with only `lo`
@@ -37,7 +38,8 @@ from orchestrator.clock import iso
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, sandbox_unavailable
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch
-from orchestrator.sandboxes.base import LiveAgent, SandboxStatus, SandboxUser, loses_group_access
+from orchestrator import metrics
+from orchestrator.sandboxes.base import IdleAction, LiveAgent, SandboxStatus, SandboxUser, idle_action, loses_group_access
 from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
 from orchestrator.errors import ToolError
@@ -81,6 +83,10 @@ class _Agent:
     @property
     def last_used(self) -> float:
         return self.live.count.last_used
+
+    @property
+    def paused(self) -> bool:  # SIGSTOPped by the reaper: resumed (SIGCONT) before the next call
+        return self.live.count.paused
 
 
 class ProcessBackend:
@@ -129,13 +135,54 @@ class ProcessBackend:
         """The user's agent when it can take the call as it is (no start, no lock to wait for)."""
         with self._lock:
             agent = self._agents.get(user.user_id)
-        if agent is None or agent.stalled or agent.forgotten or not agent.alive:
+        if agent is None or agent.paused or agent.stalled or agent.forgotten or not agent.alive:
             return None
         if self._staleness(agent, user) is not None and (
             agent.in_flight == 0 or loses_group_access(agent.group_gids, user.plan.group_gids)
         ):
             return None  # outdated and idle, or carrying a gid its plan lost: `ensure` replaces it
         return agent.live
+
+    def resume(self, user: SandboxUser) -> LiveAgent | None:
+        with self._lock:
+            agent = self._agents.get(user.user_id)
+        if agent is None or not agent.paused:
+            return None
+        with self._user_lock(user.user_id):
+            if self._agents.get(user.user_id) is not agent or not agent.paused:
+                return None  # resumed or replaced meanwhile: `ensure` decides
+            started = time.monotonic()
+            self._thaw(agent)
+            metrics.observe_start(self.name, "resume", time.monotonic() - started)
+            log.info("agent resumed %s", kv(user=user.user_id, pid=agent.proc.pid))
+        return self.warm(user)  # None when it is outdated after all: `ensure` replaces it
+
+    def _tree(self, agent: _Agent) -> list[psutil.Process]:
+        # The agent and everything it started: with bwrap the agent is the launcher's child,
+        # and shells run in sessions of their own, so its process group alone is not enough.
+        try:
+            root = psutil.Process(agent.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def _freeze(self, agent: _Agent) -> bool:
+        if not agent.live.count.pause_if_idle():
+            return False  # a call came first
+        for proc in self._tree(agent):
+            try:
+                proc.suspend()
+            except psutil.Error:
+                pass
+        return True
+
+    def _thaw(self, agent: _Agent) -> None:
+        for proc in reversed(self._tree(agent)):
+            try:
+                proc.resume()
+            except psutil.Error:
+                pass
+        agent.live.count.unpause()
 
     def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
         with self._lock:
@@ -148,6 +195,8 @@ class ProcessBackend:
     def _ready(self, user: SandboxUser) -> _Agent:
         with self._user_lock(user.user_id):
             agent = self._agents.get(user.user_id)
+            if agent is not None and agent.paused:
+                self._thaw(agent)  # e.g. the retry of a call: then judged like any other agent
             if agent is not None:
                 if agent.stalled:
                     log.warning("replacing a stalled agent %s", kv(user=user.user_id, pid=agent.proc.pid))
@@ -235,6 +284,7 @@ class ProcessBackend:
             )
         except OSError as exc:
             raise sandbox_unavailable(user_id, f"starting it failed: {exc}") from exc
+        started = time.monotonic()
         agent = _Agent(
             user_id=user_id,
             proc=proc,
@@ -263,6 +313,7 @@ class ProcessBackend:
             raise
         with self._lock:
             self._agents[user_id] = agent
+        metrics.observe_start(self.name, "cold", time.monotonic() - started)
         log.info(
             "agent started %s",
             kv(user=user_id, pid=proc.pid, uid=run_as if run_as is not None else os.geteuid(), build=release.build),
@@ -314,6 +365,8 @@ class ProcessBackend:
         with self._lock:
             if self._agents.get(agent.user_id) is agent:
                 del self._agents[agent.user_id]
+        if agent.paused and agent.alive:
+            self._thaw(agent)  # a stopped process does not act on SIGTERM
         try:
             tree = psutil.Process(agent.proc.pid).children(recursive=True)
         except psutil.Error:
@@ -368,23 +421,38 @@ class ProcessBackend:
     # --- idleness ---------------------------------------------------------------------------
 
     def reap_idle(self, now: float | None = None) -> list[int]:
-        """Stop agents idle for longer than the idle timeout; returns their users."""
+        """Pause or stop the idle agents (`idle_action`); returns the users stopped."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            candidates = [
-                a.user_id
-                for a in self._agents.values()
-                if a.in_flight == 0 and now - a.last_used > self.settings.idle_timeout_s
-            ]
+            candidates = [a.user_id for a in self._agents.values() if self._idle_action(a, now) is not IdleAction.NOTHING]
         stopped = []
         for user_id in candidates:
             with self._user_lock(user_id):
                 agent = self._agents.get(user_id)
-                if agent is not None and agent.in_flight == 0 and now - agent.last_used > self.settings.idle_timeout_s:
+                if agent is None:
+                    continue
+                action = self._idle_action(agent, now)  # again, under the lock: a call may have come
+                idle_s = round(now - agent.last_used, 1)
+                if action is IdleAction.STOP:
                     self._terminate(agent)
                     stopped.append(user_id)
-                    log.info("idle agent stopped %s", kv(user=user_id, idle_s=round(now - agent.last_used, 1)))
+                    log.info("idle agent stopped %s", kv(user=user_id, idle_s=idle_s))
+                elif action is IdleAction.PAUSE and agent.alive and self._freeze(agent):
+                    log.info("idle agent paused %s", kv(user=user_id, pid=agent.proc.pid, idle_s=idle_s))
+                else:
+                    continue
+                metrics.SANDBOX_IDLE_ACTIONS.labels(self.name, action.value).inc()
         return stopped
+
+    def _idle_action(self, agent: _Agent, now: float) -> IdleAction:
+        return idle_action(
+            idle_s=now - agent.last_used,
+            in_flight=agent.in_flight,
+            paused=agent.paused,
+            has_running_processes=False,  # agent-owned processes (the processes issue) feed this
+            pause_after_s=self.settings.pause_after_s,
+            idle_timeout_s=self.settings.idle_timeout_s,
+        )
 
     # --- status -----------------------------------------------------------------------------
 
@@ -392,7 +460,7 @@ class ProcessBackend:
         return SandboxStatus(
             user_id=agent.user_id,
             backend=self.name,
-            state="running" if agent.alive else "failed",
+            state=("paused" if agent.paused else "running") if agent.alive else "failed",
             plan_hash=agent.plan_hash,
             agent_build=agent.build,
             busy=agent.in_flight,

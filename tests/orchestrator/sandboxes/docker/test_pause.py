@@ -1,0 +1,96 @@
+"""Pause before stop and the dead-man switch against a real engine: an idle container is frozen
+(`docker inspect` says Paused) and the next call thaws it; a container no orchestrator calls
+any more stops itself; a paused one left behind is thawed by the next orchestrator and then
+stops itself too."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from orchestrator import metrics
+from orchestrator.service import OrchestratorService
+from tests.agent_env import blocking_call
+from tests.orchestrator.sandboxes.docker.conftest import docker_settings
+from tests.orchestrator.sandboxes.docker.test_lifecycle import backend_of, sandbox_user, the_container, workdir
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def _wait_for(container, predicate, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not predicate(container.attrs["State"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+        container.reload()
+
+
+def test_an_idle_container_is_paused_and_the_next_read_file_resumes_it(
+    docker_data_dir: Path, sandbox_image: str, engine: docker.DockerClient
+) -> None:
+    service = OrchestratorService(docker_settings(docker_data_dir, sandbox_image, pause_after_s=0.5, idle_timeout_s=60))
+    try:
+        backend = backend_of(service)
+        service.start()  # the reaper
+        user, cwd = sandbox_user(service), workdir(service)
+        blocking_call(backend, user, "write_file", {"path": "n.txt", "content": "kept\n"}, cwd=cwd)
+        container = the_container(engine, service)
+        _wait_for(container, lambda state: state["Paused"], 10)
+        assert container.attrs["State"]["Paused"] is True
+        assert [s.state for s in backend.status()] == ["paused"]
+        resumes = metrics.REGISTRY.get_sample_value("orchestrator_sandbox_starts_total", {"backend": "docker", "kind": "resume"}) or 0
+        assert "kept" in str(blocking_call(backend, user, "read_file", {"path": "n.txt"}, cwd=cwd))
+        container.reload()
+        assert container.attrs["State"]["Paused"] is False and container.status == "running"
+        assert the_container(engine, service).id == container.id  # thawed, not replaced
+        after = metrics.REGISTRY.get_sample_value("orchestrator_sandbox_starts_total", {"backend": "docker", "kind": "resume"})
+        assert after == resumes + 1
+    finally:
+        service.close()
+
+
+def test_an_orphaned_container_stops_itself_and_a_paused_one_is_thawed_by_the_next_orchestrator(
+    docker_data_dir: Path, sandbox_image: str, engine: docker.DockerClient
+) -> None:
+    settings = docker_settings(docker_data_dir, sandbox_image, idle_timeout_s=1.5, dead_man_margin_s=0.5)
+    # 1. No reaper ever runs (service.start() is never called): the orchestrator is as good as
+    #    gone after its call. The agent's dead-man switch stops the container by itself.
+    first = OrchestratorService(settings)
+    try:
+        blocking_call(backend_of(first), sandbox_user(first), "list_dir", {"path": "."}, cwd=workdir(first))
+        container = the_container(engine, first)
+    finally:
+        first.close()  # the container keeps running: containers outlive their orchestrator
+    container.reload()
+    assert container.status == "running"
+    _wait_for(container, lambda state: not state["Running"], 15)
+    assert container.status == "exited" and container.attrs["State"]["ExitCode"] == 0  # stopped itself, cleanly
+
+    # 2. A container paused by an orchestrator that then vanished: frozen, its switch cannot
+    #    run. The next orchestrator on this data dir thaws it at adoption, and it stops itself.
+    paused_settings = settings.model_copy(update={"pause_after_s": 0.3})
+    second = OrchestratorService(paused_settings)
+    try:
+        backend = backend_of(second)
+        blocking_call(backend, sandbox_user(second), "list_dir", {"path": "."}, cwd=workdir(second))
+        time.sleep(0.4)
+        backend.reap_idle()
+        container.reload()
+        assert container.attrs["State"]["Paused"] is True
+    finally:
+        second.close()
+    time.sleep(2.5)  # longer than the dead-man timeout of `settings`... but frozen
+    container.reload()
+    assert container.attrs["State"]["Paused"] is True  # nothing inside can act
+    third = OrchestratorService(settings)
+    try:
+        assert backend_of(third).adopt() == [17]  # no reaper runs: what follows is the agent's doing
+        container.reload()
+        assert container.attrs["State"]["Paused"] is False
+        # Its last call was long ago (the monotonic clock ran while it was frozen): it exits.
+        _wait_for(container, lambda state: not state["Running"], 10)
+        assert container.status == "exited" and container.attrs["State"]["ExitCode"] == 0
+    finally:
+        third.close()

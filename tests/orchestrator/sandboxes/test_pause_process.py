@@ -1,0 +1,97 @@
+"""Pause before stop and the dead-man switch on the process backend, with real agents: an idle
+agent is SIGSTOPped (its whole tree), the next call resumes it transparently, and an agent no
+orchestrator calls any more exits on its own."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from orchestrator import metrics
+from orchestrator.sandboxes.base import IdleAction, idle_action
+from orchestrator.sandboxes.process import ProcessBackend
+from orchestrator.service import OrchestratorService
+from tests.agent_env import blocking_call
+from tests.conftest import make_settings
+from tests.orchestrator.sandboxes.test_process import USER, sandbox_user, workdir
+
+
+def _idle(**kw: object) -> IdleAction:
+    values: dict = {"idle_s": 0.0, "in_flight": 0, "paused": False, "has_running_processes": False,
+                    "pause_after_s": 60.0, "idle_timeout_s": 900.0, **kw}  # fmt: skip
+    return idle_action(**values)
+
+
+@pytest.mark.parametrize(
+    ("kw", "expected"),
+    [
+        ({"idle_s": 10}, IdleAction.NOTHING),
+        ({"idle_s": 60}, IdleAction.PAUSE),
+        ({"idle_s": 60, "paused": True}, IdleAction.NOTHING),
+        ({"idle_s": 900}, IdleAction.STOP),
+        ({"idle_s": 900, "paused": True}, IdleAction.STOP),
+        ({"idle_s": 5000, "in_flight": 1}, IdleAction.NOTHING),
+        ({"idle_s": 5000, "has_running_processes": True}, IdleAction.NOTHING),
+        ({"idle_s": 100, "pause_after_s": 0}, IdleAction.NOTHING),  # pausing off
+        ({"idle_s": 100, "pause_after_s": 900}, IdleAction.NOTHING),  # would not come before the stop
+    ],
+)
+def test_the_idle_decision(kw: dict, expected: IdleAction) -> None:
+    assert _idle(**kw) is expected
+
+
+def _counter(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def _states(pid: int) -> set[str]:
+    root = psutil.Process(pid)
+    return {p.status() for p in [root, *root.children(recursive=True)]}
+
+
+def test_an_idle_agent_is_sigstopped_and_the_next_call_resumes_it(agent_data_dir: Path) -> None:
+    service = OrchestratorService(make_settings(agent_data_dir, pause_after_s=0.4, idle_timeout_s=60))
+    try:
+        backend = service.sandboxes.backends["process"]
+        assert isinstance(backend, ProcessBackend)
+        user, cwd = sandbox_user(service), workdir(service)
+        blocking_call(backend, user, "write_file", {"path": "note.txt", "content": "still here\n"}, cwd=cwd)
+        pid = backend.status()[0].detail["pid"]  # type: ignore[index]
+        assert backend.reap_idle() == []  # just used: nothing
+        assert _states(pid) != {psutil.STATUS_STOPPED}
+        time.sleep(0.5)
+        assert backend.reap_idle() == []  # paused, not stopped
+        assert [s.state for s in backend.status()] == ["paused"]
+        assert _states(pid) == {psutil.STATUS_STOPPED}  # the agent and all it runs: SIGSTOP
+        resumes = _counter("orchestrator_sandbox_starts_total", backend="process", kind="resume")
+        answer = blocking_call(backend, user, "read_file", {"path": "note.txt"}, cwd=cwd)
+        assert "still here" in str(answer)
+        assert backend.status()[0].detail["pid"] == pid  # the same agent, thawed  # type: ignore[index]
+        assert psutil.STATUS_STOPPED not in _states(pid)
+        assert _counter("orchestrator_sandbox_starts_total", backend="process", kind="resume") == resumes + 1
+        # A paused agent is stopped at the idle timeout like any other (SIGCONT first).
+        time.sleep(0.5)
+        backend.reap_idle()
+        assert backend.reap_idle(now=time.monotonic() + 61) == [USER]
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        service.close()
+
+
+def test_a_process_agent_nobody_calls_stops_itself(agent_data_dir: Path) -> None:
+    # No reaper runs (service.start() is not called): as if the orchestrator had vanished but
+    # the agent's parent check cannot tell (its parent lives). The agent's own switch acts.
+    service = OrchestratorService(make_settings(agent_data_dir, idle_timeout_s=0.6, dead_man_margin_s=0.2))
+    try:
+        backend = service.sandboxes.backends["process"]
+        blocking_call(backend, sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
+        proc = psutil.Process(backend.status()[0].detail["pid"])  # type: ignore[index]
+        started = time.monotonic()
+        proc.wait(timeout=10)
+        assert time.monotonic() - started >= 0.5  # not before its timeout
+        assert [s.state for s in backend.status()] == ["failed"]  # exited on its own
+    finally:
+        service.close()
