@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator import metrics
 from orchestrator.clock import now_iso
 from orchestrator.state_store import StateStore, Transaction
 
@@ -33,11 +35,13 @@ def record(
     **detail: Any,
 ) -> int:
     """Append one entry; returns its id (for `complete`)."""
+    started = time.perf_counter()
     cursor = tx.execute(
         "INSERT INTO audit_log (at, actor, action, session_id, owner_user_id, runtime_user_id, detail)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (now_iso(), actor, action, session_id, owner_user_id, runtime_user_id, json.dumps(detail, sort_keys=True)),
     )
+    metrics.AUDIT_WRITE_SECONDS.observe(time.perf_counter() - started)
     return int(cursor.lastrowid or 0)
 
 

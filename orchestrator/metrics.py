@@ -14,6 +14,7 @@ two families are simply empty.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -72,8 +73,30 @@ LARGE_TRANSFERS = Counter(
 )  # fmt: skip
 
 
+# Outcome codes partly come from the sandbox agent, which a hostile sandbox can make lie: only
+# this many distinct ones get a series of their own, later ones count as "other".
+OUTCOME_LABELS_MAX = 64
+_OUTCOME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+_outcomes: set[str] = set()
+_outcomes_lock = threading.Lock()
+
+
+def outcome_label(code: str) -> str:
+    """A bounded label value for an outcome code: the code itself while it is a plain code and
+    fewer than OUTCOME_LABELS_MAX have been seen, else "other"."""
+    if code in _outcomes:
+        return code
+    if not _OUTCOME.fullmatch(code):
+        return "other"
+    with _outcomes_lock:
+        if len(_outcomes) >= OUTCOME_LABELS_MAX:
+            return "other"
+        _outcomes.add(code)
+    return code
+
+
 def observe_tool_call(tool: str, backend: str, outcome: str, seconds: float) -> None:
-    TOOL_CALLS.labels(tool, backend, outcome).inc()
+    TOOL_CALLS.labels(tool, backend, outcome_label(outcome)).inc()
     TOOL_CALL_SECONDS.labels(tool, backend).observe(seconds)
 
 

@@ -8,6 +8,7 @@ from functools import partial
 
 from mounts.skillstore.install import SkillInstaller
 from mounts.skillstore.package import PackageLimits
+from orchestrator import metrics
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.base import SandboxBackend, reap_interval_s
 from orchestrator.sandboxes.choice import detect_backend
@@ -221,6 +222,12 @@ class OrchestratorService:
                 ttl_s=settings.tool_call_result_ttl_s, max_result_bytes=settings.tool_call_result_max_bytes
             ),
             repeat_wait_s=partial(repeat_wait_s, settings),
+        )
+        # The scrape-time gauges of /metrics read what this service keeps (docs/operations.md).
+        metrics.register_sources(
+            states=lambda: [(s.backend, s.state) for s in self.sandboxes.status()],
+            in_flight=self.dispatcher.slots.snapshot,
+            top_n=settings.metrics_top_users,
         )
         self.idle_runs = IdleRunSweeper(
             repo=self.run_repo, runs=self.runs, in_flight=self.calls_in_flight, max_idle_s=settings.run_max_idle_s

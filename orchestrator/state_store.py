@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+
+from orchestrator import metrics
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -242,6 +245,7 @@ class StateStore:
     def write(self) -> Iterator[Transaction]:
         """A write transaction taken with BEGIN IMMEDIATE; committed on success."""
         conn = self.connection()
+        started = time.perf_counter()
         if not self._write_lock.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
             raise sqlite3.OperationalError("database is locked (waited for this process's other writers)")
         try:
@@ -254,6 +258,7 @@ class StateStore:
             conn.execute("COMMIT")
         finally:
             self._write_lock.release()
+        metrics.STATE_WRITE_SECONDS.observe(time.perf_counter() - started)
 
     @contextmanager
     def read(self) -> Iterator[Transaction]:

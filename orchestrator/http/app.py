@@ -15,6 +15,7 @@ from orchestrator.http import (
     routes_egress,
     routes_files,
     routes_lookups,
+    routes_metrics,
     routes_sessions,
     routes_skills,
     routes_uploads,
@@ -63,6 +64,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_skills.router)
     app.include_router(routes_egress.router)
     app.include_router(routes_lookups.router)
+    app.include_router(routes_metrics.router)
     install_docs(
         app,
         max_user_id=settings.max_user_id,

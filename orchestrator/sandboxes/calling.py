@@ -6,12 +6,15 @@ to tool errors in one place (docs/backends.md)."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from anyio import CapacityLimiter, to_thread
 
+from orchestrator import metrics
+from orchestrator.errors import ToolError
 from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s, tool_error
 from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxPaused, SandboxUser
@@ -37,14 +40,25 @@ class SandboxCaller:
     ) -> Any:  # fmt: skip
         """On the event loop: no thread is held while the agent works, only a start waits in
         a worker thread; the warm path hops no thread at all."""
-        timeout = call_timeout_s(self._settings, tool, arguments)
-        agent = backend.warm(user) or await to_thread.run_sync(_resumed_or_ready, backend, user, limiter=self._start_threads)
-        with _attempt(backend, agent, tool, may_retry=True):
-            return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-        agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
-        with _attempt(backend, agent, tool, may_retry=False):
-            return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-        raise AssertionError("unreachable: a last attempt answers or raises")
+        started, outcome = time.perf_counter(), "internal_error"
+        try:
+            timeout = call_timeout_s(self._settings, tool, arguments)
+            agent = backend.warm(user) or await to_thread.run_sync(_resumed_or_ready, backend, user, limiter=self._start_threads)
+            with _attempt(backend, agent, tool, may_retry=True):
+                answer = await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                outcome = "ok"
+                return answer
+            agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
+            with _attempt(backend, agent, tool, may_retry=False):
+                answer = await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                outcome = "ok"
+                return answer
+            raise AssertionError("unreachable: a last attempt answers or raises")
+        except ToolError as exc:
+            outcome = exc.code
+            raise
+        finally:
+            metrics.observe_tool_call(tool, backend.name, outcome, time.perf_counter() - started)
 
     def call_blocking(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
@@ -52,14 +66,25 @@ class SandboxCaller:
     ) -> Any:  # fmt: skip
         """`call` for a worker thread, on the agent's blocking client: the same deadline, retry
         and errors."""
-        timeout = call_timeout_s(self._settings, tool, arguments)
-        agent = backend.warm(user) or _resumed_or_ready(backend, user)
-        with _attempt(backend, agent, tool, may_retry=True):
-            return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-        agent = backend.ensure(user)
-        with _attempt(backend, agent, tool, may_retry=False):
-            return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-        raise AssertionError("unreachable: a last attempt answers or raises")
+        started, outcome = time.perf_counter(), "internal_error"
+        try:
+            timeout = call_timeout_s(self._settings, tool, arguments)
+            agent = backend.warm(user) or _resumed_or_ready(backend, user)
+            with _attempt(backend, agent, tool, may_retry=True):
+                answer = agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                outcome = "ok"
+                return answer
+            agent = backend.ensure(user)
+            with _attempt(backend, agent, tool, may_retry=False):
+                answer = agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                outcome = "ok"
+                return answer
+            raise AssertionError("unreachable: a last attempt answers or raises")
+        except ToolError as exc:
+            outcome = exc.code
+            raise
+        finally:
+            metrics.observe_tool_call(tool, backend.name, outcome, time.perf_counter() - started)
 
 
 def _resumed_or_ready(backend: SandboxBackend, user: SandboxUser) -> LiveAgent:

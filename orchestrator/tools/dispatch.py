@@ -30,7 +30,7 @@ import anyio
 from pydantic import BaseModel, ValidationError
 
 from mounts.layout import DataLayout
-from orchestrator import audit
+from orchestrator import audit, metrics
 from orchestrator.clock import iso, now_iso
 from orchestrator.errors import NotFound, RunEnded, ToolError
 from orchestrator.runs.idle_runs import CallsInFlight
@@ -241,6 +241,7 @@ class ToolDispatcher:
             finally:
                 self.slots.give_back(admitted.acting_user)
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
+            metrics.observe_tool_call(admitted.tool, "host", _code(outcome), duration_ms / 1000)
             self._complete(admitted, outcome, duration_ms)
             recorded = True
         finally:

@@ -33,6 +33,11 @@ class UserCallSlots:
             if self._running[user_id] <= 0:
                 del self._running[user_id]
 
+    def snapshot(self) -> list[tuple[int, int]]:
+        """(user, calls running) of every user with one: what /metrics shows (top N)."""
+        with self._lock:
+            return list(self._running.items())
+
     def running(self, user_id: int) -> int:
         with self._lock:
             return self._running[user_id]

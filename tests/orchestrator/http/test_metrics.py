@@ -1,0 +1,73 @@
+"""`/metrics` with a real agent: the admin token only, Prometheus text that prometheus_client's
+own parser reads, and counters that move with the calls made."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator import metrics
+from tests.agent_env import agent_client, agent_data_dir, agent_service, traversable_tmp  # noqa: F401 - fixtures
+from tests.api_calls import group_session, start_run, tool
+from tests.conftest import ADMIN_TOKEN
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def _scrape(client: TestClient) -> dict:
+    response = client.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    return _samples(response.text)
+
+
+def _value(samples: dict, name: str, **labels: str) -> float:
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_metrics_need_the_admin_token(agent_client: TestClient) -> None:
+    assert agent_client.get("/metrics").status_code == 403  # the bot token is not enough
+    assert agent_client.get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
+def test_metrics_parse_and_move_with_calls(agent_client: TestClient) -> None:
+    run = start_run(agent_client, group_session(agent_client), trigger="web")["run_id"]
+    tool(agent_client, run, "write_file", path="m.txt", content="x")
+    before = _scrape(agent_client)
+    for _ in range(3):
+        assert tool(agent_client, run, "read_file", path="m.txt")["ok"]
+    assert not tool(agent_client, run, "read_file", path="missing.txt")["ok"]
+    tool(agent_client, run, "send_file", path_or_url="m.txt")
+    after = _scrape(agent_client)
+    ok = ("orchestrator_tool_calls_total", {"tool": "read_file", "backend": "process", "outcome": "ok"})
+    assert _value(after, ok[0], **ok[1]) == _value(before, ok[0], **ok[1]) + 3
+    missing = {"tool": "read_file", "backend": "process", "outcome": "not_found"}
+    assert _value(after, "orchestrator_tool_calls_total", **missing) == _value(before, "orchestrator_tool_calls_total", **missing) + 1
+    count = "orchestrator_tool_call_seconds_count"
+    assert _value(after, count, tool="read_file", backend="process") == _value(before, count, tool="read_file", backend="process") + 4
+    host = {"tool": "send_file", "backend": "host", "outcome": "ok"}
+    assert _value(after, "orchestrator_tool_calls_total", **host) == _value(before, "orchestrator_tool_calls_total", **host) + 1
+    assert _value(after, "orchestrator_sandboxes", backend="process", state="running") == 1
+    assert _value(after, "orchestrator_sandbox_starts_total", backend="process", kind="cold") >= 1
+    assert _value(after, "orchestrator_audit_write_seconds_count") > _value(before, "orchestrator_audit_write_seconds_count")
+    assert _value(after, "orchestrator_state_write_seconds_count") > _value(before, "orchestrator_state_write_seconds_count")
+    assert _value(after, "orchestrator_calls_in_flight", user="other") == 0
+
+
+def test_the_disk_usage_seam_and_the_bounded_labels(agent_client: TestClient) -> None:
+    metrics.register_disk_usage(lambda: [metrics.DiskUsage("17", 5 << 20, 1 << 30, 12, 100_000)])
+    try:
+        samples = _scrape(agent_client)
+    finally:
+        metrics.register_disk_usage(None)
+    assert _value(samples, "orchestrator_disk_used_bytes", owner="17") == 5 << 20
+    assert _value(samples, "orchestrator_disk_quota_inodes", owner="17") == 100_000
+    # A lying agent cannot mint label values without end.
+    assert metrics.outcome_label("Not A Code\n") == "other"
+    assert metrics.top_users([(5, 1), (9, 3), (2, 3), (4, 0)], 2) == ([("2", 3), ("9", 3)], 1)
