@@ -67,9 +67,9 @@ STATE_WRITE_SECONDS = Histogram(
     "orchestrator_state_write_seconds", "Duration of one state-store write transaction, from BEGIN IMMEDIATE "
     "(including the wait for the write lock) to COMMIT.", buckets=_WRITE_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
-LARGE_TRANSFERS = Counter(
-    "orchestrator_large_transfers", "Large payloads (send_file and the like) admitted or refused for "
-    "want of a slot.", ["outcome"], registry=REGISTRY,
+TRANSFERS = Counter(
+    "orchestrator_transfers", "Payload transfers (send_file, send_image, publish_artifact) admitted, or "
+    "refused with busy for want of a slot.", ["outcome"], registry=REGISTRY,
 )  # fmt: skip
 
 

@@ -239,16 +239,15 @@ class Settings(BaseSettings):
         description="A sandbox with no call for ORCH_IDLE_TIMEOUT_S plus this margin stops itself, "
         "even when no orchestrator is left to stop it (docs/lifecycle.md).",
     )
-    large_transfer_bytes: int = Field(
-        1024 * 1024,
+    transfers_max: int = Field(
+        4,
         gt=0,
-        description="A send_file / send_image / publish_artifact payload of at least this size counts "
-        "as a large transfer (bounded by the two limits below).",
+        description="send_file / send_image / publish_artifact payloads in the orchestrator's memory at once, "
+        "all users together (the RSS bound, docs/lifecycle.md).",
     )
-    large_transfers_max: int = Field(4, gt=0, description="Large transfers held in memory at once, all users.")
-    user_large_transfers_max: int = Field(2, gt=0, description="Large transfers held in memory at once per user.")
-    large_transfer_wait_s: float = Field(
-        30.0, ge=0, description="How long a large transfer waits for a free slot before it is refused (busy)."
+    user_transfers_max: int = Field(2, gt=0, description="The same, per acting user.")
+    transfer_wait_s: float = Field(
+        30.0, ge=0, description="How long a transfer waits for a free slot before it is refused with busy."
     )
     metrics_top_users: int = Field(
         20, gt=0, description="Users with the most calls in flight shown one by one on /metrics (the rest summed)."

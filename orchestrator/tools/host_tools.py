@@ -28,6 +28,7 @@ from orchestrator.settings import Settings
 from orchestrator.tools.byte_sources import BytesResolver, is_url
 from orchestrator.tools.foreign_paths import public_upload_url
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
+from orchestrator.tools.transfer_slots import TransferSlots
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from orchestrator.users.files import UserFileWriter
 from sandbox_agent.wire import PATH_FIELD, TOOL_PATH_ARG_MAX, TOOL_PATH_PATTERN
@@ -127,9 +128,18 @@ class HostTools:
         self._deliveries = deliveries
         self._sessions = sessions
         self._uploads = uploads
+        self.transfers = TransferSlots(
+            transfers_max=settings.transfers_max,
+            user_transfers_max=settings.user_transfers_max,
+            wait_s=settings.transfer_wait_s,
+        )
 
     # publish_artifact ------------------------------------------------------------------
     def publish_artifact(self, call: ToolCall) -> dict[str, Any]:
+        with self.transfers.held(call.acting_user_id, tool="publish_artifact"):  # the payload is in memory
+            return self._publish(call)
+
+    def _publish(self, call: ToolCall) -> dict[str, Any]:
         args: PublishArtifactArgs = call.arguments  # type: ignore[assignment]
         if is_url(args.path.strip()):
             raise ToolError(
@@ -170,6 +180,10 @@ class HostTools:
         return self._send(call, kind="image", tool="send_image", max_bytes=cap)
 
     def _send(self, call: ToolCall, *, kind: str, tool: str, max_bytes: int) -> dict[str, Any]:
+        with self.transfers.held(call.acting_user_id, tool=tool):  # the payload is in memory meanwhile
+            return self._send_held(call, kind=kind, tool=tool, max_bytes=max_bytes)
+
+    def _send_held(self, call: ToolCall, *, kind: str, tool: str, max_bytes: int) -> dict[str, Any]:
         args: SendArgs = call.arguments  # type: ignore[assignment]
         source = self._resolver.resolve(call, args.path_or_url, tool=tool, max_bytes=max_bytes)
         if not source.data:

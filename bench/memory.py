@@ -1,0 +1,143 @@
+"""The orchestrator's peak RSS during 20 concurrent 20 MB `send_file`s, this tree next to an
+earlier revision, in one run.
+
+Starts two real `orchestrator serve` processes (process backend, loopback), one from this
+checkout and one from `git archive REV` (as bench/tool_call_compare.py does). Each gets 20
+users with a 20 MB file in their sandbox; then, alternating between the servers, a burst of 20
+`send_file`s at once (one per user) while the server process's RSS is sampled every 2 ms
+(psutil; the agents are other processes and not counted). Prints the resting RSS, the peak
+over all bursts, the burst's wall time and the calls refused `busy` (the current tree bounds
+the transfers held in memory: ORCH_TRANSFERS_MAX, docs/lifecycle.md).
+
+Run: .venv/bin/python bench/memory.py [--baseline REV] [--rounds N] [--users N] [--size BYTES]
+(prints `name: value unit` lines; BENCH_UID_OFFSET moves both servers' sandbox uids)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.measure import BenchServer, bench_dir, orchestrator_server  # noqa: E402
+from bench.tool_call_compare import UID_BASES, export_revision  # noqa: E402
+
+MIB = 1024 * 1024
+
+
+class Sampler:
+    """The peak RSS of one process while it runs (a thread sampling every `every_s`)."""
+
+    def __init__(self, pid: int, every_s: float = 0.002) -> None:
+        self._proc = psutil.Process(pid)
+        self._every = every_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._proc.memory_info().rss)
+            time.sleep(self._every)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._proc.memory_info().rss)
+
+
+def prepare(server: BenchServer, users: int, size: int) -> list[str]:
+    runs = []
+    for user in range(17, 17 + users):
+        run = server.new_run(user)
+        server.result(run["run_id"], "shell", command=f"head -c {size} /dev/urandom > big.bin")
+        runs.append(run["run_id"])
+    return runs
+
+
+def burst(server: BenchServer, runs: list[str]) -> tuple[int, float, int]:
+    """20 send_files at once: (peak RSS, seconds, refused busy); the deliveries are deleted."""
+    start = threading.Barrier(len(runs))
+
+    def send(run_id: str) -> dict:
+        start.wait()
+        return server.tool(run_id, "send_file", path_or_url="big.bin")
+
+    with Sampler(server.process.pid) as sampler, ThreadPoolExecutor(len(runs)) as pool:
+        t0 = time.perf_counter()
+        answers = list(pool.map(send, runs))
+        seconds = time.perf_counter() - t0
+    refused = 0
+    for answer in answers:
+        if answer.get("ok"):
+            server.api.delete(f"/v1/deliveries/{answer['result']['delivery_id']}")
+        elif answer.get("error", {}).get("code") == "busy":
+            refused += 1
+        else:
+            raise RuntimeError(answer)
+    return sampler.peak, seconds, refused
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--baseline", default="main", help="git revision to compare with (default: main)")
+    parser.add_argument("--baseline-python", default=sys.executable)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--users", type=int, default=20)
+    parser.add_argument("--size", type=int, default=20_000_000, help="bytes of each file (default 20 MB)")
+    args = parser.parse_args()
+
+    base = bench_dir("memory-")
+    os.chmod(base, 0o711)
+    trees = {"baseline": (export_revision(args.baseline, base), args.baseline_python), "current": (REPO, sys.executable)}
+    with ExitStack() as stack:
+        servers: dict[str, BenchServer] = {}
+        for name, (tree, python) in trees.items():
+            settings = {
+                "ORCH_DATA_DIR": str(base / f"data-{name}"),
+                "ORCH_BACKEND": "process",
+                "ORCH_SANDBOX_UID_BASE": str(UID_BASES[name]),
+                "ORCH_MAX_USER_ID": "1000",
+                "ORCH_READ_BYTES_MAX": str(max(args.size, 20 * MIB)),
+            }
+            servers[name] = stack.enter_context(orchestrator_server(settings, python=python, cwd=tree, what=f"the {name} server"))
+        runs = {name: prepare(server, args.users, args.size) for name, server in servers.items()}
+        resting = {name: psutil.Process(s.process.pid).memory_info().rss for name, s in servers.items()}
+        peaks: dict[str, int] = {name: 0 for name in servers}
+        seconds: dict[str, list[float]] = {name: [] for name in servers}
+        refused: dict[str, int] = {name: 0 for name in servers}
+        for _ in range(args.rounds):
+            for name, server in servers.items():
+                peak, took, busy = burst(server, runs[name])
+                peaks[name] = max(peaks[name], peak)
+                seconds[name].append(took)
+                refused[name] += busy
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.baseline], capture_output=True, text=True)
+    print(f"baseline_revision: {rev.stdout.strip()} rev")
+    print(f"burst: {args.users} concurrent send_file of {args.size} bytes, {args.rounds} rounds")
+    for name in servers:
+        print(f"{name}_rss_resting: {resting[name] / MIB:.0f} MiB")
+        print(f"{name}_rss_peak: {peaks[name] / MIB:.0f} MiB")
+        print(f"{name}_rss_peak_over_resting: {(peaks[name] - resting[name]) / MIB:.0f} MiB")
+        print(f"{name}_burst_seconds_median: {sorted(seconds[name])[len(seconds[name]) // 2]:.2f} s")
+        print(f"{name}_refused_busy: {refused[name]} calls")
+    print(f"rss_peak_ratio: {peaks['baseline'] / peaks['current']:.2f} x")
+
+
+if __name__ == "__main__":
+    main()
