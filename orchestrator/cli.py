@@ -82,7 +82,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except (SchemaTooNewError, StartupRefused) as exc:
         print(f"orchestrator serve: {exc}", file=sys.stderr)
         return 2
-    log.info("serving %s", kv(host=host, port=args.port, data_dir=settings.layout.root))
+    from orchestrator.malloc_tuning import return_large_buffers
+
+    # Payload buffers go back to the OS when freed: the memory bound of docs/lifecycle.md.
+    tuned = return_large_buffers()
+    log.info("serving %s", kv(host=host, port=args.port, data_dir=settings.layout.root, mmap_threshold_fixed=tuned))
     uvicorn.run(
         create_app(service),
         host=host,
