@@ -62,6 +62,7 @@ from orchestrator.sandboxes.docker_spec import (
     observed_from_attrs,
     user_of,
 )
+from orchestrator.sandboxes.warden import Warden
 from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
 from orchestrator.log import kv
 from orchestrator.settings import Settings
@@ -166,6 +167,7 @@ class DockerBackend:
         self._expected_lock = expected_agent_lock()
         self._adopted = False
         self._adopt_lock = threading.Lock()
+        self._warden = Warden(self.instance)  # thaws our paused containers should we vanish
 
     # --- the backend's own lifecycle ------------------------------------------------------
     def close(self) -> None:
@@ -176,6 +178,7 @@ class DockerBackend:
             with slot.lock:
                 slot.forget_agent()
         self.client.close()
+        self._warden.close()  # thaws the paused ones: their agents' own switch bounds them
 
     def adopt(self) -> list[int]:
         """Take over the containers labelled with this instance (once); remove those of users
@@ -575,6 +578,7 @@ class DockerBackend:
         the engine refused (it then stays running, and is stopped later as before)."""
         if not slot.count.pause_if_idle():
             return False
+        self._warden.started()  # before the freeze: nothing frozen without a warden
         container = self._find(slot)
         try:
             if container is None or container.status != "running":

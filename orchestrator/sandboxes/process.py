@@ -41,6 +41,7 @@ from orchestrator.sandboxes.agent_launch import prepare_agent_launch
 from orchestrator import metrics
 from orchestrator.sandboxes.base import IdleAction, LiveAgent, SandboxStatus, SandboxUser, idle_action, loses_group_access
 from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
+from orchestrator.sandboxes.warden import Warden
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
@@ -121,6 +122,7 @@ class ProcessBackend:
                 kv(reason=self.isolation.reason, network=self.isolation.process_network),
             )
         self._answer_limits = answer_limits(settings)
+        self._warden = Warden(None)  # thaws our SIGSTOPped agents should we vanish
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -169,6 +171,11 @@ class ProcessBackend:
     def _freeze(self, agent: _Agent) -> bool:
         if not agent.live.count.pause_if_idle():
             return False  # a call came first
+        try:
+            self._warden.frozen(agent.proc.pid, psutil.Process(agent.proc.pid).create_time())
+        except psutil.Error:  # it just exited: nothing to freeze
+            agent.live.count.unpause()
+            return False
         for proc in self._tree(agent):
             try:
                 proc.suspend()
@@ -183,6 +190,7 @@ class ProcessBackend:
             except psutil.Error:
                 pass
         agent.live.count.unpause()
+        self._warden.thawed(agent.proc.pid)
 
     def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
         with self._lock:
@@ -486,3 +494,4 @@ class ProcessBackend:
             agents = list(self._agents.values())
         for agent in agents:
             self._terminate(agent)
+        self._warden.close()

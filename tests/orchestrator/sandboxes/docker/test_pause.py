@@ -68,10 +68,9 @@ def test_an_orphaned_container_stops_itself_and_a_paused_one_is_thawed_by_the_ne
     _wait_for(container, lambda state: not state["Running"], 15)
     assert container.status == "exited" and container.attrs["State"]["ExitCode"] == 0  # stopped itself, cleanly
 
-    # 2. A container paused by an orchestrator that then vanished: frozen, its switch cannot
-    #    run. The next orchestrator on this data dir thaws it at adoption, and it stops itself.
-    paused_settings = settings.model_copy(update={"pause_after_s": 0.3})
-    second = OrchestratorService(paused_settings)
+    # 2. Paused by an orchestrator that then shut down: its thaw warden thaws it on the way
+    #    out, and the thawed agent's own switch stops it.
+    second = OrchestratorService(settings.model_copy(update={"pause_after_s": 0.3}))
     try:
         backend = backend_of(second)
         blocking_call(backend, sandbox_user(second), "list_dir", {"path": "."}, cwd=workdir(second))
@@ -81,16 +80,62 @@ def test_an_orphaned_container_stops_itself_and_a_paused_one_is_thawed_by_the_ne
         assert container.attrs["State"]["Paused"] is True
     finally:
         second.close()
-    time.sleep(2.5)  # longer than the dead-man timeout of `settings`... but frozen
-    container.reload()
-    assert container.attrs["State"]["Paused"] is True  # nothing inside can act
+    _wait_for(container, lambda state: not state["Running"], 15)
+    assert container.status == "exited" and container.attrs["State"]["ExitCode"] == 0
+
+    # 3. Frozen with no warden left (say the host's service manager killed both): the next
+    #    orchestrator on this data dir thaws it at adoption, and it stops itself.
     third = OrchestratorService(settings)
     try:
-        assert backend_of(third).adopt() == [17]  # no reaper runs: what follows is the agent's doing
+        blocking_call(backend_of(third), sandbox_user(third), "list_dir", {"path": "."}, cwd=workdir(third))
+    finally:
+        third.close()
+    container.reload()
+    container.pause()
+    time.sleep(2.5)  # longer than its dead-man timeout, but frozen: nothing inside can act
+    container.reload()
+    assert container.attrs["State"]["Paused"] is True
+    fourth = OrchestratorService(settings)
+    try:
+        assert backend_of(fourth).adopt() == [17]  # no reaper runs: what follows is the agent's doing
         container.reload()
         assert container.attrs["State"]["Paused"] is False
         # Its last call was long ago (the monotonic clock ran while it was frozen): it exits.
         _wait_for(container, lambda state: not state["Running"], 10)
         assert container.status == "exited" and container.attrs["State"]["ExitCode"] == 0
     finally:
-        third.close()
+        fourth.close()
+
+
+def test_a_killed_orchestrator_leaves_no_container_frozen_forever(
+    docker_data_dir: Path, sandbox_image: str, engine: docker.DockerClient
+) -> None:
+    """The orchestrator process is SIGKILLed right after its reaper paused a sandbox: nothing
+    of it runs any more, yet its warden thaws the container and the agent stops itself."""
+    import signal
+
+    import httpx
+    import psutil
+
+    from orchestrator.sandboxes.docker_spec import LABEL_INSTANCE, instance_id
+    from tests.api_calls import start_run, tool
+    from tests.conftest import API_TOKEN
+    from tests.live_server import free_port, serve_process
+
+    env = {
+        "ORCH_BACKEND": "docker", "ORCH_SANDBOX_IMAGE": sandbox_image, "ORCH_API_TOKEN": API_TOKEN,
+        "ORCH_PAUSE_AFTER_S": "0.3", "ORCH_IDLE_TIMEOUT_S": "2", "ORCH_DEAD_MAN_MARGIN_S": "0.5",
+    }  # fmt: skip
+    with serve_process(str(docker_data_dir), free_port(), extra_env=env) as url:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=60) as api:
+            sid = api.post("/v1/sessions", json={"owner_user_id": 17, "channel": "web"}).json()["session_id"]
+            run = start_run(api, sid, trigger="web")  # type: ignore[arg-type]
+            assert tool(api, run["run_id"], "list_dir", path=".")["ok"]  # type: ignore[arg-type]
+        server = next(p for p in psutil.Process().children() if "serve" in p.cmdline())
+        container = engine.containers.list(all=True, filters={"label": f"{LABEL_INSTANCE}={instance_id(docker_data_dir)}"})[0]
+        _wait_for(container, lambda state: state["Paused"], 10)
+        assert container.attrs["State"]["Paused"] is True
+        server.send_signal(signal.SIGKILL)
+        server.wait(10)
+        _wait_for(container, lambda state: not state["Running"], 20)
+        assert container.status == "exited" and container.attrs["State"]["ExitCode"] == 0
