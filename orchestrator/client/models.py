@@ -187,7 +187,7 @@ class RunPage(Model):
 class SandboxState(Model):
     user_id: int
     backend: str
-    state: str  # running | stopped | failed | none
+    state: str  # running | paused | stopped | failed | none
     since: str | None
     busy: int
     last_call_at: str | None

@@ -28,7 +28,7 @@ class RunListOut(BaseModel):
 class SandboxOut(BaseModel):
     user_id: int
     backend: str  # the backend this user's sandbox runs on (its override, or the default)
-    state: str  # running | stopped | failed | none (no sandbox: it starts with the next call)
+    state: str  # running | paused | stopped | failed | none (no sandbox: it starts with the next call)
     since: str | None  # when the sandbox started (running) or stopped (a stopped container)
     busy: int  # the user's calls in flight
     last_call_at: str | None  # the user's last tool call (as a run's runtime user), or None
