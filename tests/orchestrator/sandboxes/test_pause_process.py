@@ -52,20 +52,28 @@ def _states(pid: int) -> set[str]:
     return {p.status() for p in [root, *root.children(recursive=True)]}
 
 
+def _stopped(pid: int) -> bool:
+    # A SIGSTOP takes effect when its target is next scheduled: a moment, not at once.
+    deadline = time.monotonic() + 2
+    while _states(pid) != {psutil.STATUS_STOPPED} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _states(pid) == {psutil.STATUS_STOPPED}
+
+
 def test_an_idle_agent_is_sigstopped_and_the_next_call_resumes_it(agent_data_dir: Path) -> None:
-    service = OrchestratorService(make_settings(agent_data_dir, pause_after_s=0.4, idle_timeout_s=60))
+    # Times given to the reaper as `now`, not slept: the test does not depend on the load.
+    service = OrchestratorService(make_settings(agent_data_dir, pause_after_s=30, idle_timeout_s=600))
     try:
         backend = service.sandboxes.backends["process"]
         assert isinstance(backend, ProcessBackend)
         user, cwd = sandbox_user(service), workdir(service)
         blocking_call(backend, user, "write_file", {"path": "note.txt", "content": "still here\n"}, cwd=cwd)
         pid = backend.status()[0].detail["pid"]  # type: ignore[index]
-        assert backend.reap_idle() == []  # just used: nothing
-        assert _states(pid) != {psutil.STATUS_STOPPED}
-        time.sleep(0.5)
-        assert backend.reap_idle() == []  # paused, not stopped
+        assert backend.reap_idle(now=time.monotonic() + 20) == []  # not idle long enough: nothing
+        assert psutil.STATUS_STOPPED not in _states(pid)
+        assert backend.reap_idle(now=time.monotonic() + 31) == []  # paused, not stopped
         assert [s.state for s in backend.status()] == ["paused"]
-        assert _states(pid) == {psutil.STATUS_STOPPED}  # the agent and all it runs: SIGSTOP
+        assert _stopped(pid)  # the agent and all it runs: SIGSTOP
         resumes = _counter("orchestrator_sandbox_starts_total", backend="process", kind="resume")
         answer = blocking_call(backend, user, "read_file", {"path": "note.txt"}, cwd=cwd)
         assert "still here" in str(answer)
@@ -73,9 +81,9 @@ def test_an_idle_agent_is_sigstopped_and_the_next_call_resumes_it(agent_data_dir
         assert psutil.STATUS_STOPPED not in _states(pid)
         assert _counter("orchestrator_sandbox_starts_total", backend="process", kind="resume") == resumes + 1
         # A paused agent is stopped at the idle timeout like any other (SIGCONT first).
-        time.sleep(0.5)
-        backend.reap_idle()
-        assert backend.reap_idle(now=time.monotonic() + 61) == [USER]
+        backend.reap_idle(now=time.monotonic() + 31)
+        assert [s.state for s in backend.status()] == ["paused"]
+        assert backend.reap_idle(now=time.monotonic() + 601) == [USER]
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     finally:
         service.close()
