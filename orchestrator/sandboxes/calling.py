@@ -40,25 +40,15 @@ class SandboxCaller:
     ) -> Any:  # fmt: skip
         """On the event loop: no thread is held while the agent works, only a start waits in
         a worker thread; the warm path hops no thread at all."""
-        started, outcome = time.perf_counter(), "internal_error"
-        try:
+        with _recorded(backend, tool):
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or await to_thread.run_sync(_resumed_or_ready, backend, user, limiter=self._start_threads)
             with _attempt(backend, agent, tool, may_retry=True):
-                answer = await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-                outcome = "ok"
-                return answer
+                return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
             agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
             with _attempt(backend, agent, tool, may_retry=False):
-                answer = await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-                outcome = "ok"
-                return answer
+                return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
             raise AssertionError("unreachable: a last attempt answers or raises")
-        except ToolError as exc:
-            outcome = exc.code
-            raise
-        finally:
-            metrics.observe_tool_call(tool, backend.name, outcome, time.perf_counter() - started)
 
     def call_blocking(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
@@ -66,25 +56,30 @@ class SandboxCaller:
     ) -> Any:  # fmt: skip
         """`call` for a worker thread, on the agent's blocking client: the same deadline, retry
         and errors."""
-        started, outcome = time.perf_counter(), "internal_error"
-        try:
+        with _recorded(backend, tool):
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or _resumed_or_ready(backend, user)
             with _attempt(backend, agent, tool, may_retry=True):
-                answer = agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-                outcome = "ok"
-                return answer
+                return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
             agent = backend.ensure(user)
             with _attempt(backend, agent, tool, may_retry=False):
-                answer = agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
-                outcome = "ok"
-                return answer
+                return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
             raise AssertionError("unreachable: a last attempt answers or raises")
-        except ToolError as exc:
-            outcome = exc.code
-            raise
-        finally:
-            metrics.observe_tool_call(tool, backend.name, outcome, time.perf_counter() - started)
+
+
+@contextmanager
+def _recorded(backend: SandboxBackend, tool: str) -> Iterator[None]:
+    """The call on /metrics: its tool, backend, outcome (`ok` or the tool error's code) and
+    latency, whichever way it ends."""
+    started, outcome = time.perf_counter(), "internal_error"
+    try:
+        yield
+        outcome = "ok"
+    except ToolError as exc:
+        outcome = exc.code
+        raise
+    finally:
+        metrics.observe_tool_call(tool, backend.name, outcome, time.perf_counter() - started)
 
 
 def _resumed_or_ready(backend: SandboxBackend, user: SandboxUser) -> LiveAgent:
