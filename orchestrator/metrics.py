@@ -6,9 +6,10 @@ add in prometheus_client, cheap enough for the warm tool-call path; what costs m
 by state, in-flight calls per user, disk usage) is computed only when /metrics is scraped, by
 collectors that read state the orchestrator already keeps.
 
-Disk and inode usage per user come from a seam: `register_disk_usage(source)` takes a callable
-returning `DiskUsage` rows; until the per-user disk images land nothing is registered and the
-two families are simply empty.
+Disk and inode usage per volume (a user's places, share/, a group workspace) come from a seam:
+`register_disk_usage(source)` takes a callable returning `VolumeUsage` rows; the composition
+root registers the disk quotas' `all_usage` when a quota mechanism is in force, else the four
+families stay empty.
 """
 
 from __future__ import annotations
@@ -109,11 +110,11 @@ def observe_start(backend: str, kind: str, seconds: float) -> None:
 
 
 @dataclass(frozen=True)
-class DiskUsage:
-    """One row of the per-user disk seam: what a user (or a group workspace, `owner` names it)
-    uses and may use. A quota of None = none enforced."""
+class VolumeUsage:
+    """One row of the disk seam: what a volume (a user's places, share/, a group workspace:
+    `volume` names it) uses and may use. A quota of None = none enforced."""
 
-    owner: str
+    volume: str
     used_bytes: int
     quota_bytes: int | None
     used_inodes: int
@@ -136,7 +137,7 @@ class _ScrapeCollector(Collector):
         self._lock = threading.Lock()
         self.states: Callable[[], Iterable[tuple[str, str]]] | None = None  # (backend, state) per sandbox
         self.in_flight: Callable[[], Iterable[tuple[int, int]]] | None = None  # (user, calls)
-        self.disk: Callable[[], Iterable[DiskUsage]] | None = None
+        self.disk: Callable[[], Iterable[VolumeUsage]] | None = None
         self.top_n = 20
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -159,21 +160,21 @@ class _ScrapeCollector(Collector):
         users.add_metric(["other"], rest)
         yield users
         families = {
-            name: GaugeMetricFamily(f"orchestrator_disk_{name}", text, labels=["owner"])
+            name: GaugeMetricFamily(f"orchestrator_disk_{name}", text, labels=["volume"])
             for name, text in (
-                ("used_bytes", "Bytes a user's (or a group's) data uses."),
-                ("quota_bytes", "That owner's disk quota in bytes."),
-                ("used_inodes", "Inodes a user's (or a group's) data uses."),
-                ("quota_inodes", "That owner's inode quota."),
+                ("used_bytes", "Bytes a volume (a user's places, share/, a group workspace) uses."),
+                ("quota_bytes", "That volume's disk quota in bytes."),
+                ("used_inodes", "Inodes that volume uses."),
+                ("quota_inodes", "That volume's inode quota."),
             )
         }
         for row in _safely("disk usage", disk):
-            families["used_bytes"].add_metric([row.owner], row.used_bytes)
-            families["used_inodes"].add_metric([row.owner], row.used_inodes)
+            families["used_bytes"].add_metric([row.volume], row.used_bytes)
+            families["used_inodes"].add_metric([row.volume], row.used_inodes)
             if row.quota_bytes is not None:
-                families["quota_bytes"].add_metric([row.owner], row.quota_bytes)
+                families["quota_bytes"].add_metric([row.volume], row.quota_bytes)
             if row.quota_inodes is not None:
-                families["quota_inodes"].add_metric([row.owner], row.quota_inodes)
+                families["quota_inodes"].add_metric([row.volume], row.quota_inodes)
         yield from families.values()
 
 
@@ -202,9 +203,9 @@ def register_sources(
         _SCRAPE.states, _SCRAPE.in_flight, _SCRAPE.top_n = states, in_flight, top_n
 
 
-def register_disk_usage(source: Callable[[], Iterable[DiskUsage]] | None) -> None:
-    """The seam for per-user disk and inode usage: the disk-quota code registers its one usage
-    function here; None unregisters it."""
+def register_disk_usage(source: Callable[[], Iterable[VolumeUsage]] | None) -> None:
+    """The seam for per-volume disk and inode usage (the disk quotas' `all_usage`, adapted by
+    the composition root); None unregisters it."""
     with _SCRAPE._lock:
         _SCRAPE.disk = source
 

@@ -229,6 +229,8 @@ class OrchestratorService:
             in_flight=self.dispatcher.slots.snapshot,
             top_n=settings.metrics_top_users,
         )
+        quotas_on = self.disk_quotas.mechanism is not QuotaMechanism.OFF
+        metrics.register_disk_usage(self._volume_usage if quotas_on else None)
         self.idle_runs = IdleRunSweeper(
             repo=self.run_repo, runs=self.runs, in_flight=self.calls_in_flight, max_idle_s=settings.run_max_idle_s
         )
@@ -239,6 +241,12 @@ class OrchestratorService:
     def _stop_sandbox_of(self, user_id: int) -> None:
         for backend in self.sandboxes.backends.values():
             backend.stop(user_id)
+
+    def _volume_usage(self) -> list[metrics.VolumeUsage]:
+        return [
+            metrics.VolumeUsage(u.volume, u.bytes_used, u.bytes_limit, u.inodes_used, u.inodes_limit)
+            for u in self.disk_quotas.all_usage()
+        ]
 
     def _stop_calls_of_run(self, run: RunRecord) -> None:
         # Its runtime user's sandbox runs its container tools; any other that has one in flight too.

@@ -3,6 +3,8 @@ own parser reads, and counters that move with the calls made."""
 
 from __future__ import annotations
 
+import time
+
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -61,13 +63,37 @@ def test_metrics_parse_and_move_with_calls(agent_client: TestClient) -> None:
 
 
 def test_the_disk_usage_seam_and_the_bounded_labels(agent_client: TestClient) -> None:
-    metrics.register_disk_usage(lambda: [metrics.DiskUsage("17", 5 << 20, 1 << 30, 12, 100_000)])
+    metrics.register_disk_usage(lambda: [metrics.VolumeUsage("user-17", 5 << 20, 1 << 30, 12, 100_000)])
     try:
         samples = _scrape(agent_client)
     finally:
         metrics.register_disk_usage(None)
-    assert _value(samples, "orchestrator_disk_used_bytes", owner="17") == 5 << 20
-    assert _value(samples, "orchestrator_disk_quota_inodes", owner="17") == 100_000
+    assert _value(samples, "orchestrator_disk_used_bytes", volume="user-17") == 5 << 20
+    assert _value(samples, "orchestrator_disk_quota_inodes", volume="user-17") == 100_000
     # A lying agent cannot mint label values without end.
     assert metrics.outcome_label("Not A Code\n") == "other"
     assert metrics.top_users([(5, 1), (9, 3), (2, 3), (4, 0)], 2) == ([("2", 3), ("9", 3)], 1)
+
+
+def test_disk_usage_per_volume_shows_on_metrics_with_the_scan_quota() -> None:
+    from tests.orchestrator.quotas.world import QuotaWorld, quota_settings, traversable_data_dir
+
+    settings = quota_settings(
+        traversable_data_dir(), disk_quota="scan", user_disk_quota_mb=8, user_inode_quota=500, disk_scan_interval_s=0.5,
+    )  # fmt: skip
+    world = QuotaWorld(settings)
+    try:
+        world.shell(33, "head -c 3000000 /dev/urandom > some")
+        deadline = time.monotonic() + 10
+        while True:
+            samples = _scrape(world.client)
+            used = _value(samples, "orchestrator_disk_used_bytes", volume="user-33")
+            if used >= 3_000_000 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert used >= 3_000_000
+        assert world.user_disk(33)["usage"]["bytes_used"] >= 3_000_000  # the admin route agrees
+        assert _value(samples, "orchestrator_disk_quota_bytes", volume="user-33") == 8 * 1024 * 1024
+        assert _value(samples, "orchestrator_disk_quota_inodes", volume="user-33") == 500
+    finally:
+        world.close()
