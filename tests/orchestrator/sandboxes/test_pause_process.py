@@ -103,3 +103,23 @@ def test_a_process_agent_nobody_calls_stops_itself(agent_data_dir: Path) -> None
         assert [s.state for s in backend.status()] == ["failed"]  # exited on its own
     finally:
         service.close()
+
+
+def test_the_warden_thaws_a_sigstopped_agent_when_the_orchestrators_pipe_ends(agent_data_dir: Path) -> None:
+    # The pipe ends as it would if the orchestrator were killed: the warden (a process of its
+    # own) then SIGCONTs the agent it was told about, whose own checks can run again.
+    service = OrchestratorService(make_settings(agent_data_dir, pause_after_s=30, idle_timeout_s=600))
+    try:
+        backend = service.sandboxes.backends["process"]
+        assert isinstance(backend, ProcessBackend)
+        blocking_call(backend, sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
+        pid = backend.status()[0].detail["pid"]  # type: ignore[index]
+        backend.reap_idle(now=time.monotonic() + 31)
+        assert _stopped(pid)
+        warden = backend._warden._proc
+        assert warden is not None and warden.poll() is None
+        backend._warden.close()  # EOF on the warden's stdin
+        assert warden.returncode == 0
+        assert psutil.STATUS_STOPPED not in _states(pid)
+    finally:
+        service.close()
