@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import ValidationError
 
@@ -79,6 +79,7 @@ class _Answer:
     content_type: str
     raw_header: str  # X-Tool-Result
     content: bytes
+    spooled: int | None = None  # a raw body written to the caller's sink instead: its length
 
 
 def _content_type(value: str | None) -> str:
@@ -157,7 +158,7 @@ def tool_result(tool: str, answer: _Answer, limits: AnswerLimits) -> Any:
     raw_bytes = tool == "read_bytes"
     if answer.status == 200 and answer.content_type == OCTET_STREAM and raw_bytes:
         try:
-            return ReadBytesResult.from_raw(answer.raw_header, answer.content)
+            return ReadBytesResult.from_raw(answer.raw_header, answer.content, spooled=answer.spooled)
         except ValueError as exc:
             raise AgentToolError("agent_error", f"The sandbox agent answered read_bytes without usable fields: {exc}") from None
     try:
@@ -192,6 +193,24 @@ def tool_result(tool: str, answer: _Answer, limits: AnswerLimits) -> Any:
 
 
 # --- the blocking client (http.client) ------------------------------------------------------
+
+SPOOL_CHUNK = 256 * 1024  # bytes of a raw answer read and written at a time
+
+
+def _copy_body(raw: http.client.HTTPResponse, length: int, sink: BinaryIO) -> int:
+    """Copy `length` bytes of the body to `sink` in pieces; how many arrived (fewer: the agent
+    closed early, and the caller refuses the answer as the size disagrees)."""
+    copied = 0
+    while copied < length:
+        piece = raw.read(min(SPOOL_CHUNK, length - copied))
+        if not piece:
+            break
+        sink.write(piece)
+        copied += len(piece)
+    if copied == length:
+        raw.read()  # nothing left: marks the answer complete, so its connection can be reused
+    return copied
+
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -305,6 +324,7 @@ class AgentClient(_AgentClientBase):
         body: bytes | None = None,
         accept: str | None = None,
         timeout_s: float | None = None,
+        sink: BinaryIO | None = None,
     ) -> _Answer:
         timeout = self._timeout_s if timeout_s is None else timeout_s
         conn, reused = self._checkout(min(timeout, self._connect_timeout_s))
@@ -321,7 +341,11 @@ class AgentClient(_AgentClientBase):
             length = answer_length(
                 raw.getheader("Content-Length"), raw.chunked, body_limit(self.answer_limits, accept), self.socket_path
             )
-            content = raw.read(length)
+            spooled = None
+            if sink is not None and raw.status == 200 and _content_type(raw.getheader("Content-Type")) == OCTET_STREAM:
+                content, spooled = b"", _copy_body(raw, length, sink)
+            else:
+                content = raw.read(length)
         except AgentToolError:
             conn.close()  # the rest of the answer stays unread
             raise
@@ -335,13 +359,14 @@ class AgentClient(_AgentClientBase):
             raise AgentUnavailable(
                 f"agent at {self.socket_path} failed mid-request on {kind} connection: {exc!r}", delivered=True
             ) from exc
-        if raw.will_close or len(content) != length:
+        if raw.will_close or (len(content) if spooled is None else spooled) != length:
             conn.close()
         else:
             self._checkin(conn)
         return _Answer(
-            raw.status, _content_type(raw.getheader("Content-Type")), raw.getheader(RAW_RESULT_HEADER) or "", content
-        )
+            raw.status, _content_type(raw.getheader("Content-Type")), raw.getheader(RAW_RESULT_HEADER) or "", content,
+            spooled,
+        )  # fmt: skip
 
     # --- the API ----------------------------------------------------------------------------
 
@@ -356,14 +381,20 @@ class AgentClient(_AgentClientBase):
         cwd: str,
         context: CallContext | None = None,
         timeout_s: float | None = None,
+        sink: BinaryIO | None = None,
     ) -> Any:
         """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
-        tool-level failure and `AgentUnavailable` when the agent could not be reached."""
+        tool-level failure and `AgentUnavailable` when the agent could not be reached. With a
+        `sink`, read_bytes' raw bytes are written to it in pieces as they arrive (never held
+        whole) and the result's `data` is empty."""
         accept = OCTET_STREAM if tool == "read_bytes" else None
+        sink = sink if tool == "read_bytes" else None
         url = f"/v1/tools/{tool}"
-        answer = self._send("POST", url, body=tool_request(arguments, cwd, context), accept=accept, timeout_s=timeout_s)
+        body = tool_request(arguments, cwd, context)
+        answer = self._send("POST", url, body=body, accept=accept, timeout_s=timeout_s, sink=sink)
         if refused_context(answer, context):
-            answer = self._send("POST", url, body=tool_request(arguments, cwd, None), accept=accept, timeout_s=timeout_s)
+            body = tool_request(arguments, cwd, None)
+            answer = self._send("POST", url, body=body, accept=accept, timeout_s=timeout_s, sink=sink)
         return tool_result(tool, answer, self.answer_limits)
 
     def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:

@@ -397,15 +397,17 @@ class ReadBytesResult(BaseModel):
         return json.dumps(escape_names({"path": self.path, "size": self.size, "media_type": self.media_type}))
 
     @classmethod
-    def from_raw(cls, header: str, data: bytes) -> ReadBytesResult:
-        """From a raw answer; ValueError when the header is unusable or the size disagrees."""
+    def from_raw(cls, header: str, data: bytes, *, spooled: int | None = None) -> ReadBytesResult:
+        """From a raw answer (`spooled`: its bytes went to a sink, this many; `data` is then
+        empty); ValueError when the header is unusable or the size disagrees."""
         try:
             fields = json.loads(header)
             result = cls(path=fields["path"], size=fields["size"], media_type=fields["media_type"], data=data)
         except (ValueError, TypeError, KeyError, ValidationError) as exc:
             raise ValueError(f"{RAW_RESULT_HEADER}: {exc}") from None
-        if result.size != len(data):
-            raise ValueError(f"{len(data)} bytes arrived, {result.size} announced")
+        arrived = len(data) if spooled is None else spooled
+        if result.size != arrived:
+            raise ValueError(f"{arrived} bytes arrived, {result.size} announced")
         return result
 
     @classmethod

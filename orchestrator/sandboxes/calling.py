@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, BinaryIO
 
 from anyio import CapacityLimiter, to_thread
 
@@ -52,19 +52,27 @@ class SandboxCaller:
 
     def call_blocking(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
-        context: CallContext | None = None,
+        context: CallContext | None = None, sink: BinaryIO | None = None,
     ) -> Any:  # fmt: skip
         """`call` for a worker thread, on the agent's blocking client: the same deadline, retry
-        and errors."""
+        and errors. `sink`: read_bytes' bytes are written there as they arrive (a seekable
+        file, emptied before each attempt)."""
         with _recorded(backend, tool):
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or _resumed_or_ready(backend, user)
             with _attempt(backend, agent, tool, may_retry=True):
-                return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink))
             agent = backend.ensure(user)
             with _attempt(backend, agent, tool, may_retry=False):
-                return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink))
             raise AssertionError("unreachable: a last attempt answers or raises")
+
+
+def _emptied(sink: BinaryIO | None) -> BinaryIO | None:
+    if sink is not None:  # nothing of a failed attempt stays in it
+        sink.seek(0)
+        sink.truncate()
+    return sink
 
 
 @contextmanager

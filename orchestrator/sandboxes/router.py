@@ -12,7 +12,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
@@ -216,8 +216,9 @@ class SandboxRouter:
                 raise self._named_no_space(user_id, exc) from None
 
     def call_blocking(
-        self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
-    ) -> Any:
+        self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None,
+        sink: BinaryIO | None = None,
+    ) -> Any:  # fmt: skip
         """`call` for code running in a worker thread (host tools). It blocks that thread on the
         agent's blocking client instead of hopping back to the loop (`anyio.from_thread`): the
         hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
@@ -228,7 +229,7 @@ class SandboxRouter:
             hook(user_id, context)
         with self.in_flight.calling(user_id, context):
             try:
-                return self.caller.call_blocking(backend, user, tool, arguments, cwd=cwd, context=context)
+                return self.caller.call_blocking(backend, user, tool, arguments, cwd=cwd, context=context, sink=sink)
             except ToolError as exc:
                 raise self._named_no_space(user_id, exc) from None
 

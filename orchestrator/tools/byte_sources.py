@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from mounts.layout import DataLayout
 from orchestrator.errors import ToolError
@@ -30,11 +31,16 @@ _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 
 @dataclass(frozen=True)
 class ResolvedBytes:
-    data: bytes
+    data: bytes  # empty when they went to a sink instead (`spooled`)
     file_name: str | None
     media_type: str | None  # as declared by the source (extension or Content-Type), not sniffed
     origin: str  # sandbox | uploads | url
     location: str  # the absolute path or the URL read
+    spooled: int | None = None  # bytes written to the caller's sink
+
+    @property
+    def size(self) -> int:
+        return len(self.data) if self.spooled is None else self.spooled
 
 
 def is_url(value: str) -> bool:
@@ -57,7 +63,10 @@ class BytesResolver:
         self._sandboxes = sandboxes
         self._fetcher = fetcher
 
-    def resolve(self, call: ToolCall, path_or_url: str, *, tool: str, max_bytes: int) -> ResolvedBytes:
+    def resolve(
+        self, call: ToolCall, path_or_url: str, *, tool: str, max_bytes: int, sink: BinaryIO | None = None
+    ) -> ResolvedBytes:
+        """The bytes to send; a sandbox file's go to `sink` when one is given (`from_path`)."""
         value = path_or_url.strip()
         if not value:
             raise ToolError("invalid_arguments", "Give a file path or an http(s) URL.", field="path_or_url")
@@ -67,7 +76,7 @@ class BytesResolver:
             raise ToolError(
                 "invalid_arguments", f"A path is at most {TOOL_PATH_ARG_MAX} characters.", field="path_or_url"
             )
-        return self.from_path(call, value, tool=tool, max_bytes=max_bytes)
+        return self.from_path(call, value, tool=tool, max_bytes=max_bytes, sink=sink)
 
     def _from_url(self, url: str, max_bytes: int) -> ResolvedBytes:
         scheme = url.split(":", 1)[0].lower()
@@ -96,7 +105,11 @@ class BytesResolver:
         fetched = self._fetcher.fetch(url, max_bytes=max_bytes)
         return ResolvedBytes(fetched.data, fetched.file_name, fetched.media_type, "url", fetched.url)
 
-    def from_path(self, call: ToolCall, path: str, *, tool: str, max_bytes: int) -> ResolvedBytes:
+    def from_path(
+        self, call: ToolCall, path: str, *, tool: str, max_bytes: int, sink: BinaryIO | None = None
+    ) -> ResolvedBytes:
+        """The bytes of a sandbox file; with `sink` (a seekable binary file) they are written
+        there as they arrive instead of being held whole (`ResolvedBytes.spooled`)."""
         user = call.acting_user_id
         foreign = classify_foreign_path(
             path,
@@ -114,7 +127,7 @@ class BytesResolver:
         # model's own calls, on the agent's blocking client.
         try:
             result = self._sandboxes.call_blocking(
-                user, "read_bytes", {"path": path}, cwd=call.workdir, context=call.context()
+                user, "read_bytes", {"path": path}, cwd=call.workdir, context=call.context(), sink=sink
             )
         except ToolError as exc:
             if exc.code != "too_large":
@@ -125,6 +138,11 @@ class BytesResolver:
         if not isinstance(result, ReadBytesResult):
             raise ToolError("sandbox_error", f"The sandbox answered read_bytes with a {type(result).__name__}.")
         data, location = result.data, result.path
-        if len(data) > max_bytes:
-            raise ToolError("too_large", f"The file is {len(data)} bytes; {tool} sends at most {max_bytes}: {location}", path=location)
-        return ResolvedBytes(data, location.rsplit("/", 1)[-1] or None, result.media_type, "sandbox", location)
+        if result.size > max_bytes:
+            raise ToolError("too_large", f"The file is {result.size} bytes; {tool} sends at most {max_bytes}: {location}", path=location)
+        spooled = None
+        if sink is not None:
+            if data:  # an agent of an earlier BUILD answers in JSON: the bytes came whole
+                sink.write(data)
+            data, spooled = b"", result.size
+        return ResolvedBytes(data, location.rsplit("/", 1)[-1] or None, result.media_type, "sandbox", location, spooled)

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mounts.layout import DataLayout
 from orchestrator.sessions.chat_records import Role
-from orchestrator.deliveries.outbox import DeliveryStore, NewDelivery
+from orchestrator.deliveries.outbox import DeliverySpool, DeliveryStore, NewDelivery
 from orchestrator.errors import ToolError
 from orchestrator.deliveries.image_types import SNIFF_BYTES, sniff_image
 from mounts.fs.nofollow import UnsafePath
@@ -180,15 +180,19 @@ class HostTools:
         return self._send(call, kind="image", tool="send_image", max_bytes=cap)
 
     def _send(self, call: ToolCall, *, kind: str, tool: str, max_bytes: int) -> dict[str, Any]:
-        with self.transfers.held(call.acting_user_id, tool=tool):  # the payload is in memory meanwhile
-            return self._send_held(call, kind=kind, tool=tool, max_bytes=max_bytes)
+        # A sandbox file streams into the outbox through the spool; a URL's bytes come whole
+        # (bounded by the slot).
+        with self.transfers.held(call.acting_user_id, tool=tool), self._deliveries.spool(SNIFF_BYTES) as spool:
+            return self._send_held(call, kind=kind, tool=tool, max_bytes=max_bytes, spool=spool)
 
-    def _send_held(self, call: ToolCall, *, kind: str, tool: str, max_bytes: int) -> dict[str, Any]:
+    def _send_held(
+        self, call: ToolCall, *, kind: str, tool: str, max_bytes: int, spool: DeliverySpool
+    ) -> dict[str, Any]:
         args: SendArgs = call.arguments  # type: ignore[assignment]
-        source = self._resolver.resolve(call, args.path_or_url, tool=tool, max_bytes=max_bytes)
-        if not source.data:
+        source = self._resolver.resolve(call, args.path_or_url, tool=tool, max_bytes=max_bytes, sink=spool)
+        if not source.size:
             raise ToolError("empty_file", f"The file is empty; there is nothing to send: {source.location}")
-        image = sniff_image(source.data[:SNIFF_BYTES])
+        image = sniff_image(spool.head if source.spooled is not None else source.data[:SNIFF_BYTES])
         if kind == "image":
             if image is None:
                 raise ToolError(
@@ -219,7 +223,8 @@ class HostTools:
                 media_type=media_type or "application/octet-stream",
                 source=source.location,
                 data=source.data,
-            )
+            ),
+            spool=spool if source.spooled is not None else None,
         )
         return {
             "delivery_id": delivery.delivery_id,
