@@ -242,8 +242,8 @@ class Settings(BaseSettings):
     transfers_max: int = Field(
         4,
         gt=0,
-        description="send_file / send_image / publish_artifact payloads in the orchestrator's memory at once, "
-        "all users together (the RSS bound, docs/lifecycle.md).",
+        description="send_file / send_image / publish_artifact transfers at once, all users together "
+        "(with streaming, the RSS bound: docs/lifecycle.md).",
     )
     user_transfers_max: int = Field(2, gt=0, description="The same, per acting user.")
     transfer_wait_s: float = Field(

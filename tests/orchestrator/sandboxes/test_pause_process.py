@@ -89,14 +89,21 @@ def test_an_idle_agent_is_sigstopped_and_the_next_call_resumes_it(agent_data_dir
         service.close()
 
 
+def _one_agent(service: OrchestratorService) -> tuple[ProcessBackend, int]:
+    """The process backend with the user's agent started by one call, and the agent's pid."""
+    backend = service.sandboxes.backends["process"]
+    assert isinstance(backend, ProcessBackend)
+    blocking_call(backend, sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
+    return backend, backend.status()[0].detail["pid"]  # type: ignore[index,return-value]
+
+
 def test_a_process_agent_nobody_calls_stops_itself(agent_data_dir: Path) -> None:
     # No reaper runs (service.start() is not called): as if the orchestrator had vanished but
     # the agent's parent check cannot tell (its parent lives). The agent's own switch acts.
     service = OrchestratorService(make_settings(agent_data_dir, idle_timeout_s=0.6, dead_man_margin_s=0.2))
     try:
-        backend = service.sandboxes.backends["process"]
-        blocking_call(backend, sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
-        proc = psutil.Process(backend.status()[0].detail["pid"])  # type: ignore[index]
+        backend, pid = _one_agent(service)
+        proc = psutil.Process(pid)
         started = time.monotonic()
         proc.wait(timeout=10)
         assert time.monotonic() - started >= 0.5  # not before its timeout
@@ -110,10 +117,7 @@ def test_the_warden_thaws_a_sigstopped_agent_when_the_orchestrators_pipe_ends(ag
     # own) then SIGCONTs the agent it was told about, whose own checks can run again.
     service = OrchestratorService(make_settings(agent_data_dir, pause_after_s=30, idle_timeout_s=600))
     try:
-        backend = service.sandboxes.backends["process"]
-        assert isinstance(backend, ProcessBackend)
-        blocking_call(backend, sandbox_user(service), "list_dir", {"path": "."}, cwd=workdir(service))
-        pid = backend.status()[0].detail["pid"]  # type: ignore[index]
+        backend, pid = _one_agent(service)
         backend.reap_idle(now=time.monotonic() + 31)
         assert _stopped(pid)
         warden = backend._warden._proc
