@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -105,6 +106,23 @@ def main() -> None:
     base = bench_dir("memory-")
     os.chmod(base, 0o711)
     trees = {"baseline": (export_revision(args.baseline, base), args.baseline_python), "current": (REPO, sys.executable)}
+    try:
+        peaks, resting, seconds, refused, names = _measure(base, trees, args)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # 20 users' files and deliveries: hundreds of MiB
+    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.baseline], capture_output=True, text=True)
+    print(f"baseline_revision: {rev.stdout.strip()} rev")
+    print(f"burst: {args.users} concurrent send_file of {args.size} bytes, {args.rounds} rounds")
+    for name in names:
+        print(f"{name}_rss_resting: {resting[name] / MIB:.0f} MiB")
+        print(f"{name}_rss_peak: {peaks[name] / MIB:.0f} MiB")
+        print(f"{name}_rss_peak_over_resting: {(peaks[name] - resting[name]) / MIB:.0f} MiB")
+        print(f"{name}_burst_seconds_median: {sorted(seconds[name])[len(seconds[name]) // 2]:.2f} s")
+        print(f"{name}_refused_busy: {refused[name]} calls")
+    print(f"rss_peak_ratio: {peaks['baseline'] / peaks['current']:.2f} x")
+
+
+def _measure(base: Path, trees: dict[str, tuple[Path, str]], args: argparse.Namespace):  # type: ignore[no-untyped-def]
     with ExitStack() as stack:
         servers: dict[str, BenchServer] = {}
         for name, (tree, python) in trees.items():
@@ -127,16 +145,7 @@ def main() -> None:
                 peaks[name] = max(peaks[name], peak)
                 seconds[name].append(took)
                 refused[name] += busy
-    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.baseline], capture_output=True, text=True)
-    print(f"baseline_revision: {rev.stdout.strip()} rev")
-    print(f"burst: {args.users} concurrent send_file of {args.size} bytes, {args.rounds} rounds")
-    for name in servers:
-        print(f"{name}_rss_resting: {resting[name] / MIB:.0f} MiB")
-        print(f"{name}_rss_peak: {peaks[name] / MIB:.0f} MiB")
-        print(f"{name}_rss_peak_over_resting: {(peaks[name] - resting[name]) / MIB:.0f} MiB")
-        print(f"{name}_burst_seconds_median: {sorted(seconds[name])[len(seconds[name]) // 2]:.2f} s")
-        print(f"{name}_refused_busy: {refused[name]} calls")
-    print(f"rss_peak_ratio: {peaks['baseline'] / peaks['current']:.2f} x")
+    return peaks, resting, seconds, refused, list(servers)
 
 
 if __name__ == "__main__":
