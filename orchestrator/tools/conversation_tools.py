@@ -68,7 +68,9 @@ class ReadConversationArgs(_Args):
 
 
 class SessionSearchArgs(_Args):
-    query: str = Field(..., min_length=1, max_length=200)
+    # The schema says what the validator checks: at least one character str.strip() keeps
+    # (Python's whitespace is ECMA's plus \x1c-\x1f and \x85, hence the class).
+    query: str = Field(..., min_length=1, max_length=200, json_schema_extra={"pattern": r"[^\s\x1c-\x1f\x85]"})
 
     @field_validator("query")
     @classmethod
