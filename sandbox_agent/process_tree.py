@@ -40,9 +40,10 @@ MARKER_ENV = "SANDBOX_AGENT_CALL"
 
 _lock = threading.Lock()  # spawning + registering a leader, and reaping, are atomic w.r.t. each other
 _active: set[Leader] = set()  # shells of calls in flight: reaped by their own Popen
-# The hook for long-lived processes the agent owns (a future "background processes" feature
-# registers them with `keep`): they and their descendants are never swept.
+# Background processes the agent owns (sandbox_agent/processes.py): they and their
+# descendants are never swept; their leaders are reaped by their own Popen, never here.
 _kept: set[int] = set()
+_owned: set[int] = set()
 _adopting = False  # set once the agent became a child subreaper
 _sweep_uid = False  # every process of this uid belongs to this sandbox (a uid of its own)
 
@@ -236,6 +237,34 @@ def spawn(start: Callable[[], Popen[Any]], marker: str) -> tuple[Popen[Any], Lea
     return proc, leader
 
 
+def spawn_kept(start: Callable[[], Popen[Any]], marker: str) -> tuple[Popen[Any], Leader]:
+    """Start a background process: kept (never swept) and owned (reaped by its own Popen),
+    atomically with respect to the sweep and the reaping of orphans."""
+    with _lock:
+        proc = start()
+        try:
+            leader = Leader(proc.pid, _start_of(proc.pid), marker)
+        except (OSError, ValueError, IndexError):
+            leader = Leader(proc.pid, -1, marker)
+        _kept.add(proc.pid)
+        _owned.add(proc.pid)
+    return proc, leader
+
+
+def disown(leader: Leader) -> None:
+    """After its Popen reaped it: the pid may be anyone's from now on."""
+    with _lock:
+        _kept.discard(leader.pid)
+        _owned.discard(leader.pid)
+
+
+def kill_kept(leader: Leader) -> int:
+    """Kill a background process's whole tree: no longer kept, so the sweep takes it too."""
+    with _lock:
+        _kept.discard(leader.pid)
+    return kill_call(leader)
+
+
 def unregister(leader: Leader) -> None:
     with _lock:
         _active.discard(leader)
@@ -268,7 +297,7 @@ def _reap_orphans(table: Mapping[int, ProcInfo]) -> None:
         return
     me = os.getpid()
     with _lock:  # a shell spawned meanwhile is registered before its pid can be seen here
-        leaders = {leader.pid for leader in _active}
+        leaders = {leader.pid for leader in _active} | _owned
         for info in table.values():
             if info.ppid == me and not info.running and info.pid not in leaders:
                 try:

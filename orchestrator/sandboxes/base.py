@@ -16,6 +16,9 @@ from typing import Any, Protocol
 
 from mounts.plan import MountPlan
 from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.errors import AgentUnavailable
+
+PROCESS_HEALTH_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,15 @@ class CallCount:
         self.in_flight = 0
         self.last_used = time.monotonic()
         self.paused = False  # frozen by the reaper: no call may go to it until it is resumed
+        # Background processes running in the sandbox as its agent last said (None: not known
+        # yet, e.g. a container adopted after a restart). `runs_processes` is the one reader.
+        self.processes: int | None = 0
+
+    @property
+    def busy(self) -> bool:
+        """A call in flight, or background processes (by the last count): not idle, and not
+        to be restarted for a plan or BUILD change."""
+        return self.in_flight > 0 or self.processes != 0
 
     @contextmanager
     def calling(self) -> Iterator[None]:
@@ -186,3 +198,20 @@ class SandboxBackend(Protocol):
     def close(self) -> None:
         """Release resources at orchestrator shutdown (sandboxes may keep running)."""
 
+
+
+def runs_processes(live: LiveAgent | None, count: CallCount) -> bool:
+    """Whether the sandbox runs background processes, so an idle stop must spare it: the one
+    way the orchestrator knows (docs/processes.md). The count every process_* answer carries
+    is kept on the agent's `CallCount`; a count that is not zero (or not known) is refreshed
+    from the agent's `/health` (`processes`), since a process may have ended unseen."""
+    if count.processes == 0:
+        return False
+    if live is None:
+        return True  # not known, and no agent to ask: keep it
+    try:
+        health = live.blocking.health(timeout_s=PROCESS_HEALTH_TIMEOUT_S)
+    except AgentUnavailable:
+        return False  # an agent that does not answer keeps nothing running worth sparing
+    count.processes = health.processes
+    return health.processes > 0

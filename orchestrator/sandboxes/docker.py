@@ -45,6 +45,7 @@ from orchestrator.sandboxes.base import (
     SandboxUser,
     idle_action,
     loses_group_access,
+    runs_processes,
 )
 from orchestrator.sandboxes.docker_spec import (
     LABEL_BUILD,
@@ -201,6 +202,7 @@ class DockerBackend:
                 with slot.lock:
                     slot.container_id = container.id
                     slot.count.touch()
+                    slot.count.processes = None  # its agent may run background processes: ask before an idle stop
                     slot.stopped = container.status not in ("running", "paused")
                 adopted.append(user_id)
                 log.info("adopted a sandbox %s", kv(user=user_id, container=container.short_id, status=container.status))
@@ -342,7 +344,7 @@ class DockerBackend:
             return  # the warm path: no Docker API call
         container = self._find(slot)
         observed = observed_from_attrs(container.attrs) if container is not None else None
-        busy = slot.count.in_flight > 0
+        busy = slot.count.busy  # a call in flight, or background processes
         if busy and container is not None:  # a revoked group does not wait for the calls under way
             running_gids = {int(g) for g in container.attrs.get("HostConfig", {}).get("GroupAdd") or []}
             busy = not loses_group_access(running_gids - {self.directories.shared_gid}, user.plan.group_gids)
@@ -457,6 +459,7 @@ class DockerBackend:
             agent.close()
             return False
         slot.running_build, slot.container_id = health.build, container.id
+        slot.count.processes = health.processes
         slot.live = self._live(slot, agent, token)
         return True
 
@@ -553,11 +556,18 @@ class DockerBackend:
             try:
                 if slot.container_id is None or slot.stopped:
                     continue
+                processes = False
+                if not slot.count.paused:  # a frozen agent ran none when it was paused
+                    if slot.live is None and slot.count.processes is None:  # adopted: ask its agent
+                        container = self._find(slot)
+                        if container is not None and container.status == "running":
+                            self._reconnect(slot, container)
+                    processes = runs_processes(slot.live, slot.count)
                 action = idle_action(
                     idle_s=now - slot.count.last_used,
                     in_flight=slot.count.in_flight,
                     paused=slot.count.paused,
-                    has_running_processes=False,  # agent-owned processes (the processes issue) feed this
+                    has_running_processes=processes,  # background processes: busy, whatever the calls
                     pause_after_s=self.settings.pause_after_s,
                     idle_timeout_s=self.settings.idle_timeout_s,
                 )
