@@ -93,6 +93,7 @@ class Ring:
         self._runs: deque[Run] = deque()
         self._floor = 0  # cursors below it were dropped (overwritten, or their run evicted)
         self.changed = threading.Condition()
+        self._write_lock = threading.Lock()
         self.closed = False
 
     @property
@@ -102,14 +103,19 @@ class Ring:
     def append(self, stream: str, data: bytes) -> None:
         if not data:
             return
+        # One writer at a time (stdout and stderr have a thread each): two appends must never
+        # take the same offset. Readers only wait for `changed`, never for a write.
+        with self._write_lock:
+            self._append(stream, data)
+
+    def _append(self, stream: str, data: bytes) -> None:
         if len(data) > self.cap:  # only its end can be kept
             skipped = len(data) - self.cap
             with self.changed:
                 self.total += skipped
                 self._floor = max(self._floor, self.total)
             data = data[skipped:]
-        with self.changed:
-            offset = self.total
+        offset = self.total  # only writers move it, and this is the only one now
         position = offset % self.cap
         first = data[: self.cap - position]
         try:

@@ -39,7 +39,8 @@ from sandbox_agent.process_spool import Ring, decode_run
 PROCESS_ID = re.compile(r"p-[0-9a-f]{24}")
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL, "HUP": signal.SIGHUP}
 ENDED_KEPT = 64  # ended processes kept listable per agent; the oldest go (with their spool)
-READ_BYTES = 65536
+READ_BYTES = 1024 * 1024
+PIPE_BYTES = 1024 * 1024  # a larger pipe: fewer wake-ups of the reader for a chatty process
 PIPE_GRACE_S = 2.0  # after the leader exits, how long its output is still read
 WRITE_TIMEOUT_S = 5.0
 COMMAND_SHOWN = 1000
@@ -196,6 +197,11 @@ class ProcessTable:
                 fds = {"stdin": in_r, "stdout": out_w, "stderr": err_w}
             for fd in ours:
                 os.set_inheritable(fd, False)
+            for fd in ours[1:]:
+                try:
+                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+                except OSError:
+                    pass  # past /proc/sys/fs/pipe-max-size for this uid: the default size
             proc, leader = process_tree.spawn_kept(lambda: popen(fds, marker), marker)
         except (OSError, subprocess.SubprocessError) as exc:
             for fd in [*child_fds, *ours, ring_fd]:
