@@ -315,3 +315,15 @@ def test_a_sandbox_with_a_running_process_is_not_idle(tight: Api) -> None:
     while _agent_running(tight) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _agent_running(tight)  # once it ended, the sandbox is idle like any other
+
+
+def test_shell_keeps_its_timeout_and_a_child_holding_the_pipe_does_not_hold_the_call(api: Api) -> None:
+    run_id = api.run(api.session())
+    began = time.monotonic()
+    # A child that escapes its group, session and environment marker, still holding stdout.
+    left = api.ok(run_id, "shell", command="setsid env -i /bin/sleep 30 & echo started", timeout_s=20)
+    assert left["exit_code"] == 0 and left["stdout"] == "started\n" and time.monotonic() - began < 5, left
+    began = time.monotonic()
+    timed = api.ok(run_id, "shell", command="echo partial; setsid env -i /bin/sleep 30 & sleep 30", timeout_s=1)
+    assert timed["exit_code"] == 124 and timed["timed_out"] and timed["stdout"] == "partial\n", timed
+    assert time.monotonic() - began < 5
