@@ -443,9 +443,8 @@ class _Stream:
                 pass
 
 
-async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None, socket_path: str) -> tuple[_Answer, bool]:
-    """One answer, read to its announced length at most; and whether the agent keeps the
-    connection open."""
+async def _read_head(stream: _Stream) -> tuple[str, int, dict[str, str]]:
+    """The status line and headers of one answer: (HTTP version, status, lower-cased headers)."""
     head = await stream.reader.readuntil(b"\r\n\r\n")  # LimitOverrunError past the stream's buffer
     if len(head) > HEADER_MAX_BYTES:
         raise ValueError(f"the answer's headers are {len(head)} bytes, more than {HEADER_MAX_BYTES}")
@@ -460,6 +459,13 @@ async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None
         if not sep:
             raise ValueError(f"not a header line: {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
+    return version, status, headers
+
+
+async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None, socket_path: str) -> tuple[_Answer, bool]:
+    """One answer, read to its announced length at most; and whether the agent keeps the
+    connection open."""
+    version, status, headers = await _read_head(stream)
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
     length = answer_length(headers.get("content-length"), chunked, body_limit(limits, accept), socket_path)
     content = await stream.reader.readexactly(length) if length else b""
@@ -518,7 +524,10 @@ class AsyncAgentClient(_AgentClientBase):
         body: bytes | None = None,
         accept: str | None = None,
         timeout_s: float | None = None,
+        on_output: Callable[[str, str], None] | None = None,
     ) -> _Answer:
+        """One request and its answer; with `on_output`, the answer is a streamed call's
+        (`_read_streamed`)."""
         timeout = self._timeout_s if timeout_s is None else timeout_s
         stream, reused = await self._checkout()
         head = f"{method} {url} HTTP/1.1\r\n{self._head}"
@@ -530,7 +539,10 @@ class AsyncAgentClient(_AgentClientBase):
         try:
             async with asyncio.timeout(timeout):
                 stream.writer.write(head.encode("latin-1") + b"\r\n" + (body or b""))
-                answer, keep = await _read_answer(stream, self.answer_limits, accept, self.socket_path)
+                if on_output is None:
+                    answer, keep = await _read_answer(stream, self.answer_limits, accept, self.socket_path)
+                else:
+                    answer, keep = await _read_streamed(stream, self.answer_limits, self.socket_path, on_output)
         except AgentToolError:
             raise  # an answer refused unread: the connection is closed below
         except TimeoutError as exc:
@@ -587,32 +599,10 @@ class AsyncAgentClient(_AgentClientBase):
         """A streamed call (`shell`): `on_output(stream, text)` for every output event as it
         arrives, then the result as `call` returns it. Bounded like every answer: each line,
         and all of them together; an answer that is not a stream (an error) is read as one."""
-        timeout = self._timeout_s if timeout_s is None else timeout_s
-        stream, reused = await self._checkout()
         body = tool_request(arguments, cwd, context)
-        head = (
-            f"POST /v1/tools/{tool} HTTP/1.1\r\n{self._head}Accept: {NDJSON}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        answer = await self._send(
+            "POST", f"/v1/tools/{tool}", body=body, accept=NDJSON, timeout_s=timeout_s, on_output=on_output
         )
-        keep = False
-        try:
-            async with asyncio.timeout(timeout):
-                stream.writer.write(head.encode("latin-1") + body)
-                answer, keep = await _read_streamed(stream, self.answer_limits, self.socket_path, on_output)
-        except AgentToolError:
-            raise
-        except TimeoutError as exc:
-            raise AgentTimedOut(f"agent at {self.socket_path} did not answer within {timeout:g} s") from exc
-        except (OSError, EOFError, ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError) as exc:
-            kind = "a reused" if reused else "a new"
-            raise AgentUnavailable(
-                f"agent at {self.socket_path} failed mid-stream on {kind} connection: {exc!r}", delivered=True
-            ) from exc
-        finally:
-            if keep:
-                self._checkin(stream)
-            else:
-                stream.close()
         return tool_result(tool, answer, self.answer_limits)
 
 
@@ -632,20 +622,7 @@ async def _read_streamed(
     stream: _Stream, limits: AnswerLimits, socket_path: str, on_output: Callable[[str, str], None]
 ) -> tuple[_Answer, bool]:
     """A chunked NDJSON answer: output lines to `on_output`, the result line as the answer."""
-    head = await stream.reader.readuntil(b"\r\n\r\n")
-    if len(head) > HEADER_MAX_BYTES:
-        raise ValueError(f"the answer's headers are {len(head)} bytes, more than {HEADER_MAX_BYTES}")
-    lines = head[:-4].decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    if not version.startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP/1 status line: {lines[0][:80]!r}")
-    status = int(rest[:3])
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise ValueError(f"not a header line: {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
+    version, status, headers = await _read_head(stream)
     keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
     content_type = _content_type(headers.get("content-type"))
     if "chunked" not in headers.get("transfer-encoding", "").lower() or content_type != NDJSON:

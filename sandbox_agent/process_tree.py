@@ -224,30 +224,22 @@ def select_victims(
 # --- acting -----------------------------------------------------------------------------------
 
 
-def spawn(start: Callable[[], Popen[Any]], marker: str) -> tuple[Popen[Any], Leader]:
+def spawn(start: Callable[[], Popen[Any]], marker: str, *, kept: bool = False) -> tuple[Popen[Any], Leader]:
     """Start a call's shell with `start()` and register it, atomically with respect to the
-    leftover sweep and the reaping of orphans (neither may take it for a leftover)."""
+    leftover sweep and the reaping of orphans (neither may take it for a leftover). `kept`:
+    a background process instead (sandbox_agent/processes.py), never swept and reaped only
+    by its own Popen, until `disown`."""
     with _lock:
         proc = start()
         try:
             leader = Leader(proc.pid, _start_of(proc.pid), marker)
         except (OSError, ValueError, IndexError):
             leader = Leader(proc.pid, -1, marker)
-        _active.add(leader)
-    return proc, leader
-
-
-def spawn_kept(start: Callable[[], Popen[Any]], marker: str) -> tuple[Popen[Any], Leader]:
-    """Start a background process: kept (never swept) and owned (reaped by its own Popen),
-    atomically with respect to the sweep and the reaping of orphans."""
-    with _lock:
-        proc = start()
-        try:
-            leader = Leader(proc.pid, _start_of(proc.pid), marker)
-        except (OSError, ValueError, IndexError):
-            leader = Leader(proc.pid, -1, marker)
-        _kept.add(proc.pid)
-        _owned.add(proc.pid)
+        if kept:
+            _kept.add(proc.pid)
+            _owned.add(proc.pid)
+        else:
+            _active.add(leader)
     return proc, leader
 
 

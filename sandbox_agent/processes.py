@@ -202,7 +202,7 @@ class ProcessTable:
                     fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
                 except OSError:
                     pass  # past /proc/sys/fs/pipe-max-size for this uid: the default size
-            proc, leader = process_tree.spawn_kept(lambda: popen(fds, marker), marker)
+            proc, leader = process_tree.spawn(lambda: popen(fds, marker), marker, kept=True)
         except (OSError, subprocess.SubprocessError) as exc:
             for fd in [*child_fds, *ours, ring_fd]:
                 try:
