@@ -344,15 +344,17 @@ class DockerBackend:
             return  # the warm path: no Docker API call
         container = self._find(slot)
         observed = observed_from_attrs(container.attrs) if container is not None else None
-        busy = slot.count.busy  # a call in flight, or background processes
-        if busy and container is not None:  # a revoked group does not wait for the calls under way
-            running_gids = {int(g) for g in container.attrs.get("HostConfig", {}).get("GroupAdd") or []}
-            busy = not loses_group_access(running_gids - {self.directories.shared_gid}, user.plan.group_gids)
         if container is not None and observed is not None and observed.running and slot.live is None:
             # Adopted, or contact lost: ask the agent that runs there which BUILD it is.
             if not self._reconnect(slot, container):
                 # Running but its agent does not answer (hung, or its token is gone): replace it.
                 observed = replace(observed, running=False, exit_code=-1)
+                slot.count.processes = 0  # nothing of that agent is kept
+        # A call in flight, or background processes (asked afresh: this is the slow path).
+        busy = slot.count.in_flight > 0 or runs_processes(slot.live, slot.count)
+        if busy and container is not None:  # a revoked group does not wait for the calls under way
+            running_gids = {int(g) for g in container.attrs.get("HostConfig", {}).get("GroupAdd") or []}
+            busy = not loses_group_access(running_gids - {self.directories.shared_gid}, user.plan.group_gids)
         action = decide(observed, desired, running_build=slot.running_build, busy=busy)
         if action is Action.USE:
             slot.plan_hash, slot.image_id = (observed.plan_hash, observed.image_id) if observed else (None, None)
@@ -366,6 +368,7 @@ class DockerBackend:
                running_build=slot.running_build, host_build=desired.agent_build),
         )  # fmt: skip
         slot.forget_agent()
+        slot.count.processes = 0  # a new agent (or container) runs none of the old one's
         with self._starts:
             started = time.monotonic()
             release = self.deployment.ensure()
@@ -528,6 +531,7 @@ class DockerBackend:
 
     def _stop_locked(self, slot: _Slot, *, reason: str) -> None:
         slot.forget_agent()
+        slot.count.processes = 0  # a stopped container's processes are gone with it
         slot.stopped = True
         container = self._find(slot)
         if container is not None and container.status == "paused":
@@ -558,7 +562,7 @@ class DockerBackend:
                     continue
                 processes = False
                 if not slot.count.paused:  # a frozen agent ran none when it was paused
-                    if slot.live is None and slot.count.processes is None:  # adopted: ask its agent
+                    if slot.live is None and slot.count.processes != 0:  # adopted, or contact lost: ask its agent
                         container = self._find(slot)
                         if container is not None and container.status == "running":
                             self._reconnect(slot, container)

@@ -226,7 +226,8 @@ class ProcessBackend:
                 elif agent.alive:
                     stale = self._staleness(agent, user)
                     lost = loses_group_access(agent.group_gids, user.plan.group_gids)
-                    if stale is None or (agent.live.count.busy and not lost):
+                    busy = stale is not None and (agent.in_flight > 0 or runs_processes(agent.live, agent.live.count))
+                    if stale is None or (busy and not lost):
                         return agent  # an outdated agent keeps serving until it is idle (no process runs)
                     log.info("restarting an outdated agent %s", kv(user=user.user_id, reason=stale))
                 else:
