@@ -145,9 +145,9 @@ class ReadBytesArgs(_Args):
 # --- background processes (sandbox_agent/processes.py, docs/processes.md) ---------------------
 
 PROCESS_ID_PATTERN = r"^p-[0-9a-f]{24}$"
-_PROCESS_ID = Field(
-    ..., description="The id process_start answered.", json_schema_extra={"pattern": PROCESS_ID_PATTERN}, max_length=26
-)
+_PROCESS_ID = Field(..., description="The id process_start answered.", pattern=PROCESS_ID_PATTERN, max_length=26)
+# Strict: JSON's 0 and "true" are not booleans (the schema a model receives says so).
+JsonBool = Annotated[bool, Field(strict=True)]
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 PROCESS_ENV_MAX = 64
 PROCESS_ENV_VALUE_MAX = 32 * 1024
@@ -171,12 +171,14 @@ class ProcessStartArgs(_Args):
         description="More environment variables (names: letters, digits, _).",
         json_schema_extra={"propertyNames": {"pattern": ENV_NAME_PATTERN}},
     )
-    pty: bool = Field(False, description="Run it in a terminal (stdout and stderr are then one stream).")
+    pty: JsonBool = Field(False, description="Run it in a terminal (stdout and stderr are then one stream).")
     cols: json_int(ge=1, le=TERMINAL_MAX) | None = Field(None, description="Terminal width (pty). Default 80.")  # type: ignore[valid-type]
     rows: json_int(ge=1, le=TERMINAL_MAX) | None = Field(None, description="Terminal height (pty). Default 24.")  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _names(self) -> ProcessStartArgs:
+        if "\x00" in self.command:  # no argv can hold one (the pattern above is schema only)
+            raise ValueError("command: contains a NUL byte")
         for name in self.env or {}:
             if not re.fullmatch(ENV_NAME_PATTERN, name):
                 raise ValueError(f"env: {name[:40]!r} is not a variable name")
@@ -197,7 +199,7 @@ class ProcessOutputArgs(_Args):
 class ProcessWriteArgs(_Args):
     process_id: str = _PROCESS_ID
     data: str = Field(..., max_length=PROCESS_WRITE_MAX, description="Text for its stdin (or keys for its terminal).")
-    close_stdin: bool = Field(False, description="Close its stdin after writing (end of input; not for a pty).")
+    close_stdin: JsonBool = Field(False, description="Close its stdin after writing (end of input; not for a pty).")
 
 
 class ProcessResizeArgs(_Args):
