@@ -35,8 +35,9 @@ from typing import Any
 from sandbox_agent import process_tree
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.process_spool import Ring, decode_run
+from sandbox_agent.wire import PROCESS_ID_PATTERN
 
-PROCESS_ID = re.compile(r"p-[0-9a-f]{24}")
+PROCESS_ID = re.compile(PROCESS_ID_PATTERN)
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL, "HUP": signal.SIGHUP}
 ENDED_KEPT = 64  # ended processes kept listable per agent; the oldest go (with their spool)
 READ_BYTES = 1024 * 1024

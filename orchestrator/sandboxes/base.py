@@ -97,12 +97,23 @@ class CallCount:
         # Background processes running in the sandbox as its agent last said (None: not known
         # yet, e.g. a container adopted after a restart). `runs_processes` is the one reader.
         self.processes: int | None = 0
+        # No process the host started can run past this (monotonic): the agent kills each at
+        # its maximum runtime. A sandbox that lies about its count is busy no longer than that.
+        self.processes_until = 0.0
+
+    def note_processes(self, count: int | None, *, started_for_s: float | None = None) -> None:
+        """The agent's count; `started_for_s`: a process was just started (or may be running,
+        unknown) for at most this long."""
+        with self._lock:
+            self.processes = count
+            if started_for_s is not None:
+                self.processes_until = max(self.processes_until, time.monotonic() + started_for_s)
 
     @property
     def busy(self) -> bool:
         """A call in flight, or background processes (by the last count): not idle, and not
         to be restarted for a plan or BUILD change."""
-        return self.in_flight > 0 or self.processes != 0
+        return self.in_flight > 0 or (self.processes != 0 and time.monotonic() <= self.processes_until)
 
     @contextmanager
     def calling(self) -> Iterator[None]:
@@ -205,13 +216,13 @@ def runs_processes(live: LiveAgent | None, count: CallCount) -> bool:
     way the orchestrator knows (docs/processes.md). The count every process_* answer carries
     is kept on the agent's `CallCount`; a count that is not zero (or not known) is refreshed
     from the agent's `/health` (`processes`), since a process may have ended unseen."""
-    if count.processes == 0:
-        return False
+    if count.processes == 0 or time.monotonic() > count.processes_until:
+        return False  # none, or none can still run whatever the sandbox says
     if live is None:
         return True  # not known, and no agent to ask: keep it
     try:
         health = live.blocking.health(timeout_s=PROCESS_HEALTH_TIMEOUT_S)
     except AgentUnavailable:
         return False  # an agent that does not answer keeps nothing running worth sparing
-    count.processes = health.processes
+    count.note_processes(health.processes)
     return health.processes > 0

@@ -47,11 +47,20 @@ class SandboxCaller:
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or await to_thread.run_sync(_resumed_or_ready, backend, user, limiter=self._start_threads)
             with _attempt(backend, agent, tool, may_retry=True):
-                return _noted(agent, await self._send(agent, tool, arguments, cwd, context, timeout, on_output))
+                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, on_output))
             agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
             with _attempt(backend, agent, tool, may_retry=False):
-                return _noted(agent, await self._send(agent, tool, arguments, cwd, context, timeout, on_output))
+                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, on_output))
             raise AssertionError("unreachable: a last attempt answers or raises")
+
+    def _noted(self, agent: LiveAgent, tool: str, result: Any) -> Any:
+        """Keep the count of background processes a process_* answer carries on the agent."""
+        if isinstance(result, dict):
+            count = result.get("running_processes")
+            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+                started = self._settings.process_max_runtime_s if tool == "process_start" else None
+                agent.count.note_processes(count, started_for_s=started)
+        return result
 
     @staticmethod
     async def _send(
@@ -73,10 +82,10 @@ class SandboxCaller:
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or _resumed_or_ready(backend, user)
             with _attempt(backend, agent, tool, may_retry=True):
-                return _noted(agent, agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink)))
+                return self._noted(agent, tool, agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink)))
             agent = backend.ensure(user)
             with _attempt(backend, agent, tool, may_retry=False):
-                return _noted(agent, agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink)))
+                return self._noted(agent, tool, agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink)))
             raise AssertionError("unreachable: a last attempt answers or raises")
 
 
@@ -105,15 +114,6 @@ def _recorded(backend: SandboxBackend, tool: str) -> Iterator[None]:
 def _resumed_or_ready(backend: SandboxBackend, user: SandboxUser) -> LiveAgent:
     """Off the warm path: a paused sandbox is thawed (quick), anything else is `ensure`d."""
     return backend.resume(user) or backend.ensure(user)
-
-
-def _noted(agent: LiveAgent, result: Any) -> Any:
-    """Keep the count of background processes a process_* answer carries on the agent."""
-    if isinstance(result, dict):
-        count = result.get("running_processes")
-        if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
-            agent.count.processes = count
-    return result
 
 
 @contextmanager

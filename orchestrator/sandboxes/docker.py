@@ -202,7 +202,8 @@ class DockerBackend:
                 with slot.lock:
                     slot.container_id = container.id
                     slot.count.touch()
-                    slot.count.processes = None  # its agent may run background processes: ask before an idle stop
+                    # Its agent may run background processes: ask before an idle stop.
+                    slot.count.note_processes(None, started_for_s=self.settings.process_max_runtime_s)
                     slot.stopped = container.status not in ("running", "paused")
                 adopted.append(user_id)
                 log.info("adopted a sandbox %s", kv(user=user_id, container=container.short_id, status=container.status))
@@ -349,7 +350,7 @@ class DockerBackend:
             if not self._reconnect(slot, container):
                 # Running but its agent does not answer (hung, or its token is gone): replace it.
                 observed = replace(observed, running=False, exit_code=-1)
-                slot.count.processes = 0  # nothing of that agent is kept
+                slot.count.note_processes(0)  # nothing of that agent is kept
         # A call in flight, or background processes (asked afresh: this is the slow path).
         busy = slot.count.in_flight > 0 or runs_processes(slot.live, slot.count)
         if busy and container is not None:  # a revoked group does not wait for the calls under way
@@ -368,7 +369,7 @@ class DockerBackend:
                running_build=slot.running_build, host_build=desired.agent_build),
         )  # fmt: skip
         slot.forget_agent()
-        slot.count.processes = 0  # a new agent (or container) runs none of the old one's
+        slot.count.note_processes(0)  # a new agent (or container) runs none of the old one's
         with self._starts:
             started = time.monotonic()
             release = self.deployment.ensure()
@@ -462,7 +463,7 @@ class DockerBackend:
             agent.close()
             return False
         slot.running_build, slot.container_id = health.build, container.id
-        slot.count.processes = health.processes
+        slot.count.note_processes(health.processes)
         slot.live = self._live(slot, agent, token)
         return True
 
@@ -531,7 +532,7 @@ class DockerBackend:
 
     def _stop_locked(self, slot: _Slot, *, reason: str) -> None:
         slot.forget_agent()
-        slot.count.processes = 0  # a stopped container's processes are gone with it
+        slot.count.note_processes(0)  # a stopped container's processes are gone with it
         slot.stopped = True
         container = self._find(slot)
         if container is not None and container.status == "paused":

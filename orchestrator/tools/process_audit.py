@@ -12,7 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-_PROCESS_ID = re.compile(r"p-[0-9a-f]{24}")
+from sandbox_agent.wire import PROCESS_ID_PATTERN
+
+_PROCESS_ID = re.compile(PROCESS_ID_PATTERN)
 _END_REASONS = frozenset({"exited", "signal", "max_runtime", "session_deleted", "agent_stopped"})
 
 

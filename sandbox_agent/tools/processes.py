@@ -7,9 +7,12 @@ that the host names, opened no-follow by the PathSandbox inside a writable root.
 
 from __future__ import annotations
 
+import fcntl
 import subprocess
+import termios
 from typing import Any
 
+from sandbox_agent import process_tree
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.processes import ManagedProcess, ProcessTable, announce_exit, output_answer
 from sandbox_agent.tools.context import ToolContext
@@ -66,7 +69,7 @@ def process_start(ctx: ToolContext, args: ProcessStartArgs) -> dict[str, Any]:
                 env["TERM"] = "xterm-256color"
 
             def popen(fds: dict[str, int], marker: str) -> subprocess.Popen[bytes]:
-                env["SANDBOX_AGENT_CALL"] = marker
+                env[process_tree.MARKER_ENV] = marker  # the tree's third trace (process_tree.py)
                 return subprocess.Popen(
                     [SHELL, "-c", args.command],
                     cwd=f"/proc/self/fd/{workdir.fd}" if PROC_FD else workdir.path,
@@ -101,9 +104,6 @@ def process_start(ctx: ToolContext, args: ProcessStartArgs) -> dict[str, Any]:
 def _controlling_tty() -> None:
     # In the child, after setsid(): the PTY on fd 0 becomes its controlling terminal, so ^C
     # written to it interrupts and a resize reaches it (SIGWINCH).
-    import fcntl
-    import termios
-
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
