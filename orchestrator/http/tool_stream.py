@@ -25,6 +25,7 @@ from orchestrator.sandboxes.calling import OutputSink
 from orchestrator.tools.dispatch import ToolOutcome
 
 EVENT_STREAM = "text/event-stream"
+FIRST_EVENT_WAIT_S = 0.5
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +58,17 @@ async def stream_tool_call(run: Callable[[OutputSink], Awaitable[ToolOutcome]]) 
             queue.put_nowait(("result", outcome.body()))
 
     task = asyncio.create_task(call())
-    first = await queue.get()
-    if first[0] == "error":
-        raise first[1]  # nothing streamed yet: the ordinary HTTP error
+    getter = asyncio.ensure_future(queue.get())
+    # A refusal (unknown or ended run) comes within milliseconds: wait that long for it, so
+    # it is still an HTTP error; a command silent for longer gets its headers meanwhile.
+    await asyncio.wait({getter}, timeout=FIRST_EVENT_WAIT_S)
+    if getter.done() and getter.result()[0] == "error":
+        raise getter.result()[1]  # nothing streamed yet: the ordinary HTTP error
 
     async def events() -> AsyncIterator[bytes]:
-        item = first
+        if not getter.done():
+            yield b": running\n\n"  # an SSE comment: the stream is open, the command runs
+        item = await getter
         while True:
             kind, data = item
             if kind == "error":
