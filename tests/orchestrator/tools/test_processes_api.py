@@ -189,12 +189,19 @@ def test_a_kill_reaches_the_whole_group(api: Api) -> None:
     assert all(r.runtime_user_id == MEMBER and r.owner_user_id == OWNER and r.session_id for r in mine)
 
 
+def _sandbox_since(api: Api, user_id: int) -> str | None:
+    return next((s.since for s in api.service.sandboxes.status() if s.user_id == user_id and s.state == "running"), None)
+
+
 def test_another_session_or_user_sees_nothing_and_deleting_the_session_kills(api: Api) -> None:
     session = api.session("oc_procs_a")
     run_id = api.run(session)
-    started = api.ok(run_id, "process_start", command="sleep 1000")
-    # Another session of the same runtime user, and another user: not_found, and not listed.
-    other_run = api.run(api.session("oc_procs_b"))
+    # A command line of its own, found by name: a pid number could be reused meanwhile.
+    started = api.ok(run_id, "process_start", command="exec sleep 987.654")
+    # Another session of the same runtime user (a personal one: no new group, so no plan
+    # change that would replace the sandbox), and another user: not_found, and not listed.
+    personal = api.http.post("/v1/sessions", json={"owner_user_id": MEMBER, "channel": "web"}).json()["session_id"]
+    other_run = api.http.post(f"/v1/sessions/{personal}/runs", json={"trigger": "web"}).json()["run_id"]
     stranger_run = api.run(api.session("oc_procs_c"), speaker=OWNER + 1000)
     for run in (other_run, stranger_run):
         for name, extra in (("process_output", {}), ("process_signal", {"signal": "KILL"}), ("process_write", {"data": "x"})):
@@ -202,13 +209,16 @@ def test_another_session_or_user_sees_nothing_and_deleting_the_session_kills(api
             assert not body["ok"] and body["error"]["code"] == "not_found", body
         assert api.ok(run, "process_list")["processes"] == []
     assert api.ok(run_id, "process_output", process_id=started["process_id"])["running"] is True
+    since = _sandbox_since(api, MEMBER)
+    probe = "grep -l '987[.]654' /proc/[0-9]*/cmdline 2>/dev/null | wc -l"  # matches not itself
+    assert api.ok(other_run, "shell", command=probe)["stdout"].strip() != "0"
     response = api.http.delete(f"/v1/sessions/{session}")
     assert response.status_code in (200, 204), response.text
-    probe = f"kill -0 {started['pid']} 2>/dev/null && echo alive || echo gone"
     deadline = time.monotonic() + 20  # the deletion's cleanup may finish after its answer
-    while api.ok(other_run, "shell", command=probe)["stdout"].strip() != "gone":
+    while api.ok(other_run, "shell", command=probe)["stdout"].strip() != "0":
         assert time.monotonic() < deadline, f"the deleted session's process still runs: {response.text}"
         time.sleep(0.2)
+    assert _sandbox_since(api, MEMBER) == since  # killed by the deletion, not by a new sandbox
 
 
 def test_a_flood_keeps_the_spool_at_its_cap_and_the_agent_responsive(api: Api) -> None:
