@@ -222,25 +222,36 @@ def test_another_session_or_user_sees_nothing_and_deleting_the_session_kills(api
 
 
 def test_a_flood_keeps_the_spool_at_its_cap_and_the_agent_responsive(api: Api) -> None:
-    run_id = api.run(api.session())
+    session_id = api.session()
+    run_id = api.run(session_id)
     api.ok(run_id, "write_file", path="small.txt", content="x\n")
+    # The agent itself, over its socket: what the flood could slow down (an API call adds the
+    # orchestrator's own work, which other tests on this machine compete with).
+    live = api.service.sandboxes.backend_for(MEMBER).warm(api.service.sandboxes.sandbox_user(MEMBER))
+    assert live is not None
+    cwd = str(api.service.layout.runtime_dir(MEMBER, session_id))
     started = api.ok(run_id, "process_start", command="head -c 1073741824 /dev/zero | tr '\\0' a")
     spool = Path(started["spool_file"])
-    times = []
+    times, through_api = [], []
     while True:
         began = time.perf_counter()
-        api.ok(run_id, "read_file", path="small.txt")
+        assert live.blocking.call("read_file", {"path": "small.txt"}, cwd=cwd)["content"] == "x\n"
         times.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        api.ok(run_id, "read_file", path="small.txt")
+        through_api.append(time.perf_counter() - began)
         state = api.ok(run_id, "process_output", process_id=started["process_id"], since=0, max_bytes=16)
         assert spool.stat().st_size <= 256 * 1024
         if not state["running"]:
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     assert state["total_bytes"] == 1 << 30 and state["dropped_bytes"] == (1 << 30) - 256 * 1024
-    # Each read_file is a whole API call (HTTP, audit rows, the agent): nine in ten well under
-    # 50 ms on a shared 2-core machine (typically 3-10 ms); one scheduling hiccup is not a stall.
+    # Nine in ten under 50 ms (typically 1-5 ms straight, 3-10 ms through the API) on a
+    # shared 2-core machine: one scheduling hiccup is not a stall.
     times.sort()
+    through_api.sort()
     assert len(times) >= 5 and times[int(len(times) * 0.9)] < 0.05, times
+    assert through_api[len(through_api) // 2] < 0.05, through_api
 
 
 def test_sse_shell_streams_before_the_command_ends_and_ends_with_the_json_result(api: Api) -> None:
