@@ -72,7 +72,7 @@ def idle_action(
     idle_timeout_s: float,
 ) -> IdleAction:
     """Pure: what the reaper does with one sandbox. A call in flight or a process of the
-    agent's still running (the processes issue; False until that lands) is activity: nothing.
+    agent's still running (`runs_processes`, docs/processes.md) is activity: nothing.
     Idle for the idle timeout: stop (a paused one too). Idle for the pause time: pause, unless
     pausing is off (0) or would not come before the stop. The one decision both backends use."""
     if in_flight > 0 or has_running_processes:
