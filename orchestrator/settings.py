@@ -64,6 +64,17 @@ class Settings(BaseSettings):
         description="Text a shell answer shows of stdout and stderr together; a longer stream keeps its head "
         "and tail around an 'N bytes omitted' marker and is spooled in full to the session's shell-output/.",
     )
+    process_max_per_user: int = Field(
+        16, gt=0, description="Background processes (process_start) one user's sandbox may run at once."
+    )
+    process_spool_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=4096,
+        description="Output kept per background process: a ring in the session's shell-output/ (oldest bytes dropped).",
+    )
+    process_max_runtime_s: float = Field(
+        86400.0, gt=0, description="A background process running longer is killed (whole tree)."
+    )
     shell_spool_max_bytes: int = Field(
         64 * 1024 * 1024,
         ge=0,

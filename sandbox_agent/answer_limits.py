@@ -27,6 +27,7 @@ class AnswerLimits:
     output_cap_bytes: int
     max_json_bytes: int
     max_raw_bytes: int
+    max_stream_bytes: int = 0  # the output events of one streamed shell, JSON-escaped
 
     @classmethod
     def of(cls, limits: AgentLimits) -> AnswerLimits:
@@ -35,6 +36,8 @@ class AnswerLimits:
             output_cap_bytes=limits.output_cap_bytes,
             max_json_bytes=_JSON_ESCAPE * _TEXT_FIELDS * limits.output_cap_bytes + listed * 2 * TOOL_PATH_MAX,
             max_raw_bytes=limits.read_bytes_max + RAW_MARGIN_BYTES,
+            # Each event's few framing bytes are paid for by the minimum the agent reads at once.
+            max_stream_bytes=_JSON_ESCAPE * limits.shell_stream_max_bytes + RAW_MARGIN_BYTES,
         )
 
 

@@ -8,25 +8,32 @@
   an unknown tool 404. An optional `"context": {"run_id", "session_id"}` names what the call
   is for; a call whose run or session was cancelled answers the error code `cancelled`.
 - `POST /v1/calls/cancel` with `{"run_id": ..., "session_id": ...}` (token required) kills the
-  process trees of the matching calls in flight and answers `{"cancelled": n}` once they ended.
+  process trees of the matching calls in flight (and, for a session, its background processes)
+  and answers `{"cancelled": n}` once they ended.
+- `POST /v1/tools/shell` with `Accept: application/x-ndjson` streams the call: one JSON line
+  `{"event": "output", "stream", "text"}` per chunk as it is read (UTF-8 decoded without
+  splitting a character, at most `shell_stream_max_bytes` in all), then one line
+  `{"event": "result", "ok", ...}`: the envelope of the plain answer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import codecs
 import hmac
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from sandbox_agent.build import own_build_id
@@ -34,6 +41,7 @@ from sandbox_agent.calls import CallCancelled, CallRegistry, cancelled_message
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.names import escape_names
 from sandbox_agent.path_sandbox import PathSandbox, os_error
+from sandbox_agent.processes import ProcessTable
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.registry import TOOLS
 from sandbox_agent.wire import (
@@ -47,6 +55,9 @@ from sandbox_agent.wire import (
 )
 
 OCTET_STREAM = "application/octet-stream"
+NDJSON = "application/x-ndjson"
+STREAMED_TOOLS = frozenset({"shell"})
+EVENT_FRAMING_BYTES = 64  # what one output line costs besides its text, against the stream's budget
 CANCEL_BODY_MAX = 4096
 # Cancels wait for calls to end: their own small pool, never queued behind the tools they stop.
 _CANCEL_THREADS = anyio.CapacityLimiter(4)
@@ -66,9 +77,14 @@ class AgentState:
         # When the last authenticated call ended (or the agent started): the dead-man switch's
         # clock. /health does not count: a probe must not keep an orphan alive.
         self.last_call = self.started
-        # Agent-owned background processes (the processes issue) keep the sandbox alive: that
-        # work replaces this with its own "any still running?".
-        self.has_running_processes: Callable[[], bool] = lambda: False
+        limits = config.limits
+        self.processes = ProcessTable(
+            max_processes=limits.process_max_count,
+            spool_bytes=limits.process_spool_bytes,
+            max_runtime_s=limits.process_max_runtime_s,
+        )
+        # Background processes keep the sandbox alive (the dead-man switch waits for them).
+        self.has_running_processes: Callable[[], bool] = lambda: self.processes.running_count() > 0
 
     def token_ok(self, header: str | None) -> bool:
         if not header or not header.startswith("Bearer "):
@@ -104,7 +120,12 @@ def _invalid_arguments(exc: ValidationError) -> dict[str, Any]:
     return {"code": "invalid_arguments", "message": f"Invalid tool arguments: {problems}"}
 
 
-def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, Any]:
+def run_tool(
+    state: AgentState,
+    name: str,
+    request: ToolRequest,
+    on_output: Callable[[str, bytes], None] | None = None,
+) -> dict[str, Any]:
     """One tool call → the response envelope (never raises for tool-level failures)."""
     model, function = TOOLS[name]
     if not request.cwd.startswith("/"):
@@ -119,7 +140,8 @@ def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, An
         return {"ok": False, "error": {"code": "cancelled", "message": str(exc)}}
     state.enter()
     try:
-        result = function(ToolContext(state.sandbox, state.config, request.cwd, call), arguments)
+        context = ToolContext(state.sandbox, state.config, request.cwd, call, state.processes, on_output)
+        result = function(context, arguments)
         if call.cancelled:  # what it did before it was stopped is not a result
             message = cancelled_message(call.context)
             return {"ok": False, "error": {"code": "cancelled", "message": message}}
@@ -139,14 +161,60 @@ def run_tool(state: AgentState, name: str, request: ToolRequest) -> dict[str, An
         state.calls.end(call)
 
 
-def _json(payload: dict[str, Any], status_code: int = 200) -> Response:
+def _encode(payload: dict[str, Any]) -> bytes:
     try:
-        body = json.dumps(payload, ensure_ascii=False).encode()
+        return json.dumps(payload, ensure_ascii=False).encode()
     except UnicodeEncodeError:
         # A file name that is not valid UTF-8 (a lone surrogate after decoding): \xNN escapes
         # and a flag, which every JSON reader downstream can carry (names.py).
-        body = json.dumps(escape_names(payload), ensure_ascii=False).encode()
-    return Response(body, status_code=status_code, media_type="application/json")
+        return json.dumps(escape_names(payload), ensure_ascii=False).encode()
+
+
+def _json(payload: dict[str, Any], status_code: int = 200) -> Response:
+    return Response(_encode(payload), status_code=status_code, media_type="application/json")
+
+
+def _streamed(state: AgentState, name: str, body: ToolRequest) -> StreamingResponse:
+    """The call in a worker thread; its output chunks, then its envelope, as JSON lines."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    budget = [state.config.limits.shell_stream_max_bytes]
+    budget_lock = threading.Lock()
+    decoders: dict[str, codecs.IncrementalDecoder] = {}
+
+    def on_output(stream: str, data: bytes) -> None:  # in the stream's reader thread
+        with budget_lock:
+            piece = data[: max(0, budget[0] - EVENT_FRAMING_BYTES)]
+            budget[0] -= len(piece) + EVENT_FRAMING_BYTES  # many tiny reads must not flood either
+            last = budget[0] <= EVENT_FRAMING_BYTES
+        if not piece:
+            return
+        decoder = decoders.setdefault(stream, codecs.getincrementaldecoder("utf-8")("replace"))
+        event: dict[str, Any] = {"event": "output", "stream": stream, "text": decoder.decode(piece, final=last)}
+        if last:
+            event["stream_truncated"] = True  # the rest is only in the result (head, tail, spool file)
+        loop.call_soon_threadsafe(queue.put_nowait, event)
+
+    async def work() -> None:
+        envelope = await anyio.to_thread.run_sync(run_tool, state, name, body, on_output)
+        result = envelope.get("result")
+        if isinstance(result, ReadBytesResult):
+            envelope["result"] = result.model_dump(mode="json")
+        queue.put_nowait({"event": "result", **envelope})
+
+    async def lines() -> AsyncIterator[bytes]:
+        task = asyncio.create_task(work())
+        try:
+            while True:
+                item = await queue.get()
+                yield _encode(item) + b"\n"
+                if item["event"] == "result":
+                    break
+        finally:
+            if not task.done():  # the reader went away: the call still ends (its timeout)
+                task.add_done_callback(lambda _: None)
+
+    return StreamingResponse(lines(), media_type=NDJSON)
 
 
 def create_app(state: AgentState) -> Starlette:
@@ -163,6 +231,7 @@ def create_app(state: AgentState) -> Starlette:
             pid=os.getpid(),
             instance_id=state.config.instance_id,
             resolver=state.sandbox.resolver,
+            processes=state.processes.running_count(),
         )
         return Response(body.model_dump_json(), media_type="application/json")
 
@@ -179,6 +248,8 @@ def create_app(state: AgentState) -> Starlette:
             body = ToolRequest.model_validate(json.loads(await request.body()))
         except (ValueError, ValidationError) as exc:
             return _json({"error": {"code": "invalid_request", "message": str(exc)}}, 422)
+        if name in STREAMED_TOOLS and NDJSON in (request.headers.get("accept") or ""):
+            return _streamed(state, name, body)
         # Tools block (files, subprocesses): they run in the thread pool, never on the loop.
         envelope = await anyio.to_thread.run_sync(run_tool, state, name, body)
         result = envelope.get("result")
@@ -202,6 +273,10 @@ def create_app(state: AgentState) -> Starlette:
         count = await anyio.to_thread.run_sync(
             state.calls.cancel, body.run_id, body.session_id, limiter=_CANCEL_THREADS
         )
+        if body.session_id is not None:  # a deleted session: its background processes go too
+            count += await anyio.to_thread.run_sync(
+                state.processes.kill_session, body.session_id, limiter=_CANCEL_THREADS
+            )
         log.info("calls cancelled run=%s session=%s count=%d", body.run_id, body.session_id, count)
         return Response(CancelResult(cancelled=count).model_dump_json(), media_type="application/json")
 

@@ -30,6 +30,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,6 +42,8 @@ from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 from sandbox_agent.wire import RAW_RESULT_HEADER, CallContext, Health, ReadBytesResult
 
 OCTET_STREAM = "application/octet-stream"
+NDJSON = "application/x-ndjson"
+STREAM_LINE_MAX = 1024 * 1024  # one output event of a streamed call (the agent reads 64 KiB at a time)
 CANCEL_TIMEOUT_S = 30.0  # the agent answers once the cancelled calls ended (it waits up to 10 s)
 # The agent closes connections idle for 5 s (uvicorn timeout_keep_alive); one idle for longer
 # than this is not reused, so a request never races the agent's close.
@@ -440,9 +443,8 @@ class _Stream:
                 pass
 
 
-async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None, socket_path: str) -> tuple[_Answer, bool]:
-    """One answer, read to its announced length at most; and whether the agent keeps the
-    connection open."""
+async def _read_head(stream: _Stream) -> tuple[str, int, dict[str, str]]:
+    """The status line and headers of one answer: (HTTP version, status, lower-cased headers)."""
     head = await stream.reader.readuntil(b"\r\n\r\n")  # LimitOverrunError past the stream's buffer
     if len(head) > HEADER_MAX_BYTES:
         raise ValueError(f"the answer's headers are {len(head)} bytes, more than {HEADER_MAX_BYTES}")
@@ -457,6 +459,13 @@ async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None
         if not sep:
             raise ValueError(f"not a header line: {line[:80]!r}")
         headers[name.strip().lower()] = value.strip()
+    return version, status, headers
+
+
+async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None, socket_path: str) -> tuple[_Answer, bool]:
+    """One answer, read to its announced length at most; and whether the agent keeps the
+    connection open."""
+    version, status, headers = await _read_head(stream)
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
     length = answer_length(headers.get("content-length"), chunked, body_limit(limits, accept), socket_path)
     content = await stream.reader.readexactly(length) if length else b""
@@ -515,7 +524,10 @@ class AsyncAgentClient(_AgentClientBase):
         body: bytes | None = None,
         accept: str | None = None,
         timeout_s: float | None = None,
+        on_output: Callable[[str, str], None] | None = None,
     ) -> _Answer:
+        """One request and its answer; with `on_output`, the answer is a streamed call's
+        (`_read_streamed`)."""
         timeout = self._timeout_s if timeout_s is None else timeout_s
         stream, reused = await self._checkout()
         head = f"{method} {url} HTTP/1.1\r\n{self._head}"
@@ -527,7 +539,10 @@ class AsyncAgentClient(_AgentClientBase):
         try:
             async with asyncio.timeout(timeout):
                 stream.writer.write(head.encode("latin-1") + b"\r\n" + (body or b""))
-                answer, keep = await _read_answer(stream, self.answer_limits, accept, self.socket_path)
+                if on_output is None:
+                    answer, keep = await _read_answer(stream, self.answer_limits, accept, self.socket_path)
+                else:
+                    answer, keep = await _read_streamed(stream, self.answer_limits, self.socket_path, on_output)
         except AgentToolError:
             raise  # an answer refused unread: the connection is closed below
         except TimeoutError as exc:
@@ -570,4 +585,78 @@ class AsyncAgentClient(_AgentClientBase):
     async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
         body = cancel_request(run_id, session_id)
         return cancelled_of(await self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
+
+    async def stream(
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        *,
+        cwd: str,
+        on_output: Callable[[str, str], None],
+        context: CallContext | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """A streamed call (`shell`): `on_output(stream, text)` for every output event as it
+        arrives, then the result as `call` returns it. Bounded like every answer: each line,
+        and all of them together; an answer that is not a stream (an error) is read as one."""
+        body = tool_request(arguments, cwd, context)
+        answer = await self._send(
+            "POST", f"/v1/tools/{tool}", body=body, accept=NDJSON, timeout_s=timeout_s, on_output=on_output
+        )
+        return tool_result(tool, answer, self.answer_limits)
+
+
+def output_event(line: bytes) -> tuple[str, str] | None:
+    """(stream, text) of one output line of a streamed call; None for anything else. Only the
+    two streams and a string are taken from the agent."""
+    event = json.loads(line)
+    if not isinstance(event, dict) or event.get("event") != "output":
+        return None
+    stream, text = event.get("stream"), event.get("text")
+    if stream not in ("stdout", "stderr") or not isinstance(text, str):
+        raise ValueError("an output event without a stream and a text")
+    return stream, text
+
+
+async def _read_streamed(
+    stream: _Stream, limits: AnswerLimits, socket_path: str, on_output: Callable[[str, str], None]
+) -> tuple[_Answer, bool]:
+    """A chunked NDJSON answer: output lines to `on_output`, the result line as the answer."""
+    version, status, headers = await _read_head(stream)
+    keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
+    content_type = _content_type(headers.get("content-type"))
+    if "chunked" not in headers.get("transfer-encoding", "").lower() or content_type != NDJSON:
+        length = answer_length(headers.get("content-length"), False, limits.max_json_bytes, socket_path)
+        content = await stream.reader.readexactly(length) if length else b""
+        return _Answer(status, content_type, "", content), keep
+    budget = limits.max_json_bytes + limits.max_stream_bytes
+    pending = bytearray()
+    result: bytes | None = None
+    while True:
+        size_line = await stream.reader.readuntil(b"\r\n")
+        size = int(size_line.split(b";", 1)[0].strip(), 16)
+        if size == 0:
+            await stream.reader.readuntil(b"\r\n")  # no trailers: the empty line
+            break
+        budget -= size
+        if budget < 0:
+            raise AgentToolError("output_too_large", f"The sandbox agent at {socket_path} streamed more than it may; refused.")
+        pending += await stream.reader.readexactly(size)
+        if await stream.reader.readexactly(2) != b"\r\n":
+            raise ValueError("a chunk without its CRLF")
+        while (end := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            if result is not None:
+                raise ValueError("a line after the result")
+            event = output_event(line)
+            if event is None:
+                result = line
+            else:
+                on_output(*event)
+        if len(pending) > max(STREAM_LINE_MAX, limits.max_json_bytes):
+            raise ValueError("a streamed line without its end")
+    if result is None:
+        raise ValueError("the stream ended without a result")
+    return _Answer(status, "application/json", "", result), keep
 

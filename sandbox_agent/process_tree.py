@@ -40,9 +40,10 @@ MARKER_ENV = "SANDBOX_AGENT_CALL"
 
 _lock = threading.Lock()  # spawning + registering a leader, and reaping, are atomic w.r.t. each other
 _active: set[Leader] = set()  # shells of calls in flight: reaped by their own Popen
-# The hook for long-lived processes the agent owns (a future "background processes" feature
-# registers them with `keep`): they and their descendants are never swept.
+# Background processes the agent owns (sandbox_agent/processes.py): they and their
+# descendants are never swept; their leaders are reaped by their own Popen, never here.
 _kept: set[int] = set()
+_owned: set[int] = set()
 _adopting = False  # set once the agent became a child subreaper
 _sweep_uid = False  # every process of this uid belongs to this sandbox (a uid of its own)
 
@@ -223,17 +224,37 @@ def select_victims(
 # --- acting -----------------------------------------------------------------------------------
 
 
-def spawn(start: Callable[[], Popen[Any]], marker: str) -> tuple[Popen[Any], Leader]:
+def spawn(start: Callable[[], Popen[Any]], marker: str, *, kept: bool = False) -> tuple[Popen[Any], Leader]:
     """Start a call's shell with `start()` and register it, atomically with respect to the
-    leftover sweep and the reaping of orphans (neither may take it for a leftover)."""
+    leftover sweep and the reaping of orphans (neither may take it for a leftover). `kept`:
+    a background process instead (sandbox_agent/processes.py), never swept and reaped only
+    by its own Popen, until `disown`."""
     with _lock:
         proc = start()
         try:
             leader = Leader(proc.pid, _start_of(proc.pid), marker)
         except (OSError, ValueError, IndexError):
             leader = Leader(proc.pid, -1, marker)
-        _active.add(leader)
+        if kept:
+            _kept.add(proc.pid)
+            _owned.add(proc.pid)
+        else:
+            _active.add(leader)
     return proc, leader
+
+
+def disown(leader: Leader) -> None:
+    """After its Popen reaped it: the pid may be anyone's from now on."""
+    with _lock:
+        _kept.discard(leader.pid)
+        _owned.discard(leader.pid)
+
+
+def kill_kept(leader: Leader) -> int:
+    """Kill a background process's whole tree: no longer kept, so the sweep takes it too."""
+    with _lock:
+        _kept.discard(leader.pid)
+    return kill_call(leader)
 
 
 def unregister(leader: Leader) -> None:
@@ -268,7 +289,7 @@ def _reap_orphans(table: Mapping[int, ProcInfo]) -> None:
         return
     me = os.getpid()
     with _lock:  # a shell spawned meanwhile is registered before its pid can be seen here
-        leaders = {leader.pid for leader in _active}
+        leaders = {leader.pid for leader in _active} | _owned
         for info in table.values():
             if info.ppid == me and not info.running and info.pid not in leaders:
                 try:

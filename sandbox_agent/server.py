@@ -172,6 +172,7 @@ def serve(config: AgentConfig) -> None:
     try:
         server.run(sockets=[sock])
     finally:
+        state.processes.kill_all()  # a stopped or recreated sandbox keeps none of them
         _kill_descendants()
         try:
             st = os.stat(config.socket_path)

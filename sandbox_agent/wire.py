@@ -142,6 +142,86 @@ class ReadBytesArgs(_Args):
     path: str = Field(..., description=_PATH_DOC, **_PATH)
 
 
+# --- background processes (sandbox_agent/processes.py, docs/processes.md) ---------------------
+
+PROCESS_ID_PATTERN = r"^p-[0-9a-f]{24}$"
+_PROCESS_ID = Field(..., description="The id process_start answered.", pattern=PROCESS_ID_PATTERN, max_length=26)
+# Strict: JSON's 0 and "true" are not booleans (the schema a model receives says so).
+JsonBool = Annotated[bool, Field(strict=True)]
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+PROCESS_ENV_MAX = 64
+PROCESS_ENV_VALUE_MAX = 32 * 1024
+PROCESS_WAIT_MAX_S = 60.0
+PROCESS_READ_MAX_BYTES = 64 * 1024
+PROCESS_WRITE_MAX = 64 * 1024
+TERMINAL_MAX = 1000
+
+
+class ProcessStartArgs(_Args):
+    command: str = Field(
+        ...,
+        min_length=1,
+        description="A bash command line, run in the background.",
+        json_schema_extra={"pattern": r"^[^\x00]*$"},
+    )
+    cwd: str | None = Field(None, description=_PATH_DOC + " Default: the working directory.", **_OPTIONAL_PATH)
+    env: dict[str, Annotated[str, Field(max_length=PROCESS_ENV_VALUE_MAX, pattern=r"^[^\x00]*$")]] | None = Field(
+        None,
+        max_length=PROCESS_ENV_MAX,
+        description="More environment variables (names: letters, digits, _).",
+        json_schema_extra={"propertyNames": {"pattern": ENV_NAME_PATTERN}},
+    )
+    pty: JsonBool = Field(False, description="Run it in a terminal (stdout and stderr are then one stream).")
+    cols: json_int(ge=1, le=TERMINAL_MAX) | None = Field(None, description="Terminal width (pty). Default 80.")  # type: ignore[valid-type]
+    rows: json_int(ge=1, le=TERMINAL_MAX) | None = Field(None, description="Terminal height (pty). Default 24.")  # type: ignore[valid-type]
+
+    @model_validator(mode="after")
+    def _names(self) -> ProcessStartArgs:
+        if "\x00" in self.command:  # no argv can hold one (the pattern above is schema only)
+            raise ValueError("command: contains a NUL byte")
+        for name in self.env or {}:
+            if not re.fullmatch(ENV_NAME_PATTERN, name):
+                raise ValueError(f"env: {name[:40]!r} is not a variable name")
+        return self
+
+
+class ProcessOutputArgs(_Args):
+    process_id: str = _PROCESS_ID
+    since: json_int(ge=0) | None = Field(None, description="Byte cursor: the `next` of the last answer. Default 0.")  # type: ignore[valid-type]
+    wait_s: Annotated[float, Field(strict=True, ge=0, le=PROCESS_WAIT_MAX_S)] | None = Field(
+        None, description="Wait up to this long for new output or the exit. Default 0."
+    )
+    max_bytes: json_int(ge=1, le=PROCESS_READ_MAX_BYTES) | None = Field(  # type: ignore[valid-type]
+        None, description=f"At most this many bytes of output. Default {PROCESS_READ_MAX_BYTES}."
+    )
+
+
+class ProcessWriteArgs(_Args):
+    process_id: str = _PROCESS_ID
+    data: str = Field(..., max_length=PROCESS_WRITE_MAX, description="Text for its stdin (or keys for its terminal).")
+    close_stdin: JsonBool = Field(False, description="Close its stdin after writing (end of input; not for a pty).")
+
+
+class ProcessResizeArgs(_Args):
+    process_id: str = _PROCESS_ID
+    cols: json_int(ge=1, le=TERMINAL_MAX) = Field(..., description="Terminal width.")  # type: ignore[valid-type]
+    rows: json_int(ge=1, le=TERMINAL_MAX) = Field(..., description="Terminal height.")  # type: ignore[valid-type]
+
+
+class ProcessSignalArgs(_Args):
+    process_id: str = _PROCESS_ID
+    signal: Literal["TERM", "INT", "KILL", "HUP"] = Field(..., description="Sent to the whole process group.")
+
+
+class ProcessListArgs(_Args):
+    pass
+
+
+PROCESS_TOOL_NAMES = frozenset(
+    {"process_start", "process_output", "process_write", "process_resize", "process_signal", "process_list"}
+)
+
+
 @dataclass(frozen=True)
 class ContainerTool:
     """One tool the agent runs: its name, the arguments it validates and what a model is told
@@ -207,7 +287,7 @@ CONTAINER_TOOLS: tuple[ContainerTool, ...] = (
         ShellArgs,
         "Run a bash command in the working directory, with HOME set to your home directory. On timeout "
         "(timeout_s, default from the server) the whole process tree is killed and the output so far is "
-        "returned with exit code 124. Processes do not outlive the call. Long output keeps its head and tail "
+        "returned with exit code 124. Processes do not outlive the call (use process_start for those). Long output keeps its head and tail "
         "around an 'N bytes omitted' marker and is saved in full to `stdout_file` / `stderr_file` (read it with "
         "read_file or grep_search); binary output is reported by size (`stdout_binary`).",
     ),
@@ -215,6 +295,41 @@ CONTAINER_TOOLS: tuple[ContainerTool, ...] = (
         "read_bytes",
         ReadBytesArgs,
         "Read a file's raw bytes (base64), up to a size cap." + _PATHS,
+    ),
+    ContainerTool(
+        "process_start",
+        ProcessStartArgs,
+        "Start a long-running command (a build, a test suite, a server, an interactive program) in the "
+        "background and return at once with its `process_id`. It keeps running between calls; read its "
+        "output with process_output, answer its prompts with process_write, stop it with process_signal. "
+        "`pty: true` gives it a terminal.",
+    ),
+    ContainerTool(
+        "process_output",
+        ProcessOutputArgs,
+        "Output of a background process after byte cursor `since` (pass the `next` of the previous answer), "
+        "as ordered stdout/stderr chunks; `wait_s` waits for new output or the exit. `running` false and "
+        "`exit_code` tell that it ended; `dropped_bytes` counts old output its bounded spool no longer holds.",
+    ),
+    ContainerTool(
+        "process_write",
+        ProcessWriteArgs,
+        "Write text to a background process's stdin (or keys, control characters included, to its terminal).",
+    ),
+    ContainerTool(
+        "process_resize",
+        ProcessResizeArgs,
+        "Resize the terminal of a background process started with `pty: true`.",
+    ),
+    ContainerTool(
+        "process_signal",
+        ProcessSignalArgs,
+        "Send TERM, INT, KILL or HUP to a background process's whole process group.",
+    ),
+    ContainerTool(
+        "process_list",
+        ProcessListArgs,
+        "List this session's background processes: command, state, exit code, output cursor, start time.",
     ),
 )
 
@@ -252,6 +367,10 @@ class AgentLimits(BaseModel):
     grep_max_file_bytes: int = Field(8 * 1024 * 1024, gt=0)
     grep_timeout_s: float = Field(10.0, gt=0)
     walk_max_entries: int = Field(100_000, gt=0)
+    process_max_count: int = Field(16, gt=0)  # running background processes of this sandbox
+    process_spool_bytes: int = Field(8 * 1024 * 1024, ge=4096)  # the ring of each one
+    process_max_runtime_s: float = Field(86400.0, gt=0)
+    shell_stream_max_bytes: int = Field(8 * 1024 * 1024, ge=0)  # output events of one streamed shell
 
 
 # The per-agent token: `secrets.token_urlsafe(32)`. Both sides check the form before using
@@ -353,7 +472,7 @@ class CancelRequest(_CallIds):
 
 
 class CancelResult(BaseModel):
-    cancelled: int = Field(..., ge=0)
+    cancelled: int = Field(..., ge=0)  # calls stopped, and background processes of a cancelled session
 
 
 class ErrorBody(BaseModel):
@@ -428,3 +547,4 @@ class Health(BaseModel):
     pid: int | None = None
     instance_id: str = ""
     resolver: str = ""
+    processes: int = Field(0, ge=0)  # background processes running: the sandbox is busy

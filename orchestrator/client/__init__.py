@@ -15,6 +15,7 @@ too) is not an exception: it is a `ToolResult` the model should see, with
 """
 
 from orchestrator.client.aio import AsyncOrchestratorClient
+from orchestrator.client.streams import OutputChunk, ShellEvent
 from orchestrator.client.errors import (
     ApiError,
     BadRequestError,
@@ -50,6 +51,8 @@ __all__ = [
     "InvalidResponseError",
     "NotFoundError",
     "OrchestratorClient",
+    "OutputChunk",
+    "ShellEvent",
     "ToolCallFailed",
     "TransportError",
     "Trigger",

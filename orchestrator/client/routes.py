@@ -72,6 +72,9 @@ def segment(value: object) -> str:
 
 def tool_call_timeout_s(name: str, arguments: Mapping[str, Any], default_s: float) -> float:
     """How long to wait for a tool call's answer: a shell waits for its `timeout_s`."""
+    if name == "process_output":  # a long poll: its wait on top
+        waited = arguments.get("wait_s")
+        return max(default_s, DEFAULT_TIMEOUT_S) + (float(waited) if isinstance(waited, (int, float)) and waited > 0 else 0.0)
     if name != "shell":
         return max(default_s, DEFAULT_TIMEOUT_S)
     asked = arguments.get("timeout_s")

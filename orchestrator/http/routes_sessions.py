@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -35,6 +35,7 @@ from orchestrator.http.models import (
     ToolCallOut,
 )
 from orchestrator.http.params import run_id_param, session_id_param
+from orchestrator.http.tool_stream import stream_tool_call, wants_events
 from orchestrator.runs.records import RunStatus
 from orchestrator.runs.service import StartRun
 from orchestrator.service import OrchestratorService
@@ -209,6 +210,7 @@ def list_tools(service: OrchestratorService = Depends(service_of), _: Caller = D
 @router.post("/v1/runs/{run_id}/tools/{name:path}", tags=["tools"], response_model=ToolCallOut)
 async def call_tool(
     body: ToolCallIn,
+    request: Request,
     run_id: str = Depends(run_id_param),
     name: str = Path(..., max_length=100),
     acting: int | None = Depends(acting_user),
@@ -220,6 +222,12 @@ async def call_tool(
     # The hot path (docs/performance.md): the dispatcher awaits the sandbox on the loop and does its
     # blocking work in threads of its own, never in the default pool; its outcome is plain
     # JSON already, so it skips FastAPI's response validation.
+    if name == "shell" and wants_events(request.headers.get("accept")):  # docs/processes.md
+        return await stream_tool_call(
+            lambda on_output: service.dispatcher.dispatch_async(
+                run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, on_output=on_output
+            )
+        )
     outcome = await service.dispatcher.dispatch_async(
         run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor
     )

@@ -28,6 +28,9 @@ DID_NOT_RUN = "The tool did not run; try again, and tell the user if it keeps fa
 
 def call_timeout_s(settings: Settings, tool: str, arguments: dict[str, Any]) -> float:
     """How long the host waits for the agent's answer to this call."""
+    if tool == "process_output":  # a long poll: its own wait on top
+        waited = arguments.get("wait_s")
+        return settings.agent_call_timeout_s + (float(waited) if isinstance(waited, (int, float)) and waited > 0 else 0.0)
     if tool != "shell":
         return settings.agent_call_timeout_s
     asked = arguments.get("timeout_s")

@@ -80,6 +80,9 @@ def agent_limits(settings: Settings) -> AgentLimits:
         shell_timeout_s=settings.tool_timeout_s,
         shell_timeout_max_s=settings.tool_timeout_max_s,
         grep_timeout_s=settings.grep_timeout_s,
+        process_max_count=settings.process_max_per_user,
+        process_spool_bytes=settings.process_spool_bytes,
+        process_max_runtime_s=settings.process_max_runtime_s,
     )
 
 

@@ -16,6 +16,9 @@ from typing import Any, Protocol
 
 from mounts.plan import MountPlan
 from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.errors import AgentUnavailable
+
+PROCESS_HEALTH_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def idle_action(
     idle_timeout_s: float,
 ) -> IdleAction:
     """Pure: what the reaper does with one sandbox. A call in flight or a process of the
-    agent's still running (the processes issue; False until that lands) is activity: nothing.
+    agent's still running (`runs_processes`, docs/processes.md) is activity: nothing.
     Idle for the idle timeout: stop (a paused one too). Idle for the pause time: pause, unless
     pausing is off (0) or would not come before the stop. The one decision both backends use."""
     if in_flight > 0 or has_running_processes:
@@ -91,6 +94,26 @@ class CallCount:
         self.in_flight = 0
         self.last_used = time.monotonic()
         self.paused = False  # frozen by the reaper: no call may go to it until it is resumed
+        # Background processes running in the sandbox as its agent last said (None: not known
+        # yet, e.g. a container adopted after a restart). `runs_processes` is the one reader.
+        self.processes: int | None = 0
+        # No process the host started can run past this (monotonic): the agent kills each at
+        # its maximum runtime. A sandbox that lies about its count is busy no longer than that.
+        self.processes_until = 0.0
+
+    def note_processes(self, count: int | None, *, started_for_s: float | None = None) -> None:
+        """The agent's count; `started_for_s`: a process was just started (or may be running,
+        unknown) for at most this long."""
+        with self._lock:
+            self.processes = count
+            if started_for_s is not None:
+                self.processes_until = max(self.processes_until, time.monotonic() + started_for_s)
+
+    @property
+    def busy(self) -> bool:
+        """A call in flight, or background processes (by the last count): not idle, and not
+        to be restarted for a plan or BUILD change."""
+        return self.in_flight > 0 or (self.processes != 0 and time.monotonic() <= self.processes_until)
 
     @contextmanager
     def calling(self) -> Iterator[None]:
@@ -186,3 +209,20 @@ class SandboxBackend(Protocol):
     def close(self) -> None:
         """Release resources at orchestrator shutdown (sandboxes may keep running)."""
 
+
+
+def runs_processes(live: LiveAgent | None, count: CallCount) -> bool:
+    """Whether the sandbox runs background processes, so an idle stop must spare it: the one
+    way the orchestrator knows (docs/processes.md). The count every process_* answer carries
+    is kept on the agent's `CallCount`; a count that is not zero (or not known) is refreshed
+    from the agent's `/health` (`processes`), since a process may have ended unseen."""
+    if count.processes == 0 or time.monotonic() > count.processes_until:
+        return False  # none, or none can still run whatever the sandbox says
+    if live is None:
+        return True  # not known, and no agent to ask: keep it
+    try:
+        health = live.blocking.health(timeout_s=PROCESS_HEALTH_TIMEOUT_S)
+    except AgentUnavailable:
+        return False  # an agent that does not answer keeps nothing running worth sparing
+    count.note_processes(health.processes)
+    return health.processes > 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
 
@@ -24,6 +24,9 @@ from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
 
+# A streamed call's output as it comes: (stream, text), on the event loop.
+OutputSink = Callable[[str, str], None]
+
 # Worker threads in which event-loop callers wait for a sandbox start (`ensure`), apart from
 # the server's own pool: a burst of cold starts must not starve the host tools.
 START_THREADS = 16
@@ -36,7 +39,7 @@ class SandboxCaller:
 
     async def call(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
-        context: CallContext | None = None,
+        context: CallContext | None = None, on_output: OutputSink | None = None,
     ) -> Any:  # fmt: skip
         """On the event loop: no thread is held while the agent works, only a start waits in
         a worker thread; the warm path hops no thread at all."""
@@ -44,11 +47,29 @@ class SandboxCaller:
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or await to_thread.run_sync(_resumed_or_ready, backend, user, limiter=self._start_threads)
             with _attempt(backend, agent, tool, may_retry=True):
-                return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, on_output))
             agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
             with _attempt(backend, agent, tool, may_retry=False):
-                return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, on_output))
             raise AssertionError("unreachable: a last attempt answers or raises")
+
+    def _noted(self, agent: LiveAgent, tool: str, result: Any) -> Any:
+        """Keep the count of background processes a process_* answer carries on the agent."""
+        if isinstance(result, dict):
+            count = result.get("running_processes")
+            if isinstance(count, int) and not isinstance(count, bool) and count >= 0:
+                started = self._settings.process_max_runtime_s if tool == "process_start" else None
+                agent.count.note_processes(count, started_for_s=started)
+        return result
+
+    @staticmethod
+    async def _send(
+        agent: LiveAgent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None, timeout: float,
+        on_output: OutputSink | None,
+    ) -> Any:  # fmt: skip
+        if on_output is not None:
+            return await agent.calls.stream(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, on_output=on_output)
+        return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
 
     def call_blocking(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
@@ -61,10 +82,10 @@ class SandboxCaller:
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or _resumed_or_ready(backend, user)
             with _attempt(backend, agent, tool, may_retry=True):
-                return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink))
+                return self._noted(agent, tool, agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink)))
             agent = backend.ensure(user)
             with _attempt(backend, agent, tool, may_retry=False):
-                return agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink))
+                return self._noted(agent, tool, agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink)))
             raise AssertionError("unreachable: a last attempt answers or raises")
 
 

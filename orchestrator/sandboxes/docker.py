@@ -45,6 +45,7 @@ from orchestrator.sandboxes.base import (
     SandboxUser,
     idle_action,
     loses_group_access,
+    runs_processes,
 )
 from orchestrator.sandboxes.docker_spec import (
     LABEL_BUILD,
@@ -201,6 +202,8 @@ class DockerBackend:
                 with slot.lock:
                     slot.container_id = container.id
                     slot.count.touch()
+                    # Its agent may run background processes: ask before an idle stop.
+                    slot.count.note_processes(None, started_for_s=self.settings.process_max_runtime_s)
                     slot.stopped = container.status not in ("running", "paused")
                 adopted.append(user_id)
                 log.info("adopted a sandbox %s", kv(user=user_id, container=container.short_id, status=container.status))
@@ -342,15 +345,17 @@ class DockerBackend:
             return  # the warm path: no Docker API call
         container = self._find(slot)
         observed = observed_from_attrs(container.attrs) if container is not None else None
-        busy = slot.count.in_flight > 0
-        if busy and container is not None:  # a revoked group does not wait for the calls under way
-            running_gids = {int(g) for g in container.attrs.get("HostConfig", {}).get("GroupAdd") or []}
-            busy = not loses_group_access(running_gids - {self.directories.shared_gid}, user.plan.group_gids)
         if container is not None and observed is not None and observed.running and slot.live is None:
             # Adopted, or contact lost: ask the agent that runs there which BUILD it is.
             if not self._reconnect(slot, container):
                 # Running but its agent does not answer (hung, or its token is gone): replace it.
                 observed = replace(observed, running=False, exit_code=-1)
+                slot.count.note_processes(0)  # nothing of that agent is kept
+        # A call in flight, or background processes (asked afresh: this is the slow path).
+        busy = slot.count.in_flight > 0 or runs_processes(slot.live, slot.count)
+        if busy and container is not None:  # a revoked group does not wait for the calls under way
+            running_gids = {int(g) for g in container.attrs.get("HostConfig", {}).get("GroupAdd") or []}
+            busy = not loses_group_access(running_gids - {self.directories.shared_gid}, user.plan.group_gids)
         action = decide(observed, desired, running_build=slot.running_build, busy=busy)
         if action is Action.USE:
             slot.plan_hash, slot.image_id = (observed.plan_hash, observed.image_id) if observed else (None, None)
@@ -364,6 +369,7 @@ class DockerBackend:
                running_build=slot.running_build, host_build=desired.agent_build),
         )  # fmt: skip
         slot.forget_agent()
+        slot.count.note_processes(0)  # a new agent (or container) runs none of the old one's
         with self._starts:
             started = time.monotonic()
             release = self.deployment.ensure()
@@ -457,6 +463,7 @@ class DockerBackend:
             agent.close()
             return False
         slot.running_build, slot.container_id = health.build, container.id
+        slot.count.note_processes(health.processes)
         slot.live = self._live(slot, agent, token)
         return True
 
@@ -525,6 +532,7 @@ class DockerBackend:
 
     def _stop_locked(self, slot: _Slot, *, reason: str) -> None:
         slot.forget_agent()
+        slot.count.note_processes(0)  # a stopped container's processes are gone with it
         slot.stopped = True
         container = self._find(slot)
         if container is not None and container.status == "paused":
@@ -553,11 +561,18 @@ class DockerBackend:
             try:
                 if slot.container_id is None or slot.stopped:
                     continue
+                processes = False
+                if not slot.count.paused:  # a frozen agent ran none when it was paused
+                    if slot.live is None and slot.count.processes != 0:  # adopted, or contact lost: ask its agent
+                        container = self._find(slot)
+                        if container is not None and container.status == "running":
+                            self._reconnect(slot, container)
+                    processes = runs_processes(slot.live, slot.count)
                 action = idle_action(
                     idle_s=now - slot.count.last_used,
                     in_flight=slot.count.in_flight,
                     paused=slot.count.paused,
-                    has_running_processes=False,  # agent-owned processes (the processes issue) feed this
+                    has_running_processes=processes,  # background processes: busy, whatever the calls
                     pause_after_s=self.settings.pause_after_s,
                     idle_timeout_s=self.settings.idle_timeout_s,
                 )

@@ -39,7 +39,15 @@ from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, sandbox_unavailable
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch
 from orchestrator import metrics
-from orchestrator.sandboxes.base import IdleAction, LiveAgent, SandboxStatus, SandboxUser, idle_action, loses_group_access
+from orchestrator.sandboxes.base import (
+    IdleAction,
+    LiveAgent,
+    SandboxStatus,
+    SandboxUser,
+    idle_action,
+    loses_group_access,
+    runs_processes,
+)
 from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
@@ -140,7 +148,7 @@ class ProcessBackend:
         if agent is None or agent.paused or agent.stalled or agent.forgotten or not agent.alive:
             return None
         if self._staleness(agent, user) is not None and (
-            agent.in_flight == 0 or loses_group_access(agent.group_gids, user.plan.group_gids)
+            not agent.live.count.busy or loses_group_access(agent.group_gids, user.plan.group_gids)
         ):
             return None  # outdated and idle, or carrying a gid its plan lost: `ensure` replaces it
         return agent.live
@@ -218,8 +226,9 @@ class ProcessBackend:
                 elif agent.alive:
                     stale = self._staleness(agent, user)
                     lost = loses_group_access(agent.group_gids, user.plan.group_gids)
-                    if stale is None or (agent.in_flight > 0 and not lost):
-                        return agent  # an outdated agent keeps serving until it is idle
+                    busy = stale is not None and (agent.in_flight > 0 or runs_processes(agent.live, agent.live.count))
+                    if stale is None or (busy and not lost):
+                        return agent  # an outdated agent keeps serving until it is idle (no process runs)
                     log.info("restarting an outdated agent %s", kv(user=user.user_id, reason=stale))
                 else:
                     log.warning(
@@ -432,6 +441,7 @@ class ProcessBackend:
         """Pause or stop the idle agents (`idle_action`); returns the users stopped."""
         now = time.monotonic() if now is None else now
         with self._lock:
+            # Calls and idleness only: asking an agent for its processes waits for its answer.
             candidates = [a.user_id for a in self._agents.values() if self._idle_action(a, now) is not IdleAction.NOTHING]
         stopped = []
         for user_id in candidates:
@@ -439,7 +449,10 @@ class ProcessBackend:
                 agent = self._agents.get(user_id)
                 if agent is None:
                     continue
-                action = self._idle_action(agent, now)  # again, under the lock: a call may have come
+                # Again, under the lock (a call may have come), and now asking whether background
+                # processes run there (they make it busy, whatever the calls).
+                processes = agent.alive and not agent.paused and runs_processes(agent.live, agent.live.count)
+                action = self._idle_action(agent, now, processes=processes)
                 idle_s = round(now - agent.last_used, 1)
                 if action is IdleAction.STOP:
                     self._terminate(agent)
@@ -452,12 +465,12 @@ class ProcessBackend:
                 metrics.SANDBOX_IDLE_ACTIONS.labels(self.name, action.value).inc()
         return stopped
 
-    def _idle_action(self, agent: _Agent, now: float) -> IdleAction:
+    def _idle_action(self, agent: _Agent, now: float, *, processes: bool = False) -> IdleAction:
         return idle_action(
             idle_s=now - agent.last_used,
             in_flight=agent.in_flight,
             paused=agent.paused,
-            has_running_processes=False,  # agent-owned processes (the processes issue) feed this
+            has_running_processes=processes,
             pause_after_s=self.settings.pause_after_s,
             idle_timeout_s=self.settings.idle_timeout_s,
         )

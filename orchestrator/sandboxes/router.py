@@ -17,7 +17,7 @@ from typing import Any, BinaryIO, TypeVar
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
 from orchestrator.sandboxes.base import SandboxBackend, SandboxStatus, SandboxUser
-from orchestrator.sandboxes.calling import SandboxCaller
+from orchestrator.sandboxes.calling import OutputSink, SandboxCaller
 from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.log import kv
@@ -199,9 +199,11 @@ class SandboxRouter:
         return backend if isinstance(backend, kind) else None
 
     async def call(
-        self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None
-    ) -> Any:
-        """Run one tool in the user's sandbox on the event loop (`SandboxCaller.call`)."""
+        self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None,
+        on_output: OutputSink | None = None,
+    ) -> Any:  # fmt: skip
+        """Run one tool in the user's sandbox on the event loop (`SandboxCaller.call`); with
+        `on_output`, streamed (its output as it comes)."""
         # The user and membership reads are SQLite reads in WAL mode: they never wait for a
         # writer, so they stay on the loop instead of costing a thread hop.
         for guard in self.call_guards:
@@ -211,7 +213,9 @@ class SandboxRouter:
             hook(user_id, context)
         with self.in_flight.calling(user_id, context):
             try:  # free unless raised (zero-cost try)
-                return await self.caller.call(backend, user, tool, arguments, cwd=cwd, context=context)
+                return await self.caller.call(
+                    backend, user, tool, arguments, cwd=cwd, context=context, on_output=on_output
+                )
             except ToolError as exc:
                 raise self._named_no_space(user_id, exc) from None
 

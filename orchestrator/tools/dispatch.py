@@ -36,6 +36,7 @@ from orchestrator.errors import NotFound, RunEnded, ToolError
 from orchestrator.runs.idle_runs import CallsInFlight
 from orchestrator.log import kv, run_logger
 from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
+from orchestrator.sandboxes.calling import OutputSink
 from orchestrator.sandboxes.router import SandboxRouter
 from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore, Transaction
@@ -50,6 +51,7 @@ from orchestrator.tools.call_records import (
     utc_now,
 )
 from orchestrator.tools.identity_table import acting_user_for
+from orchestrator.tools.process_audit import process_events
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
 from orchestrator.tools.user_slots import UserCallSlots
 from sandbox_agent.wire import CallContext
@@ -107,6 +109,7 @@ class _Admitted:
     started: float
     refused: ToolOutcome | None = None  # answered without running (invalid, busy): audited already
     tool_call_id: str | None = None  # set when the call has a record to complete
+    actor: str = ""
 
 
 @dataclass(frozen=True)
@@ -159,13 +162,18 @@ class ToolDispatcher:
         )
 
     async def dispatch_async(
-        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
-    ) -> ToolOutcome:
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
+        on_output: OutputSink | None = None,
+    ) -> ToolOutcome:  # fmt: skip
+        """One call; with `on_output` a container tool streams its output as it comes (the
+        outcome is the same; a repeat answered from its record streams nothing)."""
         # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
         with self._in_flight.calling(run_id):
             waited_from: float | None = None
             while True:
-                answer = await self._dispatch_once(run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+                answer = await self._dispatch_once(
+                    run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, on_output=on_output
+                )
                 if isinstance(answer, ToolOutcome):
                     return answer
                 if answer.outcome is not None:
@@ -190,8 +198,9 @@ class ToolDispatcher:
                     pass
 
     async def _dispatch_once(
-        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
-    ) -> ToolOutcome | _Repeated:
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
+        on_output: OutputSink | None = None,
+    ) -> ToolOutcome | _Repeated:  # fmt: skip
         spec = self._registry.get(name)
         if spec is not None and spec.place is ToolPlace.HOST:
             # A host tool blocks anyway: its checks, its work and its audit in one thread.
@@ -208,7 +217,7 @@ class ToolDispatcher:
         recorded = False
         try:
             try:
-                outcome = await self._run_in_sandbox(admitted)
+                outcome = await self._run_in_sandbox(admitted, on_output)
             finally:
                 self.slots.give_back(admitted.acting_user)
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
@@ -325,7 +334,9 @@ class ToolDispatcher:
                         self._pending.close((run_id, record_key))
                 raise
         recorded = record_key if refused is None else None
-        return _Admitted(run, session, name, spec, acting_user, workdir, arguments, entry_id, started, refused, recorded)
+        return _Admitted(
+            run, session, name, spec, acting_user, workdir, arguments, entry_id, started, refused, recorded, actor
+        )
 
     def _recorded(
         self, tx: Transaction, run_id: str, name: str, raw_arguments: dict[str, Any], tool_call_id: str
@@ -338,7 +349,7 @@ class ToolDispatcher:
             return None
         return ToolOutcome.of_body(record.body)
 
-    async def _run_in_sandbox(self, call: _Admitted) -> ToolOutcome:
+    async def _run_in_sandbox(self, call: _Admitted, on_output: OutputSink | None = None) -> ToolOutcome:
         assert call.arguments is not None and call.spec is not None
         try:
             result = await self._sandboxes.call(
@@ -352,6 +363,7 @@ class ToolDispatcher:
                     # The runtime dir is mounted at its host path: the sandbox sees the same one.
                     output_dir=str(self._layout.shell_output_dir(call.run.runtime_user_id, call.run.session_id)),
                 ),
+                on_output=on_output,
             )
         except ToolError as exc:
             return ToolOutcome(ok=False, error=exc.body())
@@ -375,8 +387,22 @@ class ToolDispatcher:
             return ToolOutcome(ok=False, error=exc.body())
 
     def _complete(self, call: _Admitted, outcome: ToolOutcome, duration_ms: float) -> None:
+        events = process_events(call.tool, call.arguments.model_dump(mode="json") if call.arguments else {}, outcome.result)
         with self._store.write() as tx:
             audit.complete(tx, call.entry_id, **_detail(call.run, call.tool, call.acting_user, _code(outcome), duration_ms))
+            for event in events:  # a background process started, signalled or seen ended
+                audit.record(
+                    tx,
+                    # An exit is seen, not asked for: the sandbox reports it.
+                    actor="sandbox" if event.action == "process.exit" else call.actor,
+                    action=event.action,
+                    session_id=call.run.session_id,
+                    owner_user_id=call.run.owner_user_id,
+                    runtime_user_id=call.run.runtime_user_id,
+                    run_id=call.run.run_id,
+                    acting_user_id=call.acting_user,
+                    **event.detail,
+                )
             RunRepository.touch_in(tx, call.run.run_id, now_iso())  # the run's last activity, same write
             if call.tool_call_id is not None:
                 self.call_records.complete_in(tx, call.run.run_id, call.tool_call_id, outcome.body(), utc_now())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ from sandbox_agent.wire import AgentConfig, AgentLimits
 
 if TYPE_CHECKING:
     from sandbox_agent.calls import InFlightCall
+    from sandbox_agent.processes import ProcessTable
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,8 @@ class ToolContext:
     config: AgentConfig
     cwd: str
     call: InFlightCall | None = None  # a shell attaches its process tree, so a cancel can kill it
+    processes: ProcessTable | None = None  # the agent's background processes (process_* tools)
+    on_output: Callable[[str, bytes], None] | None = None  # a streamed shell: (stream, bytes) as read
 
     @property
     def limits(self) -> AgentLimits:

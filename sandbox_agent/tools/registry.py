@@ -11,6 +11,14 @@ from pydantic import BaseModel
 from sandbox_agent import wire
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.files import edit_file, read_bytes, read_file, write_bytes, write_file
+from sandbox_agent.tools.processes import (
+    process_list,
+    process_output,
+    process_resize,
+    process_signal,
+    process_start,
+    process_write,
+)
 from sandbox_agent.tools.search import glob_search, grep_search, list_dir
 from sandbox_agent.tools.shell import shell
 
@@ -26,6 +34,12 @@ _FUNCTIONS: dict[str, ToolFunction] = {
     "grep_search": grep_search,
     "shell": shell,
     "read_bytes": read_bytes,
+    "process_start": process_start,
+    "process_output": process_output,
+    "process_write": process_write,
+    "process_resize": process_resize,
+    "process_signal": process_signal,
+    "process_list": process_list,
 }
 
 

@@ -29,11 +29,11 @@ from sandbox_agent.wire import ShellArgs
 TIMEOUT_EXIT_CODE = 124  # like coreutils `timeout`
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _PIPE_GRACE_S = 2.0
-_SHELL = shutil.which("bash") or "/bin/sh"
-_PROC_FD = os.path.isdir("/proc/self/fd")
+SHELL = shutil.which("bash") or "/bin/sh"
+PROC_FD = os.path.isdir("/proc/self/fd")
 
 
-def _environment(ctx: ToolContext, cwd_shown: str, marker: str) -> dict[str, str]:
+def environment(ctx: ToolContext, cwd_shown: str, marker: str) -> dict[str, str]:
     config = ctx.config
     env = {
         "PATH": DEFAULT_PATH,
@@ -41,7 +41,7 @@ def _environment(ctx: ToolContext, cwd_shown: str, marker: str) -> dict[str, str
         "TMPDIR": config.tmp_dir,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
-        "SHELL": _SHELL,
+        "SHELL": SHELL,
         "TERM": "dumb",
     }
     env.update(config.shell_env)
@@ -61,20 +61,20 @@ def shell(ctx: ToolContext, args: ShellArgs) -> dict[str, Any]:
         raise AgentToolError("invalid_arguments", "The command contains a NUL byte.")
     marker = secrets.token_hex(12)
     with ctx.sandbox.open_dir(ctx.cwd, "/") as workdir:
-        cwd = f"/proc/self/fd/{workdir.fd}" if _PROC_FD else workdir.path
-        env = _environment(ctx, workdir.path, marker)
+        cwd = f"/proc/self/fd/{workdir.fd}" if PROC_FD else workdir.path
+        env = environment(ctx, workdir.path, marker)
         started = time.monotonic()
 
         def start() -> subprocess.Popen[bytes]:
             return subprocess.Popen(
-                [_SHELL, "-c", args.command],
+                [SHELL, "-c", args.command],
                 cwd=cwd,
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,  # its own process group and session: killed as one
-                pass_fds=(workdir.fd,) if _PROC_FD else (),
+                pass_fds=(workdir.fd,) if PROC_FD else (),
             )
 
         try:
@@ -86,8 +86,8 @@ def shell(ctx: ToolContext, args: ShellArgs) -> dict[str, Any]:
     cap = limits.shell_output_cap_bytes
     spool = _spool_dir(ctx)
     readers = [
-        StreamReader(proc.stdout, "stdout", cap, cap // 2, spool),
-        StreamReader(proc.stderr, "stderr", cap, cap // 2, spool),
+        StreamReader(proc.stdout, "stdout", cap, cap // 2, spool, ctx.on_output),
+        StreamReader(proc.stderr, "stderr", cap, cap // 2, spool, ctx.on_output),
     ]
     try:
         if ctx.call is not None and not ctx.call.attach(leader):

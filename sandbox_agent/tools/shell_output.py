@@ -21,7 +21,7 @@ import secrets
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -191,8 +191,17 @@ class StreamReader(threading.Thread):
     """Drains one pipe to EOF: keeps its head and a rolling tail, counts every byte and,
     once the stream is longer than `spool_after`, writes all of it to a spool file."""
 
-    def __init__(self, stream: IO[bytes], name: str, keep: int, spool_after: int, spool: SpoolDir | None) -> None:
+    def __init__(
+        self,
+        stream: IO[bytes],
+        name: str,
+        keep: int,
+        spool_after: int,
+        spool: SpoolDir | None,
+        on_chunk: Callable[[str, bytes], None] | None = None,
+    ) -> None:
         super().__init__(daemon=True)
+        self.on_chunk = on_chunk  # a streamed call: every chunk as it is read
         self.stream = stream
         self.name_ = name
         self.keep = keep
@@ -220,6 +229,8 @@ class StreamReader(threading.Thread):
                 self._spool_fd = None
 
     def _take(self, chunk: bytes) -> None:
+        if self.on_chunk is not None:
+            self.on_chunk(self.name_, chunk)
         if len(self.head) < self.keep:
             self.head += chunk[: self.keep - len(self.head)]
         self.tail += chunk

@@ -4,7 +4,9 @@ uid): `python lying_agent.py SOCKET MODE`.
 
 Modes: `huge` announces and streams a 300 MiB JSON answer; `unannounced` streams one without
 a Content-Length until the client hangs up; `overcap` answers a valid shell result whose
-stdout is 1 MiB (within the answer bound, over the output cap); `health` answers /health.
+stdout is 1 MiB (within the answer bound, over the output cap); `health` answers /health;
+`streamflood` answers a streamed shell with output events without end; `streamforged` with
+an output event of a stream that does not exist.
 """
 
 from __future__ import annotations
@@ -54,6 +56,20 @@ def _stream(conn: socket.socket, head: bytes, total: int | None) -> None:
     conn.sendall(b'"}}')
 
 
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def _stream_events(conn: socket.socket, mode: str) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\nTransfer-Encoding: chunked\r\n\r\n")
+    if mode == "streamforged":
+        conn.sendall(_chunk(b'{"event": "output", "stream": "../etc/passwd", "text": "x"}\n'))
+        return
+    line = json.dumps({"event": "output", "stream": "stdout", "text": "A" * 60000}).encode() + b"\n"
+    while True:
+        conn.sendall(_chunk(line))
+
+
 def _serve(conn: socket.socket, mode: str) -> None:
     try:
         while True:
@@ -62,6 +78,8 @@ def _serve(conn: socket.socket, mode: str) -> None:
                 _stream(conn, f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {HUGE}\r\n\r\n".encode(), HUGE)
             elif mode == "unannounced":
                 _stream(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n", None)
+            elif mode in ("streamflood", "streamforged"):
+                _stream_events(conn, mode)
             elif mode == "overcap":
                 result = {"exit_code": 0, "stdout": "B" * (1024 * 1024), "stderr": "", "timed_out": False, "truncated": False}
                 body = json.dumps({"ok": True, "result": result}).encode()

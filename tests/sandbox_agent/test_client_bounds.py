@@ -72,3 +72,27 @@ def test_a_listener_of_another_uid_is_refused_before_anything_is_sent(traversabl
         assert str(OTHER_UID) in info.value.message and str(SANDBOX_UID) in info.value.message
         with AgentClient(path, "t", expected_peer_uid=OTHER_UID) as client:  # the right uid: served
             assert client.health(timeout_s=5).build == "x"
+
+
+@pytest.mark.parametrize("mode", ["streamflood", "streamforged"])
+def test_a_streamed_shell_that_floods_or_forges_its_events_is_refused(traversable_tmp: Path, mode: str) -> None:
+    """A streamed `shell` is bounded like any answer: output events past what the agent may
+    stream are refused (not buffered), and an event of an unknown stream is not passed on."""
+    seen: list[tuple[str, str]] = []
+    rss_before = psutil.Process().memory_info().rss
+
+    async def run():  # type: ignore[no-untyped-def]
+        client = AsyncAgentClient(path, "t")
+        try:
+            return await client.stream("shell", {"command": "x"}, cwd="/", timeout_s=60, on_output=lambda s, t: seen.append((s, t)))
+        finally:
+            client.close()
+
+    with lying_agent(traversable_tmp, mode) as path:
+        with pytest.raises((AgentToolError, AgentUnavailable)) as info:
+            asyncio.run(run())
+    if mode == "streamflood":
+        assert isinstance(info.value, AgentToolError) and info.value.code == "output_too_large"
+        assert (psutil.Process().memory_info().rss - rss_before) / 2**20 < 200
+    else:
+        assert isinstance(info.value, AgentUnavailable) and seen == []

@@ -59,7 +59,7 @@ def _beyond_byte_limits(body: object) -> bool:
     arguments = body.get("arguments") if isinstance(body, dict) else None
     if not isinstance(arguments, dict):
         return False
-    for key in ("path", "path_or_url"):
+    for key in ("path", "path_or_url", "cwd"):  # cwd: process_start's working directory
         value = arguments.get(key)
         if isinstance(value, str) and not value.isascii():
             raw = value.encode("utf-8", "surrogatepass")

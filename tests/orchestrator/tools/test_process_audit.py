@@ -1,0 +1,27 @@
+"""The audit rows of background-process calls are decided from what the sandbox answered,
+which it may forge: only ids of the agent's form and int exit codes are taken."""
+
+from __future__ import annotations
+
+from orchestrator.tools.process_audit import process_events
+
+PID = "p-" + "a" * 24
+
+
+def test_start_signal_and_a_first_seen_exit_are_audited() -> None:
+    start = process_events("process_start", {"command": "make", "pty": False}, {"process_id": PID, "pid": 12})
+    assert [(e.action, e.detail["process_id"], e.detail["command"]) for e in start] == [("process.start", PID, "make")]
+    signal = process_events("process_signal", {"signal": "KILL"}, {"process_id": PID, "delivered": True, "exit_new": True, "exit_code": 137, "end_reason": "signal"})
+    assert [e.action for e in signal] == ["process.signal", "process.exit"]
+    listed = process_events("process_list", {}, {"processes": [{"process_id": PID, "exit_new": True, "exit_code": 0, "end_reason": "exited"}, {"process_id": PID}]})
+    assert [(e.action, e.detail["exit_code"]) for e in listed] == [("process.exit", 0)]
+    assert process_events("process_output", {}, {"process_id": PID, "running": True}) == []
+
+
+def test_forged_answers_add_nothing_untrusted() -> None:
+    assert process_events("process_start", {"command": "x"}, {"process_id": "../../etc"}) == []
+    assert process_events("process_list", {}, {"processes": "many"}) == []
+    forged = process_events("process_output", {}, {"process_id": PID, "exit_new": True, "exit_code": "rm -rf", "end_reason": "<script>"})
+    assert forged[0].detail == {"process_id": PID, "exit_code": None, "end_reason": None}
+    assert process_events("shell", {}, {"process_id": PID, "exit_new": True}) == []
+    assert process_events("process_output", {}, ["not", "a", "dict"]) == []
