@@ -44,6 +44,13 @@ class Settings(BaseSettings):
     idle_timeout_s: float = Field(900.0, gt=0, description="Stop a user's sandbox after this idle time.")
     tool_timeout_s: float = Field(60.0, gt=0, description="Default `shell` timeout.")
     tool_timeout_max_s: float = Field(600.0, gt=0, description="Largest `timeout_s` a shell call may ask for.")
+    mcp_progress_interval_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description="How often a long MCP tools/call (shell, process tools) sends a progress notification "
+        "when the client asked for progress (docs/mcp.md).",
+    )
     grep_timeout_s: float = Field(
         10.0, gt=0, description="Time limit of one grep_search (catastrophic regexes answer `timeout`)."
     )

@@ -59,6 +59,12 @@ def _caller(service: OrchestratorService, authorization: str | None) -> Caller |
     return None
 
 
+def caller_for(service: OrchestratorService, authorization: str | None) -> Caller | None:
+    """The role an `Authorization` header gives, None for a missing or wrong token (for the
+    MCP endpoint, an ASGI app of its own that checks the token as `require_bot` does)."""
+    return _caller(service, authorization)
+
+
 def has_valid_token(settings: Settings, authorization: str | None) -> bool:
     """Whether the request may reach a `/v1/` route at all (any role); checked from the headers
     before the body is read (orchestrator/http/request_guard.py)."""

@@ -219,6 +219,16 @@ class RunService:
         )
         return context
 
+    def identity_section_of(self, run: RunRecord) -> str | None:
+        """The prompt identity section of a run that has started (the MCP endpoint's
+        instructions): rendered again from the run's identities, as at its start."""
+        if run.identity.runtime_is_owner:
+            return None
+        session = self._sessions.get(run.session_id)
+        if session is None:
+            raise NotFound(f"session {run.session_id} not found")
+        return self._identity_section(session, run.identity)
+
     def _identity_section(self, session: SessionRecord, identity: RunIdentity) -> str | None:
         if identity.runtime_is_owner:
             return None

@@ -1,0 +1,192 @@
+"""The MCP server of the runs: one SDK `Server` whose handlers act for the run named in the
+request's path (`/v1/runs/{run_id}/mcp`, orchestrator/mcp/endpoint.py puts it into the scope).
+
+Every tools/call goes through the dispatcher exactly like POST /v1/runs/{run_id}/tools/{name}
+(identity, audit, limits, tool_call_id records); tools/list is the registry's one description,
+the same GET /v1/tools answers. Skills are resources read in the runtime user's sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+from starlette.concurrency import run_in_threadpool
+
+from orchestrator import __version__
+from orchestrator.errors import NotFound, OrchestratorError, RunEnded
+from orchestrator.log import kv
+from orchestrator.mcp.caller import McpCaller, caller_of
+from orchestrator.mcp.skill_reader import SkillReader
+from orchestrator.mcp.tool_results import call_result, mcp_tools
+from orchestrator.runs.records import RunRecord, RunStatus
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "sandbox-orchestrator"
+# JSON-RPC server-defined codes (-32000..-32099): the run cannot be used; the data carries our
+# structured error (`run_ended`, `not_found`, ...).
+RUN_UNAVAILABLE = -32004
+# The tools whose calls may run long: they report progress while they run.
+LONG_TOOLS = frozenset({"shell", "process_start", "process_output"})
+# A tool_call_id rides in the request's _meta under this key (MCP has no field for it).
+TOOL_CALL_ID_META = "tool_call_id"
+TOOL_CALL_ID_MAX = 200
+
+
+def run_error(exc: OrchestratorError) -> MCPError:
+    return MCPError(RUN_UNAVAILABLE, exc.message, data=exc.body())
+
+
+def check_usable(run: RunRecord, session_deleted: bool) -> None:
+    """Pure: refuse a run that cannot take calls, the way the dispatcher does."""
+    if run.status is not RunStatus.RUNNING:
+        raise RunEnded(f"run {run.run_id} has ended ({run.status.value}); start a new run to call tools")
+    if session_deleted:
+        raise NotFound(f"session {run.session_id} not found")
+
+
+def tool_call_id_of(meta: Any) -> str | None:
+    """Pure: the optional `_meta.tool_call_id` of a tools/call, bounded like the plain API's."""
+    value = meta.get(TOOL_CALL_ID_META) if isinstance(meta, dict) else None
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= TOOL_CALL_ID_MAX:
+        raise MCPError(types.INVALID_PARAMS, f"_meta.{TOOL_CALL_ID_META} must be a string of 1-{TOOL_CALL_ID_MAX} characters")
+    return value
+
+
+class RunMcpServer:
+    """Builds the SDK server; its handlers find the run through the request (see McpCaller)."""
+
+    def __init__(self, service: Any, *, progress_interval_s: float) -> None:
+        self._service = service
+        self._progress_interval_s = progress_interval_s
+        self._skills = SkillReader(service.dispatcher, service.settings.layout)
+        self.server: Server[Any] = Server(
+            SERVER_NAME,
+            version=__version__,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_read_resource=self._read_resource,
+        )
+        self.server.middleware.append(self._instructions)
+        discover = self.server.get_request_handler("server/discover")
+        assert discover is not None
+        self._discover = discover.handler
+        self.server.add_request_handler("server/discover", types.RequestParams, self._discover_run)
+
+    # The run, checked: an ended run or a deleted session is a clear MCP error.
+    async def _usable_run(self, caller: McpCaller) -> RunRecord:
+        def read() -> RunRecord:
+            run = self._service.runs.get(caller.run_id)
+            session = self._service.session_repo.get(run.session_id)
+            check_usable(run, session is None or session.deleted)
+            return run
+
+        try:
+            return await run_in_threadpool(read)
+        except OrchestratorError as exc:
+            raise run_error(exc) from None
+
+    async def _instructions_for(self, caller: McpCaller) -> str | None:
+        run = await self._usable_run(caller)
+        try:
+            return await run_in_threadpool(self._service.runs.identity_section_of, run)
+        except OrchestratorError as exc:
+            raise run_error(exc) from None
+
+    async def _instructions(self, ctx: ServerRequestContext[Any], call_next: Any) -> Any:
+        """initialize: the run is checked first, and its answer carries the run's prompt identity
+        section (only when the runtime user is not the owner, as in a prompt)."""
+        if ctx.method != "initialize":
+            return await call_next(ctx)
+        instructions = await self._instructions_for(caller_of(ctx))
+        result = await call_next(ctx)
+        if instructions is not None and isinstance(result, dict):
+            result["instructions"] = instructions
+        return result
+
+    async def _discover_run(self, ctx: ServerRequestContext[Any], params: types.RequestParams) -> Any:
+        # The newer protocol has no initialize: its discovery answer carries the instructions.
+        instructions = await self._instructions_for(caller_of(ctx))
+        result = await self._discover(ctx, params)
+        return result.model_copy(update={"instructions": instructions})
+
+    async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
+        await self._usable_run(caller_of(ctx))
+        described = self._service.tools.describe(shell_timeout_max_s=self._service.settings.tool_timeout_max_s)
+        return types.ListToolsResult(tools=mcp_tools(described))
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        caller = caller_of(ctx)
+        tool_call_id = tool_call_id_of(ctx.meta)
+        call = self._service.dispatcher.dispatch_async(
+            caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id, actor=caller.actor
+        )
+        try:
+            if params.name in LONG_TOOLS and _progress_token(ctx.meta) is not None:
+                outcome = await self._with_progress(ctx, params.name, call)
+            else:
+                outcome = await call
+        except OrchestratorError as exc:  # the run ended or its session went: not a tool result
+            raise run_error(exc) from None
+        return call_result(outcome.body())
+
+    async def _with_progress(self, ctx: ServerRequestContext[Any], tool: str, call: Any) -> Any:
+        """Run `call`, sending a progress notification every interval while it runs and one when
+        it is done: a client with a progress token sees a long shell alive (and may keep its
+        own request timeout from firing)."""
+        task = asyncio.ensure_future(call)
+        started = anyio.current_time()
+        beat = 0
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self._progress_interval_s)
+                if done:
+                    break
+                beat += 1
+                elapsed = anyio.current_time() - started
+                await self._progress(ctx, beat, f"{tool} running, {elapsed:.1f} s")
+            outcome = task.result()
+            await self._progress(ctx, beat + 1, f"{tool} done in {anyio.current_time() - started:.1f} s")
+            return outcome
+        finally:
+            if not task.done():  # the client went away: the dispatcher cancels the sandbox call
+                task.cancel()
+
+    async def _progress(self, ctx: ServerRequestContext[Any], progress: float, message: str) -> None:
+        try:
+            await ctx.session.report_progress(progress, None, message)
+        except Exception as exc:  # a progress line that cannot be sent never fails the call
+            log.info("mcp progress not sent %s", kv(error=type(exc).__name__))
+
+    async def _list_resources(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListResourcesResult:
+        caller = caller_of(ctx)
+        run = await self._usable_run(caller)
+        try:
+            resources = await self._skills.list(run, actor=caller.actor)
+        except OrchestratorError as exc:
+            raise run_error(exc) from None
+        return types.ListResourcesResult(resources=resources)
+
+    async def _read_resource(self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        caller = caller_of(ctx)
+        run = await self._usable_run(caller)
+        try:
+            return await self._skills.read(run, str(params.uri), actor=caller.actor)
+        except OrchestratorError as exc:
+            raise run_error(exc) from None
+
+
+def _progress_token(meta: Any) -> Any:
+    if not isinstance(meta, dict):
+        return None
+    return meta.get("progressToken", meta.get("progress_token"))
