@@ -175,6 +175,24 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         return run_smoke(client, options, sys.stdout)
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    import os
+
+    from orchestrator.mcp.stdio_relay import RelayOptions, main
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # stderr stays readable; stdout is the protocol
+    options = RelayOptions(
+        url=args.url,
+        token=args.token or os.environ.get("ORCH_API_TOKEN"),
+        session_id=args.session,
+        owner_user_id=args.owner,
+        speaker_user_id=args.speaker,
+        trigger=args.trigger,
+        channel=args.channel,
+    )
+    return main(options)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description="Sandbox Orchestrator")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -219,6 +237,18 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--keep", action="store_true", help="keep the smoke's sessions afterwards")
     smoke.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
     smoke.set_defaults(func=cmd_smoke)
+    mcp = sub.add_parser(
+        "mcp", help="a stdio MCP server for desktop clients: starts a run and relays to its MCP endpoint (docs/mcp.md)"
+    )
+    mcp.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", help="the orchestrator's base URL")
+    mcp.add_argument("--token", help="the bot token (default: ORCH_API_TOKEN; none when auth is off)")
+    where = mcp.add_mutually_exclusive_group(required=True)
+    where.add_argument("--session", help="start the run in this existing session")
+    where.add_argument("--owner", type=int, help="start the run in a new session of this user")
+    mcp.add_argument("--channel", default="web", help="the new session's channel (with --owner; default: web)")
+    mcp.add_argument("--speaker", type=int, help="the user who speaks (a group member: the run's runtime identity)")
+    mcp.add_argument("--trigger", default="web", help="the run's trigger (default: web)")
+    mcp.set_defaults(func=cmd_mcp)
     return parser
 
 
