@@ -10,6 +10,7 @@ the client closes stdin the relay ends the run (succeeded) and exits.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -109,12 +110,24 @@ async def started_run(bot: AsyncOrchestratorClient, options: RelayOptions) -> As
 
 async def relay(options: RelayOptions) -> None:
     async with AsyncOrchestratorClient(options.url, token=options.token) as bot:
-        async with started_run(bot, options) as run_id:
+        async with started_run(bot, options) as run_id, anyio.create_task_group() as tasks:
+            # A client that stops the relay with SIGTERM (or ^C) instead of closing stdin: the
+            # run is still ended (started_run's exit), then the relay exits.
+            tasks.start_soon(_stop_on_signal, tasks.cancel_scope)
             async with run_session(options.url, run_id, options.token) as (upstream, initialized):
                 server = relay_server(upstream, initialized.instructions)
                 async with stdio_server() as (read, write):
                     # Returns when the client closes stdin.
                     await server.run(read, write, server.create_initialization_options())
+            tasks.cancel_scope.cancel()
+
+
+async def _stop_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for received in signals:
+            log.info("mcp relay stopping %s", kv(signal=signal.Signals(received).name))
+            scope.cancel()
+            return
 
 
 def main(options: RelayOptions) -> int:
