@@ -69,6 +69,7 @@ class RunMcpServer:
         self._service = service
         self._progress_interval_s = progress_interval_s
         self._skills = SkillReader(service.dispatcher, service.settings.layout)
+        self._listed: tuple[tuple[str, ...], list[types.Tool]] | None = None
         self.server: Server[Any] = Server(
             SERVER_NAME,
             version=__version__,
@@ -77,7 +78,8 @@ class RunMcpServer:
             on_list_resources=self._list_resources,
             on_read_resource=self._read_resource,
         )
-        self.server.middleware.append(self._instructions)
+        # No OpenTelemetry here (the SDK's default middleware): a span per message for nothing.
+        self.server.middleware[:] = [self._instructions]
         discover = self.server.get_request_handler("server/discover")
         assert discover is not None
         self._discover = discover.handler
@@ -122,8 +124,17 @@ class RunMcpServer:
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
         await self._usable_run(caller_of(ctx))
-        described = self._service.tools.describe(shell_timeout_max_s=self._service.settings.tool_timeout_max_s)
-        return types.ListToolsResult(tools=mcp_tools(described))
+        return types.ListToolsResult(tools=self._tools())
+
+    def _tools(self) -> list[types.Tool]:
+        """The registry's description as MCP tools, built once per set of registered tools:
+        the SDK client lists the tools before its first call, and building every JSON schema
+        again each time cost milliseconds."""
+        names = tuple(self._service.tools.names())
+        if self._listed is None or self._listed[0] != names:
+            described = self._service.tools.describe(shell_timeout_max_s=self._service.settings.tool_timeout_max_s)
+            self._listed = (names, mcp_tools(described))
+        return list(self._listed[1])
 
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         caller = caller_of(ctx)

@@ -214,6 +214,14 @@ def test_the_endpoint_checks_the_token_the_run_id_and_the_acting_user(live: Live
             return init.instructions
 
     assert anyio.run(as_person, MEMBER) is not None  # the run's person may
+    # Stateless: a bare tools/call needs no session; plain JSON unless it asks for progress.
+    call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "list_dir", "arguments": {}}}
+    headers = {**accept, "Authorization": f"Bearer {API_TOKEN}", "MCP-Protocol-Version": "2025-11-25"}
+    plain = httpx.post(endpoint, json=call, headers=headers)
+    assert plain.headers["content-type"].startswith("application/json") and plain.json()["result"]["isError"] is False
+    call["params"]["_meta"] = {"progressToken": "p1"}
+    streamed = httpx.post(endpoint, json=call, headers=headers)
+    assert streamed.headers["content-type"].startswith("text/event-stream") and '"isError":false' in streamed.text
     owner = httpx.post(endpoint, json=initialize, headers={**accept, "Authorization": f"Bearer {API_TOKEN}", "X-Acting-User": str(OWNER)})
     assert owner.status_code == 404 and owner.json()["error"]["code"] == "not_found"  # another person's run
 

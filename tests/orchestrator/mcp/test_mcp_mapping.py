@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.mcp.annotations import TOOL_HINTS
+from orchestrator.mcp.endpoint import wants_stream
 from orchestrator.mcp.server import tool_call_id_of
 from orchestrator.mcp.skill_resources import BadSkillUri, SkillFile, front_matter, parse_uri
 from orchestrator.mcp.tool_results import call_result, mcp_tools
@@ -79,3 +80,8 @@ def test_tool_call_ids_ride_in_meta_bounded() -> None:
     for bad in ["", "x" * 201, 5]:
         with pytest.raises(MCPError):
             tool_call_id_of({"tool_call_id": bad})
+
+
+def test_only_a_request_for_progress_is_answered_as_a_stream() -> None:
+    assert wants_stream(b'{"params": {"_meta": {"progressToken": 1}}}')
+    assert not wants_stream(b'{"method": "tools/call", "params": {"name": "read_file"}}')
