@@ -23,6 +23,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from mounts import ids
 from orchestrator.errors import InvalidInput, OrchestratorError, Unauthorized
+from orchestrator.http.acting import own_run
+from orchestrator.http.auth import caller_for, parse_acting_user
 from orchestrator.mcp.caller import SCOPE_KEY, McpCaller
 from orchestrator.mcp.server import RunMcpServer
 
@@ -77,10 +79,6 @@ class McpEndpoint:
         await manager.handle_request(scope, _replay(body, receive), send)
 
     async def _caller(self, scope: Scope) -> McpCaller:
-        # Late imports: orchestrator.http imports this module to mount the route.
-        from orchestrator.http.acting import own_run
-        from orchestrator.http.auth import caller_for, parse_acting_user
-
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
         authorization = [v for k, v in headers if k == "authorization"]
         caller = caller_for(self._service, authorization[0] if len(authorization) == 1 else None)
