@@ -16,6 +16,7 @@ from orchestrator.http import (
     routes_files,
     routes_lookups,
     routes_metrics,
+    routes_mcp,
     routes_sessions,
     routes_skills,
     routes_uploads,
@@ -26,13 +27,10 @@ from orchestrator.http.errors import install_error_handlers
 from orchestrator.http.openapi import install_docs
 from orchestrator.http.request_guard import RequestGuard
 from orchestrator.http.request_id import RequestId
-from orchestrator.mcp.endpoint import METHODS as MCP_METHODS, PATH as MCP_PATH, McpEndpoint
 from orchestrator.service import OrchestratorService
 
 
 def create_app(service: OrchestratorService) -> FastAPI:
-    mcp = McpEndpoint(service)
-
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         service.start()
@@ -69,8 +67,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_egress.router)
     app.include_router(routes_lookups.router)
     app.include_router(routes_metrics.router)
-    # An ASGI app of its own (the MCP SDK's transport), not an OpenAPI route: docs/mcp.md.
-    app.router.add_route(MCP_PATH, mcp, methods=MCP_METHODS, include_in_schema=False)
+    mcp = routes_mcp.mount_mcp(app, service)  # the SDK's transport: not an OpenAPI route
     install_docs(
         app,
         max_user_id=settings.max_user_id,

@@ -63,7 +63,7 @@ sandbox is the file itself, up to ORCH_UPLOAD_MAX_BYTES. Everything else is
         return 2 * settings.skill_upload_max_bytes + 512 * settings.skill_upload_max_files + JSON_OVERHEAD
     if method == "PUT" and _UPLOAD.match(path):  # the raw file, streamed to disk
         return settings.upload_max_bytes
-    if method == "POST" and (_TOOL_CALL.match(path) or _MCP.match(path)):  # an MCP tools/call, too
+    if method == "POST" and (_TOOL_CALL.match(path) or _MCP.match(path)):  # an MCP tools/call too
         return settings.read_bytes_max + JSON_OVERHEAD
     return settings.http_body_max_bytes
 

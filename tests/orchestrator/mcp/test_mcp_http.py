@@ -219,6 +219,8 @@ def test_the_endpoint_checks_the_token_the_run_id_and_the_acting_user(live: Live
     headers = {**accept, "Authorization": f"Bearer {API_TOKEN}", "MCP-Protocol-Version": "2025-11-25"}
     plain = httpx.post(endpoint, json=call, headers=headers)
     assert plain.headers["content-type"].startswith("application/json") and plain.json()["result"]["isError"] is False
+    for method in ("GET", "DELETE"):  # stateless: no standalone stream, no session to end
+        assert httpx.request(method, endpoint, headers=headers).status_code == 405
     call["params"]["_meta"] = {"progressToken": "p1"}
     streamed = httpx.post(endpoint, json=call, headers=headers)
     assert streamed.headers["content-type"].startswith("text/event-stream") and '"isError":false' in streamed.text

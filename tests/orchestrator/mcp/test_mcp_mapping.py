@@ -85,3 +85,11 @@ def test_tool_call_ids_ride_in_meta_bounded() -> None:
 def test_only_a_request_for_progress_is_answered_as_a_stream() -> None:
     assert wants_stream(b'{"params": {"_meta": {"progressToken": 1}}}')
     assert not wants_stream(b'{"method": "tools/call", "params": {"name": "read_file"}}')
+
+
+def test_an_mcp_post_may_be_as_large_as_a_tool_call(service: OrchestratorService) -> None:
+    from orchestrator.http.request_guard import body_limit
+
+    settings = service.settings
+    assert body_limit("POST", "/v1/runs/r-1/mcp", settings) == body_limit("POST", "/v1/runs/r-1/tools/write_file", settings)
+    assert body_limit("POST", "/v1/runs/r-1/mcp/x", settings) == settings.http_body_max_bytes

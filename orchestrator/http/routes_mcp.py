@@ -1,0 +1,70 @@
+"""`/v1/runs/{run_id}/mcp`: the MCP endpoint of a run (docs/mcp.md).
+
+An ASGI app of its own (the SDK's transport answers), not a FastAPI route, so it is not in the
+OpenAPI document. Before the SDK sees anything, the request passes the checks of the run's
+tool route: the bearer token (any valid role, as `require_bot`), a valid run id, and with
+`X-Acting-User` only the run's person. A refusal is the API's error shape.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
+
+from mounts import ids
+from orchestrator.errors import InvalidInput, OrchestratorError, Unauthorized
+from orchestrator.http.acting import own_run
+from orchestrator.http.auth import caller_for, parse_acting_user
+from orchestrator.http.request_guard import body_limit
+from orchestrator.mcp.caller import McpCaller
+from orchestrator.mcp.endpoint import McpEndpoint
+from orchestrator.service import OrchestratorService
+
+PATH = "/v1/runs/{run_id}/mcp"
+# POST only: the transport is stateless, so there is no standalone stream to GET (it would
+# only hold a connection open) and no session to DELETE; both are 405, as the protocol allows.
+METHODS = ["POST"]
+
+
+class PayloadTooLarge(OrchestratorError):
+    status_code = 413
+    code = "payload_too_large"
+
+
+class McpRoute:
+    def __init__(self, service: OrchestratorService, endpoint: McpEndpoint) -> None:
+        self._service = service
+        self._endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            caller = await self._caller(scope)
+            if not await self._endpoint.handle(caller, scope, receive, send):
+                raise PayloadTooLarge(f"the request body is larger than this route takes ({self._endpoint.body_max} bytes)")
+        except OrchestratorError as exc:
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+            await JSONResponse({"error": exc.body()}, status_code=exc.status_code, headers=headers)(scope, receive, send)
+
+    async def _caller(self, scope: Scope) -> McpCaller:
+        headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        authorization = [v for k, v in headers if k == "authorization"]
+        caller = caller_for(self._service, authorization[0] if len(authorization) == 1 else None)
+        if caller is None:
+            raise Unauthorized("missing or wrong bearer token")
+        try:
+            run_id = ids.session_id(scope.get("path_params", {}).get("run_id"), "run_id")
+        except ids.InvalidIdentifier as exc:
+            raise InvalidInput(exc.message, field=exc.field) from None
+        acting = parse_acting_user([v for k, v in headers if k == "x-acting-user"])
+        if acting is not None:  # the person of the run only, as on the tool route
+            await run_in_threadpool(own_run, self._service, run_id, acting)
+        return McpCaller(run_id=run_id, actor=caller.actor, acting_user=acting)
+
+
+def mount_mcp(app: FastAPI, service: OrchestratorService) -> McpEndpoint:
+    """Add the route; the caller enters the returned endpoint's `running()` in its lifespan."""
+    endpoint = McpEndpoint(service, body_max=body_limit("POST", PATH.format(run_id="r"), service.settings))
+    app.router.add_route(PATH, McpRoute(service, endpoint), methods=METHODS, include_in_schema=False)
+    return endpoint
