@@ -47,10 +47,13 @@ TOOL_HINTS: dict[str, ToolHints] = {
     "write_bytes": OVERWRITES,
     "edit_file": OVERWRITES,
     "shell": RUNS_ANYTHING,
-    # Long-running processes (docs/mcp.md): starting one runs a command like shell does;
-    # a signal may kill it; its output and the list only read.
+    # Long-running processes (docs/mcp.md): starting one runs a command like shell does, and
+    # so does writing to its stdin (a shell reads commands there); a signal may kill it; a
+    # resize only changes its terminal's size; its output and the list only read.
     "process_start": RUNS_ANYTHING,
+    "process_write": RUNS_ANYTHING,
     "process_signal": OVERWRITES,
+    "process_resize": ADDS,
     "process_output": READS,
     "process_list": READS,
     # Conversations: the owner's history, read only.

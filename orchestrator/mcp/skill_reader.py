@@ -19,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 
 from mounts import ids
 from mounts.layout import DataLayout
-from orchestrator.mcp.skill_resources import BadSkillUri, SkillFile, front_matter, parse_uri
+from orchestrator.mcp.skill_resources import FRONT_MATTER_MAX_LINES, BadSkillUri, SkillFile, front_matter, parse_uri
 from orchestrator.runs.records import RunRecord
 
 SKILLS_DIR = "skills"  # relative to the run's working directory
@@ -54,10 +54,12 @@ class SkillReader:
 
     async def _skill_files(self, run: RunRecord, name: str, actor: str) -> list[types.Resource]:
         root = f"{SKILLS_DIR}/{name}"
-        doc = await self._tool(run, "read_bytes", actor, path=f"{root}/{SKILL_DOC}")
+        # The front matter's lines only: the sandbox may plant a huge SKILL.md of its own, and a
+        # listing must not read it whole (read_file bounds a line's and an answer's size too).
+        doc = await self._tool(run, "read_file", actor, path=f"{root}/{SKILL_DOC}", limit=FRONT_MATTER_MAX_LINES + 2)
         if not doc["ok"]:
             return []  # no SKILL.md: not a skill
-        meta = front_matter(_decoded(doc["result"]).decode("utf-8", errors="replace"))
+        meta = front_matter(str(doc["result"].get("content", "")))
         found = await self._tool(run, "glob_search", actor, pattern="**", path=root)
         shown_root = found["result"]["path"].rstrip("/") + "/" if found["ok"] else ""
         paths = [SKILL_DOC]
