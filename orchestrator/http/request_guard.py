@@ -155,7 +155,7 @@ class RequestGuard:
             return
         if isinstance(body, dict):  # the client went away while sending
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay_body(body, receive), send)
 
     async def _stream(self, scope: Scope, receive: Receive, send: Send, limit: int, path: str) -> None:
         """An upload: the app reads the body as it arrives (to disk, not to memory), under the
@@ -235,7 +235,7 @@ class RequestGuard:
         await send({"type": "http.response.body", "body": body})
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
     """The body already read, then the real channel (a disconnect the app may wait for)."""
     sent = False
 

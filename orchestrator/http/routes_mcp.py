@@ -17,20 +17,15 @@ from mounts import ids
 from orchestrator.errors import InvalidInput, OrchestratorError, Unauthorized
 from orchestrator.http.acting import own_run
 from orchestrator.http.auth import caller_for, parse_acting_user
-from orchestrator.http.request_guard import body_limit
+from orchestrator.http.request_guard import body_limit, replay_body
 from orchestrator.mcp.caller import McpCaller
-from orchestrator.mcp.endpoint import McpEndpoint
+from orchestrator.mcp.endpoint import McpEndpoint, wants_stream
 from orchestrator.service import OrchestratorService
 
 PATH = "/v1/runs/{run_id}/mcp"
 # POST only: the transport is stateless, so there is no standalone stream to GET (it would
 # only hold a connection open) and no session to DELETE; both are 405, as the protocol allows.
 METHODS = ["POST"]
-
-
-class PayloadTooLarge(OrchestratorError):
-    status_code = 413
-    code = "payload_too_large"
 
 
 class McpRoute:
@@ -41,11 +36,12 @@ class McpRoute:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             caller = await self._caller(scope)
-            if not await self._endpoint.handle(caller, scope, receive, send):
-                raise PayloadTooLarge(f"the request body is larger than this route takes ({self._endpoint.body_max} bytes)")
         except OrchestratorError as exc:
             headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
             await JSONResponse({"error": exc.body()}, status_code=exc.status_code, headers=headers)(scope, receive, send)
+            return
+        body = await _whole_body(receive)
+        await self._endpoint.handle(caller, scope, replay_body(body, receive), send, stream=wants_stream(body))
 
     async def _caller(self, scope: Scope) -> McpCaller:
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
@@ -61,6 +57,16 @@ class McpRoute:
         if acting is not None:  # the person of the run only, as on the tool route
             await run_in_threadpool(own_run, self._service, run_id, acting)
         return McpCaller(run_id=run_id, actor=caller.actor, acting_user=acting)
+
+
+async def _whole_body(receive: Receive) -> bytes:
+    """The body the request guard has read already, within this route's cap (body_limit)."""
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return b"".join(chunks)
 
 
 def mount_mcp(app: FastAPI, service: OrchestratorService) -> McpEndpoint:

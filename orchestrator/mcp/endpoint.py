@@ -17,7 +17,7 @@ from typing import Any
 
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from orchestrator.mcp.caller import SCOPE_KEY, McpCaller
 from orchestrator.mcp.server import RunMcpServer
@@ -36,16 +36,15 @@ class McpEndpoint:
 
     def __init__(self, service: Any, *, body_max: int) -> None:
         """`body_max`: the largest POST, the request guard's cap of this route (a tools/call
-        may carry a file, like a plain tool call)."""
+        may carry a file, like a plain tool call); the SDK checks it again."""
         self.mcp = RunMcpServer(service, progress_interval_s=service.settings.mcp_progress_interval_s)
-        self.body_max = body_max
         self._json, self._stream = (
             StreamableHTTPSessionManager(
                 app=self.mcp.server,
                 stateless=True,
                 json_response=json_response,
                 security_settings=None if service.settings.auth_enabled else LOOPBACK_ONLY,
-                max_request_body_size=self.body_max,
+                max_request_body_size=body_max,
             )
             for json_response in (True, False)
         )
@@ -55,51 +54,13 @@ class McpEndpoint:
         async with self._json.run(), self._stream.run():
             yield
 
-    async def handle(self, caller: McpCaller, scope: Scope, receive: Receive, send: Send) -> bool:
-        """Serve a POST for `caller`; False (nothing sent) when its body is over the cap."""
+    async def handle(self, caller: McpCaller, scope: Scope, receive: Receive, send: Send, *, stream: bool) -> None:
+        """Serve a POST for `caller`, as an SSE stream or as plain JSON (`wants_stream`)."""
         scope[SCOPE_KEY] = caller
-        body = await _read_body(receive, self.body_max)
-        if body is None:
-            return False
-        manager = self._stream if wants_stream(body) else self._json
-        await manager.handle_request(scope, _replay(body, receive), send)
-        return True
+        await (self._stream if stream else self._json).handle_request(scope, receive, send)
 
 
 def wants_stream(body: bytes) -> bool:
     """Pure: whether a POST is answered as an SSE stream: when it asks for progress. A
     `progressToken` inside an argument (a file's content) only costs a stream, never a notice."""
     return b'"progressToken"' in body
-
-
-async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole body (the request guard holds it in memory already), None past `limit`."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """A receive that hands `body` on once, then waits for the client's disconnect (the SSE
-    answer watches for it)."""
-    sent = False
-
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
