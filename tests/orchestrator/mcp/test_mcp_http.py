@@ -256,3 +256,29 @@ def test_skill_uris_that_leave_the_skill_are_refused_and_a_planted_link_reads_no
             assert not any("secret" in uri for uri in listed), listed
 
     anyio.run(scenario)
+
+
+def test_the_newer_protocol_without_initialize_gets_the_same_run(live: Live, bot: OrchestratorClient) -> None:
+    """A 2026-07-28 client (server/discover, a per-request envelope, no initialize): the
+    instructions come with discovery, calls act for the run, an ended run is the same error."""
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    _, _, member_run = group_runs(bot, "oc_mcp_modern")
+
+    async def scenario() -> None:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {API_TOKEN}"}) as http:
+            async with streamable_http_client(run_endpoint(live.url, member_run.run_id), http_client=http) as (read, write):
+                async with ClientSession(read, write) as mcp:
+                    discovered = await mcp.discover()
+                    assert mcp.protocol_version == "2026-07-28"
+                    assert discovered.instructions == member_run.prompt_identity_section
+                    written = await mcp.call_tool("write_file", {"path": "m.txt", "content": "modern\n"})
+                    assert f"/runtime/{MEMBER}/" in written.structured_content["path"]
+                    bot.end_run(member_run.run_id)
+                    with pytest.raises(MCPError) as ended:
+                        await mcp.call_tool("read_file", {"path": "m.txt"})
+                    assert ended.value.error.data["code"] == "run_ended"
+
+    anyio.run(scenario)
