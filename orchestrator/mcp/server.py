@@ -68,7 +68,7 @@ class RunMcpServer:
     def __init__(self, service: Any, *, progress_interval_s: float) -> None:
         self._service = service
         self._progress_interval_s = progress_interval_s
-        self._skills = SkillReader(service.dispatcher, service.settings.layout)
+        self._skills = SkillReader(service.dispatcher)
         self._listed: tuple[tuple[str, ...], list[types.Tool]] | None = None
         self.server: Server[Any] = Server(
             SERVER_NAME,

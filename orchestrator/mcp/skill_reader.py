@@ -18,7 +18,6 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
 from mounts import ids
-from mounts.layout import DataLayout
 from orchestrator.mcp.skill_resources import FRONT_MATTER_MAX_LINES, BadSkillUri, SkillFile, front_matter, parse_uri
 from orchestrator.runs.records import RunRecord
 
@@ -31,9 +30,8 @@ SKILLS_MAX = 100
 
 
 class SkillReader:
-    def __init__(self, dispatcher: Any, layout: DataLayout) -> None:
+    def __init__(self, dispatcher: Any) -> None:
         self._dispatcher = dispatcher
-        self._layout = layout
 
     async def _tool(self, run: RunRecord, name: str, actor: str, **arguments: Any) -> dict[str, Any]:
         outcome = await self._dispatcher.dispatch_async(run.run_id, name, arguments, tool_call_id=None, actor=actor)

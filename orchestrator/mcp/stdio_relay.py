@@ -25,7 +25,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from orchestrator import __version__
-from orchestrator.client import AsyncOrchestratorClient
+from orchestrator.client import ApiError, AsyncOrchestratorClient, TransportError
 from orchestrator.log import kv
 from orchestrator.mcp.connect import run_session
 from orchestrator.mcp.server import SERVER_NAME, TOOL_CALL_ID_META
@@ -135,5 +135,9 @@ def main(options: RelayOptions) -> int:
     if problem is not None:
         print(f"orchestrator mcp: {problem}", file=sys.stderr)
         return 2
-    anyio.run(relay, options)
+    try:
+        anyio.run(relay, options)
+    except (ApiError, TransportError) as exc:  # no run to relay to: one line, not a traceback
+        print(f"orchestrator mcp: cannot start a run at {options.url}: {exc}", file=sys.stderr)
+        return 1
     return 0

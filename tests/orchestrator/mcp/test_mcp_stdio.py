@@ -82,3 +82,15 @@ def test_with_owner_the_relay_makes_a_session_and_needs_exactly_one_of_them(live
         capture_output=True, text=True, cwd=REPO, timeout=60,
     )
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_without_a_server_the_relay_says_so_in_one_line() -> None:
+    import subprocess
+
+    from tests.live_server import free_port
+
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "mcp", "--url", f"http://127.0.0.1:{free_port()}", "--owner", "5"],
+        capture_output=True, text=True, cwd=REPO, timeout=60, stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 1 and "cannot start a run" in done.stderr and "Traceback" not in done.stderr
