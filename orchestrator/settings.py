@@ -46,7 +46,7 @@ class Settings(BaseSettings):
     tool_timeout_max_s: float = Field(600.0, gt=0, description="Largest `timeout_s` a shell call may ask for.")
     mcp_progress_interval_s: float = Field(
         2.0,
-        gt=0,
+        ge=0.1,  # a notification per tick costs the client a line to read; 10 a second is plenty
         le=60,
         description="How often a long MCP tools/call (shell, process tools) sends a progress notification "
         "when the client asked for progress (docs/mcp.md).",
