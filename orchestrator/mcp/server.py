@@ -139,39 +139,41 @@ class RunMcpServer:
     async def _call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
         caller = caller_of(ctx)
         tool_call_id = tool_call_id_of(ctx.meta)
-        call = self._service.dispatcher.dispatch_async(
-            caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id, actor=caller.actor
+        # A task of its own, kept until it ends: a client that goes away (a closed connection, a
+        # cancel) does not stop the call, which ends, is audited and recorded as over the plain
+        # API, so a retry with the same tool_call_id gets its result.
+        task = _kept(
+            asyncio.ensure_future(
+                self._service.dispatcher.dispatch_async(
+                    caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id, actor=caller.actor
+                )
+            )
         )
         try:
             if params.name in LONG_TOOLS and _progress_token(ctx.meta) is not None:
-                outcome = await self._with_progress(ctx, params.name, call)
+                outcome = await self._with_progress(ctx, params.name, task)
             else:
-                outcome = await call
+                outcome = await asyncio.shield(task)
         except OrchestratorError as exc:  # the run ended or its session went: not a tool result
             raise run_error(exc) from None
         return call_result(outcome.body())
 
-    async def _with_progress(self, ctx: ServerRequestContext[Any], tool: str, call: Any) -> Any:
-        """Run `call`, sending a progress notification every interval while it runs and one when
-        it is done: a client with a progress token sees a long shell alive (and may keep its
-        own request timeout from firing)."""
-        task = asyncio.ensure_future(call)
+    async def _with_progress(self, ctx: ServerRequestContext[Any], tool: str, task: asyncio.Future[Any]) -> Any:
+        """Wait for `task`, sending a progress notification every interval while it runs and one
+        when it is done: a client with a progress token sees a long shell alive (and may keep
+        its own request timeout from firing)."""
         started = anyio.current_time()
         beat = 0
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=self._progress_interval_s)
-                if done:
-                    break
-                beat += 1
-                elapsed = anyio.current_time() - started
-                await self._progress(ctx, beat, f"{tool} running, {elapsed:.1f} s")
-            outcome = task.result()
-            await self._progress(ctx, beat + 1, f"{tool} done in {anyio.current_time() - started:.1f} s")
-            return outcome
-        finally:
-            if not task.done():  # the client went away: the dispatcher cancels the sandbox call
-                task.cancel()
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=self._progress_interval_s)
+            if done:
+                break
+            beat += 1
+            elapsed = anyio.current_time() - started
+            await self._progress(ctx, beat, f"{tool} running, {elapsed:.1f} s")
+        outcome = task.result()
+        await self._progress(ctx, beat + 1, f"{tool} done in {anyio.current_time() - started:.1f} s")
+        return outcome
 
     async def _progress(self, ctx: ServerRequestContext[Any], progress: float, message: str) -> None:
         try:
@@ -195,6 +197,22 @@ class RunMcpServer:
             return await self._skills.read(run, str(params.uri), actor=caller.actor)
         except OrchestratorError as exc:
             raise run_error(exc) from None
+
+
+_running: set[asyncio.Future[Any]] = set()
+
+
+def _kept(task: asyncio.Future[Any]) -> asyncio.Future[Any]:
+    # The loop keeps only weak references to tasks: one whose client went away must still end.
+    _running.add(task)
+    task.add_done_callback(_ended)
+    return task
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    _running.discard(task)
+    if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), OrchestratorError):
+        log.warning("mcp tool call failed %s", kv(error=type(task.exception()).__name__))
 
 
 def _progress_token(meta: Any) -> Any:

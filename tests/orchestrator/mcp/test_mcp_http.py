@@ -282,3 +282,42 @@ def test_the_newer_protocol_without_initialize_gets_the_same_run(live: Live, bot
                     assert ended.value.error.data["code"] == "run_ended"
 
     anyio.run(scenario)
+
+
+def test_a_call_the_client_gave_up_on_still_completes_and_its_retry_gets_that_result(live: Live, bot: OrchestratorClient) -> None:
+    """As over the plain API, a call whose client went away (a timeout, a cancel) runs to its end
+    and is recorded: the retry with the same tool_call_id answers its result, nothing runs twice."""
+    session = bot.create_session(owner_user_id=OWNER, channel="web")
+    run = bot.start_run(session.session_id, trigger="web")
+    command = "sleep 1; head -c 8 /dev/urandom | od -An -tx1 | tee -a runs.log"
+
+    async def ignore(value: float, total: float | None, message: str | None) -> None:
+        pass
+
+    async def scenario() -> tuple[str, str]:
+        async with run_session(live.url, run.run_id, API_TOKEN) as (mcp, _):
+            with pytest.raises(MCPError):
+                await mcp.call_tool("shell", {"command": command}, read_timeout_seconds=0.3, meta={"tool_call_id": "slow-1"})
+        async with run_session(live.url, run.run_id, API_TOKEN) as (mcp, _):  # the client closed its connection
+            with anyio.move_on_after(0.3):
+                await mcp.call_tool("shell", {"command": command}, meta={"tool_call_id": "slow-2"})
+        async with run_session(live.url, run.run_id, API_TOKEN) as (mcp, _):  # the same, on a progress stream
+            with anyio.move_on_after(0.3):
+                await mcp.call_tool("shell", {"command": command}, progress_callback=ignore, meta={"tool_call_id": "slow-3"})
+        async with run_session(live.url, run.run_id, API_TOKEN) as (mcp, _):
+            first = await mcp.call_tool("shell", {"command": command}, meta={"tool_call_id": "slow-1"})
+            retried = await mcp.call_tool("shell", {"command": command}, meta={"tool_call_id": "slow-2"})
+            streamed = await mcp.call_tool("shell", {"command": command}, meta={"tool_call_id": "slow-3"})
+            results = [first, retried, streamed]
+            assert not any(result.is_error for result in results), [text_of(result) for result in results]
+            log = await mcp.call_tool("read_file", {"path": "runs.log"})
+            return "".join(result.structured_content["stdout"] for result in results), log.structured_content["content"]
+
+    stdout, log = anyio.run(scenario)
+    assert sorted(log.splitlines()) == sorted(stdout.splitlines())  # each ran once; each retry answered its output
+    audit = httpx.get(
+        f"{live.url}/v1/admin/audit",
+        params={"action": "tool.call", "session_id": session.session_id},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    ).json()["entries"]
+    assert sorted(e["detail"]["outcome"] for e in audit if e["detail"]["tool"] == "shell") == ["ok", "ok", "ok"]
