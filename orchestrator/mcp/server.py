@@ -35,6 +35,10 @@ SERVER_NAME = "sandbox-orchestrator"
 RUN_UNAVAILABLE = -32004
 # The tools whose calls may run long: they report progress while they run.
 LONG_TOOLS = frozenset({"shell", "process_start", "process_output"})
+# Of those, the ones whose output the agent streams as it comes (docs/processes.md).
+STREAMED_TOOLS = frozenset({"shell"})
+# One progress notification carries at most this much output; more is split.
+PROGRESS_TEXT_MAX = 4096
 # A tool_call_id rides in the request's _meta under this key (MCP has no field for it).
 TOOL_CALL_ID_META = "tool_call_id"
 TOOL_CALL_ID_MAX = 200
@@ -142,35 +146,52 @@ class RunMcpServer:
         # A task of its own, kept until it ends: a client that goes away (a closed connection, a
         # cancel) does not stop the call, which ends, is audited and recorded as over the plain
         # API, so a retry with the same tool_call_id gets its result.
+        progress = params.name in LONG_TOOLS and _progress_token(ctx.meta) is not None
+        # With progress, shell's output comes as it is produced (the agent streams it), each
+        # piece a progress notification; the result is the same as without.
+        output: OutputQueue | None = OutputQueue() if progress and params.name in STREAMED_TOOLS else None
         task = _kept(
             asyncio.ensure_future(
                 self._service.dispatcher.dispatch_async(
-                    caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id, actor=caller.actor
+                    caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id,
+                    actor=caller.actor, on_output=output.put if output is not None else None,
                 )
             )
-        )
+        )  # fmt: skip
         try:
-            if params.name in LONG_TOOLS and _progress_token(ctx.meta) is not None:
-                outcome = await self._with_progress(ctx, params.name, task)
+            if progress:
+                outcome = await self._with_progress(ctx, params.name, task, output)
             else:
                 outcome = await asyncio.shield(task)
         except OrchestratorError as exc:  # the run ended or its session went: not a tool result
             raise run_error(exc) from None
         return call_result(outcome.body())
 
-    async def _with_progress(self, ctx: ServerRequestContext[Any], tool: str, task: asyncio.Future[Any]) -> Any:
-        """Wait for `task`, sending a progress notification every interval while it runs and one
-        when it is done: a client with a progress token sees a long shell alive (and may keep
-        its own request timeout from firing)."""
+    async def _with_progress(
+        self, ctx: ServerRequestContext[Any], tool: str, task: asyncio.Future[Any], output: OutputQueue | None
+    ) -> Any:
+        """Wait for `task`, sending a progress notification for each piece of output as it comes
+        (shell) and a heartbeat every interval without any, and one when it is done: a client
+        with a progress token sees a long call alive (and may keep its request timeout from
+        firing)."""
         started = anyio.current_time()
         beat = 0
         while True:
-            done, _ = await asyncio.wait({task}, timeout=self._progress_interval_s)
-            if done:
+            waiting: set[asyncio.Future[Any]] = {task}
+            arrived = asyncio.ensure_future(output.wait()) if output is not None else None
+            if arrived is not None:
+                waiting.add(arrived)
+            done, _ = await asyncio.wait(waiting, timeout=self._progress_interval_s, return_when=asyncio.FIRST_COMPLETED)
+            if arrived is not None and not arrived.done():
+                arrived.cancel()
+            for piece in output.take() if output is not None else []:
+                beat += 1
+                await self._progress(ctx, beat, piece)
+            if task in done:
                 break
-            beat += 1
-            elapsed = anyio.current_time() - started
-            await self._progress(ctx, beat, f"{tool} running, {elapsed:.1f} s")
+            if not done:
+                beat += 1
+                await self._progress(ctx, beat, f"{tool} running, {anyio.current_time() - started:.1f} s")
         outcome = task.result()
         await self._progress(ctx, beat + 1, f"{tool} done in {anyio.current_time() - started:.1f} s")
         return outcome
@@ -197,6 +218,29 @@ class RunMcpServer:
             return await self._skills.read(run, str(params.uri), actor=caller.actor)
         except OrchestratorError as exc:
             raise run_error(exc) from None
+
+
+class OutputQueue:
+    """Output pieces from the dispatcher's `on_output` (on the loop), taken as progress texts:
+    stderr marked as such, each at most PROGRESS_TEXT_MAX characters. What the agent streams is
+    bounded already (ORCH_SHELL_STREAM_MAX_BYTES of one call), so the queue is too."""
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
+        self._event = asyncio.Event()
+
+    def put(self, stream: str, text: str) -> None:
+        shown = text if stream == "stdout" else f"[stderr] {text}"
+        self._pieces.extend(shown[i : i + PROGRESS_TEXT_MAX] for i in range(0, len(shown), PROGRESS_TEXT_MAX))
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+    def take(self) -> list[str]:
+        pieces, self._pieces = self._pieces, []
+        self._event.clear()
+        return pieces
 
 
 _running: set[asyncio.Future[Any]] = set()

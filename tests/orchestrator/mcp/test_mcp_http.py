@@ -140,9 +140,12 @@ def test_write_read_edit_and_shell_with_progress(live: Live, bot: OrchestratorCl
             assert unknown.is_error and unknown.structured_content["code"] == "unknown_tool"
 
     anyio.run(scenario)
-    assert len(progress) >= 3, progress  # beats every 0.2 s while it ran, and one at the end
     assert [value for value, _ in progress] == sorted(value for value, _ in progress)
     assert progress[-1][1].startswith("shell done")
+    assert any(message and message.startswith("shell running") for _, message in progress)  # beats while quiet
+    # The output as it came, before the result: "one\ndeux\n" after the sleep, then the uid.
+    streamed = "".join(message for _, message in progress[:-1] if message and not message.startswith("shell running"))
+    assert streamed.startswith("one\ndeux\n"), progress
 
 
 def test_a_tool_call_id_makes_a_call_idempotent_and_every_call_is_audited(live: Live, bot: OrchestratorClient) -> None:
@@ -321,3 +324,32 @@ def test_a_call_the_client_gave_up_on_still_completes_and_its_retry_gets_that_re
         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
     ).json()["entries"]
     assert sorted(e["detail"]["outcome"] for e in audit if e["detail"]["tool"] == "shell") == ["ok", "ok", "ok"]
+
+
+def test_a_process_and_its_output_with_progress(live: Live, bot: OrchestratorClient) -> None:
+    """process_start, then a long-polling process_output: heartbeats while it waits, the
+    output in its result; process_list reads only."""
+    session = bot.create_session(owner_user_id=OWNER, channel="web")
+    run = bot.start_run(session.session_id, trigger="web")
+    progress: list[str | None] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message)
+
+    async def scenario() -> str:
+        async with run_session(live.url, run.run_id, API_TOKEN) as (mcp, _):
+            tools = {tool.name: tool for tool in (await mcp.list_tools()).tools}
+            assert tools["process_list"].annotations.read_only_hint is True
+            assert tools["process_start"].annotations.destructive_hint is True
+            started = await mcp.call_tool("process_start", {"command": "sleep 1; echo late"})
+            assert not started.is_error, text_of(started)
+            process_id = started.structured_content["process_id"]
+            output = await mcp.call_tool("process_output", {"process_id": process_id, "wait_s": 5}, progress_callback=on_progress)
+            assert not output.is_error, text_of(output)
+            listed = await mcp.call_tool("process_list", {})
+            assert process_id in text_of(listed)
+            return text_of(output)
+
+    assert "late" in anyio.run(scenario)
+    assert any(message and message.startswith("process_output running") for message in progress), progress
+    assert progress[-1].startswith("process_output done")
