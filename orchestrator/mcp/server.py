@@ -223,7 +223,7 @@ class RunMcpServer:
 class OutputQueue:
     """Output pieces from the dispatcher's `on_output` (on the loop), taken as progress texts:
     stderr marked as such, each at most PROGRESS_TEXT_MAX characters. What the agent streams is
-    bounded already (ORCH_SHELL_STREAM_MAX_BYTES of one call), so the queue is too."""
+    bounded already (the agent limits' `shell_stream_max_bytes` of one call), so the queue is too."""
 
     def __init__(self) -> None:
         self._pieces: list[str] = []
