@@ -68,6 +68,15 @@ STATE_WRITE_SECONDS = Histogram(
     "orchestrator_state_write_seconds", "Duration of one state-store write transaction, from BEGIN IMMEDIATE "
     "(including the wait for the write lock) to COMMIT.", buckets=_WRITE_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
+EGRESS_CONNECTIONS = Counter(
+    "orchestrator_egress_connections", "Connections through the egress proxy that ended, by verdict "
+    "(allowed, host_not_allowed, address_forbidden, cap, bad_request, upstream_failed, cut, peer_refused).",
+    ["verdict"], registry=REGISTRY,
+)  # fmt: skip
+EGRESS_BYTES = Counter(
+    "orchestrator_egress_bytes", "Bytes relayed by the egress proxy: direction=up (sandbox to upstream) "
+    "or down.", ["direction"], registry=REGISTRY,
+)  # fmt: skip
 TRANSFERS = Counter(
     "orchestrator_transfers", "Payload transfers (send_file, send_image, publish_artifact) admitted, or "
     "refused with busy for want of a slot.", ["outcome"], registry=REGISTRY,
@@ -94,6 +103,15 @@ def outcome_label(code: str) -> str:
             return "other"
         _outcomes.add(code)
     return code
+
+
+def observe_egress(verdict: str, bytes_up: int, bytes_down: int) -> None:
+    """One ended egress connection. The verdict is the proxy's own word, never the sandbox's."""
+    EGRESS_CONNECTIONS.labels(outcome_label(verdict)).inc()
+    if bytes_up:
+        EGRESS_BYTES.labels("up").inc(bytes_up)
+    if bytes_down:
+        EGRESS_BYTES.labels("down").inc(bytes_down)
 
 
 def observe_tool_call(tool: str, backend: str, outcome: str, seconds: float) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from mounts.fs.nofollow import closing_fd, open_dir_at, open_root
 from mounts.fs.tree_removal import remove_tree_at
 from mounts.layout import EGRESS_SOCKET_FILE, EGRESS_STAGING_DIR, DataLayout
-from orchestrator import audit
+from orchestrator import audit, metrics
 from orchestrator.egress.caps import CapLimits, UserCaps
 from orchestrator.egress.policy import parse_patterns, split_allow_setting
 from orchestrator.egress.proxy import ConnectionRecord, EgressProxy, ProxyTimeouts, serve_unix
@@ -246,6 +246,7 @@ class EgressService:
                reason=record.reason, bytes_up=record.bytes_up, bytes_down=record.bytes_down,
                ms=record.duration_ms),
         )  # fmt: skip
+        metrics.observe_egress(record.verdict, record.bytes_up, record.bytes_down)
         try:
             self._audit_queue.put_nowait(record)
         except queue.Full:

@@ -21,6 +21,7 @@ from orchestrator import audit
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.api_calls import tool
+from tests.metrics_text import sample_value, scrape
 from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers, make_settings
 from tests.orchestrator.egress.sandbox_client import command
 from tests.orchestrator.egress.upstream import HELLO, loopback_upstream
@@ -106,6 +107,7 @@ def test_an_admin_allows_a_loopback_upstream_for_67_only_and_removing_it_refuses
     client, service = loopback_allowed
     target = f"127.0.0.1:{upstream}"
     run_67, run_17 = web_run(client, 67), web_run(client, 17)
+    metrics_before = scrape(client)
     before = through_proxy(client, run_67, "get", f"{target}/hello")
     assert before["status"] == 403, before
     assert f"Egress to {target} is not allowed for runtime identity 67" in before["body"]
@@ -134,6 +136,14 @@ def test_an_admin_allows_a_loopback_upstream_for_67_only_and_removing_it_refuses
     assert allowed.detail["bytes_down"] > len(HELLO) and allowed.detail["bytes_up"] > 0
     assert allowed.detail["run_id"] == run_67 and allowed.session_id is not None
     assert [r.detail["verdict"] for r in egress_rows(service, 17, "127.0.0.1")] == ["host_not_allowed"]
+
+    # /metrics counts the same connections and bytes (other tests of the module may add some).
+    moved = scrape(client)
+    def grew(name: str, **labels: str) -> float:
+        return sample_value(moved, name, **labels) - sample_value(metrics_before, name, **labels)
+    assert grew("orchestrator_egress_connections_total", verdict="allowed") >= 2
+    assert grew("orchestrator_egress_connections_total", verdict="host_not_allowed") >= 3
+    assert grew("orchestrator_egress_bytes_total", direction="down") >= allowed.detail["bytes_down"]
 
 
 def test_a_name_not_on_the_list_and_a_name_resolving_to_loopback_are_refused(loopback_refused: Served, upstream: int) -> None:
