@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from sandbox_agent.processes import ENDED_KEPT
 from sandbox_agent.wire import PROCESS_ID_PATTERN
 
 _PROCESS_ID = re.compile(PROCESS_ID_PATTERN)
@@ -59,11 +60,17 @@ def process_events(tool: str, arguments: dict[str, Any], result: object) -> list
             detail = {"process_id": process_id, "signal": str(arguments.get("signal")), "delivered": result.get("delivered") is True}
             events.append(ProcessEvent("process.signal", detail))
     if tool == "process_list":
+        # A real list shows at most the agent's kept ended processes newly ended, each once; a
+        # forged one could fill the whole answer bound with exits (~200,000 rows in one write).
         items = result.get("processes")
+        seen: set[str] = set()
         for item in items if isinstance(items, list) else []:
             event = _exit(item) if isinstance(item, dict) else None
-            if event is not None:
+            if event is not None and event.detail["process_id"] not in seen:
+                seen.add(event.detail["process_id"])
                 events.append(event)
+                if len(seen) >= ENDED_KEPT:
+                    break
     elif tool.startswith("process_"):
         event = _exit(result)
         if event is not None:

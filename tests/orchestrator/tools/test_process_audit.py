@@ -25,3 +25,18 @@ def test_forged_answers_add_nothing_untrusted() -> None:
     assert forged[0].detail == {"process_id": PID, "exit_code": None, "end_reason": None}
     assert process_events("shell", {}, {"process_id": PID, "exit_new": True}) == []
     assert process_events("process_output", {}, ["not", "a", "dict"]) == []
+
+
+def test_a_forged_list_cannot_flood_the_audit() -> None:
+    # A lying agent answers process_list with as many "newly ended" processes as the answer
+    # bound (11 MiB) holds, the same id over and over and ids that never existed: every call
+    # would add ~200,000 rows in the caller's one write transaction. At most the agent's own
+    # table of ended processes (ENDED_KEPT) is recorded, each id once.
+    from sandbox_agent.processes import ENDED_KEPT
+
+    same = [{"process_id": PID, "exit_new": True, "exit_code": 0, "end_reason": "exited"}] * 100_000
+    many = [{"process_id": f"p-{i:024x}", "exit_new": True, "exit_code": 0} for i in range(100_000)]
+    assert len(process_events("process_list", {}, {"processes": same})) == 1
+    assert len(process_events("process_list", {}, {"processes": many})) == ENDED_KEPT
+    real = [{"process_id": f"p-{i:024x}", "exit_new": True, "exit_code": 0} for i in range(ENDED_KEPT)]
+    assert len(process_events("process_list", {}, {"processes": real})) == ENDED_KEPT
