@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from mounts.fs.flags import DIR_FLAGS, READ_FLAGS
@@ -27,6 +27,9 @@ from mounts.fs.tree_removal import remove_tree_at
 from orchestrator.crash_points import crash_point
 
 CHUNK = 1024 * 1024
+# Directories nested deeper are refused (nothing is moved): a walk holds two descriptors per
+# level of the current path, and no real tree nests this deep.
+MAX_DEPTH = 256
 # (kind, mode, uid, gid, sha256 or link target)
 Manifest = dict[str, tuple[str, int, int, int, str]]
 
@@ -46,62 +49,82 @@ def copy_tree(src_fd: int, dst_fd: int, *, owner_ok: Callable[[int], bool]) -> t
     """Copy what is below `src_fd` into the (empty) directory `dst_fd`; returns what was copied
     and the source manifest (hashes of the bytes actually copied)."""
     report, manifest = CopyReport(), {}
-    # Iterative: a hostile tree may nest deeper than Python's recursion limit.
-    stack: list[tuple[int, int, str]] = [(os.dup(src_fd), os.dup(dst_fd), "")]
-    dirs_to_finish: list[tuple[int, os.stat_result]] = []
+    # Iterative and depth-first: a hostile tree may nest deeper than Python's recursion limit,
+    # and only the directories on the current path are open (two descriptors each), so a tree
+    # of more directories than the process may open descriptors is copied too.
+    levels: list[_Level] = [_Level(os.dup(src_fd), os.dup(dst_fd), "", None)]
     try:
-        while stack:
-            sfd, dfd, rel = stack.pop()
-            try:
-                for name in sorted(os.listdir(sfd)):
-                    path = f"{rel}/{name}" if rel else name
-                    st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
-                    if stat.S_ISDIR(st.st_mode):
-                        child = _open_dir(sfd, name, st)
-                        if child is None:
-                            report.skipped.append(f"{path}: changed while copied")
-                            continue
-                        os.mkdir(name, 0o700, dir_fd=dfd)
-                        dchild = os.open(name, DIR_FLAGS, dir_fd=dfd)
-                        manifest[path] = ("dir", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, "")
-                        dirs_to_finish.append((os.dup(dchild), st))
-                        stack.append((child, dchild, path))
-                    elif stat.S_ISREG(st.st_mode):
-                        if not (owner_ok(st.st_uid) or (st.st_uid == 0 and st.st_nlink == 1)):
-                            report.skipped.append(f"{path}: a file of uid {st.st_uid} (a hard link to someone else's)")
-                            continue
-                        digest = _copy_file(sfd, dfd, name, st)
-                        if digest is None:
-                            report.skipped.append(f"{path}: changed while copied")
-                            continue
-                        manifest[path] = ("file", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, digest)
-                        report.files += 1
-                        report.bytes += st.st_size
-                        crash_point("disk-migration-mid-copy")
-                    elif stat.S_ISLNK(st.st_mode):
-                        target = os.readlink(name, dir_fd=sfd)
-                        os.symlink(target, name, dir_fd=dfd)
-                        os.chown(name, st.st_uid, st.st_gid, dir_fd=dfd, follow_symlinks=False)
-                        manifest[path] = ("link", 0, st.st_uid, st.st_gid, target)
-                    else:
-                        report.skipped.append(f"{path}: a {_kind(st.st_mode)}, not copied")
-            finally:
-                os.close(sfd)
-                os.close(dfd)
-        # Owners and modes last: a 0500 directory must still take its entries first.
-        for dfd, st in reversed(dirs_to_finish):
-            os.fchown(dfd, st.st_uid, st.st_gid)
-            os.fchmod(dfd, stat.S_IMODE(st.st_mode))
+        while levels:
+            level = levels[-1]
+            name = next(level.names, None)
+            if name is None:
+                levels.pop()
+                try:
+                    if level.st is not None:  # owners and modes last: a 0500 directory took its entries first
+                        os.fchown(level.dfd, level.st.st_uid, level.st.st_gid)
+                        os.fchmod(level.dfd, stat.S_IMODE(level.st.st_mode))
+                finally:
+                    level.close()
+                continue
+            sfd, dfd, rel = level.sfd, level.dfd, level.rel
+            path = f"{rel}/{name}" if rel else name
+            st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                if len(levels) > MAX_DEPTH:
+                    raise MigrationMismatch(f"{path} nests more than {MAX_DEPTH} directories deep; nothing is moved")
+                child = _open_dir(sfd, name, st)
+                if child is None:
+                    report.skipped.append(f"{path}: changed while copied")
+                    continue
+                dchild = -1
+                try:
+                    os.mkdir(name, 0o700, dir_fd=dfd)
+                    dchild = os.open(name, DIR_FLAGS, dir_fd=dfd)
+                    levels.append(_Level(child, dchild, path, st))
+                except BaseException:
+                    os.close(child)
+                    if dchild >= 0:
+                        os.close(dchild)
+                    raise
+                manifest[path] = ("dir", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, "")
+            elif stat.S_ISREG(st.st_mode):
+                if not (owner_ok(st.st_uid) or (st.st_uid == 0 and st.st_nlink == 1)):
+                    report.skipped.append(f"{path}: a file of uid {st.st_uid} (a hard link to someone else's)")
+                    continue
+                digest = _copy_file(sfd, dfd, name, st)
+                if digest is None:
+                    report.skipped.append(f"{path}: changed while copied")
+                    continue
+                manifest[path] = ("file", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, digest)
+                report.files += 1
+                report.bytes += st.st_size
+                crash_point("disk-migration-mid-copy")
+            elif stat.S_ISLNK(st.st_mode):
+                target = os.readlink(name, dir_fd=sfd)
+                os.symlink(target, name, dir_fd=dfd)
+                os.chown(name, st.st_uid, st.st_gid, dir_fd=dfd, follow_symlinks=False)
+                manifest[path] = ("link", 0, st.st_uid, st.st_gid, target)
+            else:
+                report.skipped.append(f"{path}: a {_kind(st.st_mode)}, not copied")
     finally:
-        for sfd, dfd, _ in stack:
-            os.close(sfd)
-            os.close(dfd)
-        for dfd, _ in dirs_to_finish:
-            try:
-                os.close(dfd)
-            except OSError:
-                pass
+        for level in levels:
+            level.close()
     return report, manifest
+
+
+class _Level:
+    """One directory on the current path of a walk: its source and copy descriptors and the
+    names still to visit."""
+
+    def __init__(self, sfd: int, dfd: int, rel: str, st: os.stat_result | None) -> None:
+        self.sfd, self.dfd, self.rel, self.st = sfd, dfd, rel, st
+        self.names = iter(sorted(os.listdir(sfd)))
+
+    def close(self) -> None:
+        for fd in (self.sfd, self.dfd):
+            if fd >= 0:
+                os.close(fd)
+        self.sfd = self.dfd = -1
 
 
 def _open_dir(parent_fd: int, name: str, listed: os.stat_result) -> int | None:
@@ -144,25 +167,40 @@ def _copy_file(sfd: int, dfd: int, name: str, listed: os.stat_result) -> str | N
 
 
 def manifest_of(root_fd: int) -> Manifest:
-    """The manifest of a tree the host wrote (the image side), hashing every file again."""
+    """The manifest of a tree the host wrote (the image side), hashing every file again. Only
+    the directories on the current path are open, as in copy_tree."""
     manifest: Manifest = {}
-    stack = [(os.dup(root_fd), "")]
-    while stack:
-        fd, rel = stack.pop()
-        try:
-            for name in sorted(os.listdir(fd)):
-                path = f"{rel}/{name}" if rel else name
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    manifest[path] = ("dir", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, "")
-                    stack.append((os.open(name, DIR_FLAGS, dir_fd=fd), path))
-                elif stat.S_ISREG(st.st_mode):
-                    manifest[path] = ("file", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, _hash_at(fd, name))
-                elif stat.S_ISLNK(st.st_mode):
-                    manifest[path] = ("link", 0, st.st_uid, st.st_gid, os.readlink(name, dir_fd=fd))
-                else:
-                    manifest[path] = (_kind(st.st_mode), 0, st.st_uid, st.st_gid, "")
-        finally:
+    stack: list[tuple[int, str, Iterator[str]]] = []
+    try:
+        fd = os.dup(root_fd)
+        stack.append((fd, "", iter(sorted(os.listdir(fd)))))
+        while stack:
+            fd, rel, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                stack.pop()
+                os.close(fd)
+                continue
+            path = f"{rel}/{name}" if rel else name
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                manifest[path] = ("dir", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, "")
+                if len(stack) > MAX_DEPTH:
+                    raise MigrationMismatch(f"{path} nests more than {MAX_DEPTH} directories deep")
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                try:
+                    stack.append((child, path, iter(sorted(os.listdir(child)))))
+                except BaseException:
+                    os.close(child)
+                    raise
+            elif stat.S_ISREG(st.st_mode):
+                manifest[path] = ("file", stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, _hash_at(fd, name))
+            elif stat.S_ISLNK(st.st_mode):
+                manifest[path] = ("link", 0, st.st_uid, st.st_gid, os.readlink(name, dir_fd=fd))
+            else:
+                manifest[path] = (_kind(st.st_mode), 0, st.st_uid, st.st_gid, "")
+    finally:
+        for fd, _, _ in stack:
             os.close(fd)
     return manifest
 

@@ -74,22 +74,26 @@ def populate(layout: DataLayout, uid: int, *, files: int = 40) -> dict[str, dict
     return {name: tree_hashes(path) for name, path in places.items()}
 
 
-def migrate(data_dir: Path, crash_at: str | None = None) -> subprocess.CompletedProcess:
-    """The user's sandbox start's part in a fresh process (so a crash point can kill it)."""
+def migrate(data_dir: Path, crash_at: str | None = None, *, fd_limit: int | None = None, inodes: int = 256) -> subprocess.CompletedProcess:
+    """The user's sandbox start's part in a fresh process (so a crash point can kill it), with
+    at most `fd_limit` open descriptors when given."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("ORCH_CRASH_AT", None)
     if crash_at:
         env["ORCH_CRASH_AT"] = crash_at
     script = (
         "import sys; from pathlib import Path\n"
+        "import resource\n"
+        f"limit = {fd_limit!r}\n"
+        "if limit: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
         "from tests.orchestrator.quotas.test_migration import start_user\n"
-        f"start_user(Path({str(data_dir)!r}))\n"
+        f"start_user(Path({str(data_dir)!r}), user_inode_quota={inodes})\n"
     )
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
 
 
-def start_user(data_dir: Path) -> None:
-    settings = quota_settings(data_dir)
+def start_user(data_dir: Path, **overrides: object) -> None:
+    settings = quota_settings(data_dir, **overrides)
     directories = UserDirectories(settings.layout, settings.sandbox_uid_base, settings.max_user_id)
     quotas = DiskQuotas(settings, sandbox_uid=directories.sandbox_uid)
     directories.volumes = quotas
@@ -191,3 +195,43 @@ def test_data_written_while_the_image_was_not_mounted_is_kept_aside_not_deleted(
     assert saved.read_text() == "not in the image\n"
     # The other places were empty mount points: nothing kept for them.
     assert not [p for p in os.listdir(layout.disk_legacy("user-21")) if not p.startswith("kept-home-")]
+
+
+def test_a_tree_of_more_directories_than_descriptors_migrates(data_dir: Path) -> None:
+    # A sandbox (or just a node_modules) holds more directories than the orchestrator may open
+    # descriptors: the copy held two descriptors for every directory it had seen and failed
+    # with EMFILE, which also starved every other user's calls in the server while it lasted.
+    settings = quota_settings(data_dir)
+    layout = settings.layout
+    uid = settings.sandbox_uid_base + USER
+    populate(layout, uid, files=2)
+    home = layout.home_dir(USER)
+    make = "import os, sys\nfor i in range(600): os.makedirs(f'{sys.argv[1]}/wide/d{i}/sub')\n"
+    subprocess.run(["/usr/bin/python3", "-c", make, str(home)], check=True, user=uid, group=uid, timeout=30, cwd="/")
+    before = tree_hashes(home)
+    done = migrate(data_dir, fd_limit=256, inodes=4096)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert home in bound_places(layout)
+    assert tree_hashes(home) == before
+    assert all((home / "wide" / f"d{i}" / "sub").is_dir() for i in range(600))
+    assert os.stat(home / "wide" / "d7" / "sub").st_uid == uid
+
+
+def test_a_chain_of_directories_deeper_than_the_bound_is_refused_and_nothing_is_moved(data_dir: Path) -> None:
+    # Only the current path's directories are open, so a hostile chain nested deeper than the
+    # walk's bound would still run the process out of descriptors: refused, the source kept.
+    from orchestrator.quotas.migration import MAX_DEPTH
+
+    settings = quota_settings(data_dir)
+    layout = settings.layout
+    uid = settings.sandbox_uid_base + USER
+    populate(layout, uid, files=2)
+    home = layout.home_dir(USER)
+    make = f"import os, sys\nos.chdir(sys.argv[1])\nfor i in range({MAX_DEPTH + 5}):\n    os.mkdir('d'); os.chdir('d')\nopen('bottom.txt', 'w').write('x')\n"
+    subprocess.run(["/usr/bin/python3", "-c", make, str(home)], check=True, user=uid, group=uid, timeout=30, cwd="/")
+    before = tree_hashes(home)
+    done = migrate(data_dir, fd_limit=2 * MAX_DEPTH + 64, inodes=4096)
+    assert done.returncode != 0
+    assert "directories deep" in done.stderr and "Too many open files" not in done.stderr
+    assert home not in bound_places(layout)
+    assert tree_hashes(home) == before
