@@ -9,14 +9,21 @@ reports a lower bound (`partial`).
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from mounts.fs.flags import DIR_FLAGS
 from mounts.fs.nofollow import UnsafePath, open_below
 from orchestrator.quotas.model import DiskUsage, QuotaMechanism
+
+MAX_DEPTH = 256  # directories the walk holds open at most (one per level of the current path)
+
+
+def _names(fd: int) -> Iterator[str]:
+    return iter(os.listdir(fd))
 
 
 def scan_usage(
@@ -25,7 +32,7 @@ def scan_usage(
     seen: set[tuple[int, int]] = set()
     used_bytes = 0
     entries = 0
-    partial = False
+    partial = too_deep = False
     for place in places:
         try:
             top = open_below(root, place.relative_to(root).parts)
@@ -34,40 +41,55 @@ def scan_usage(
         if top is None:
             continue
         device = os.fstat(top).st_dev
-        stack = [top]
+        # Depth-first, only the directories on the current path open: a descriptor for every
+        # directory still to visit ran a wide tree past the process's limit, and what could not
+        # be opened went uncounted (a way under the quota, and EMFILE for the whole server).
         try:
-            while stack:
-                fd = stack.pop()
-                try:
-                    with os.scandir(fd) as listing:
-                        for entry in listing:
-                            entries += 1
-                            if entries > max_entries:
-                                partial = True
-                                break
-                            try:
-                                st = entry.stat(follow_symlinks=False)
-                            except OSError:
-                                continue
-                            if st.st_dev != device:
-                                continue  # another filesystem mounted below: not this place's
-                            key = (st.st_dev, st.st_ino)
-                            if key not in seen:
-                                seen.add(key)
-                                used_bytes += st.st_blocks * 512
-                            if stat.S_ISDIR(st.st_mode):
-                                try:
-                                    stack.append(os.open(entry.name, DIR_FLAGS, dir_fd=fd))
-                                except OSError:
-                                    pass  # swapped for a link, or locked at mode 0: not walked
-                except OSError:
-                    pass
-                finally:
+            levels = [(top, _names(top))]
+        except OSError:
+            os.close(top)
+            continue
+        try:
+            while levels and not partial:
+                fd, names = levels[-1]
+                name = next(names, None)
+                if name is None:
+                    levels.pop()
                     os.close(fd)
-                if partial:
+                    continue
+                entries += 1
+                if entries > max_entries:
+                    partial = True
                     break
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue
+                if st.st_dev != device:
+                    continue  # another filesystem mounted below: not this place's
+                key = (st.st_dev, st.st_ino)
+                if key not in seen:
+                    seen.add(key)
+                    used_bytes += st.st_blocks * 512
+                if stat.S_ISDIR(st.st_mode):
+                    try:
+                        if len(levels) >= MAX_DEPTH:
+                            raise OSError(errno.EMFILE, "deeper than the walk holds open")
+                        child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                        try:
+                            levels.append((child, _names(child)))
+                        except OSError:
+                            os.close(child)
+                            raise
+                    except OSError as exc:
+                        if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                            continue  # swapped for a link, or locked at mode 0: not walked
+                        # What is below cannot be counted: it counts as over the quota (a way
+                        # under it otherwise), and nesting less deeply gets it counted.
+                        partial = too_deep = True
+                        break
         finally:
-            for fd in stack:
+            for fd, _names_left in levels:
                 os.close(fd)
         if partial:
             break
@@ -76,7 +98,7 @@ def scan_usage(
         mechanism=QuotaMechanism.SCAN,
         bytes_used=used_bytes,
         bytes_limit=bytes_limit,
-        inodes_used=len(seen),
+        inodes_used=max(len(seen), inodes_limit + 1) if too_deep else len(seen),
         inodes_limit=inodes_limit,
         partial=partial,
     )

@@ -91,3 +91,51 @@ def test_the_scan_cost_is_bounded_by_the_inode_quota(tmp_path) -> None:  # type:
 def test_limits_change_only_with_loop_images(world: QuotaWorld) -> None:
     answer = world.client.put(f"/v1/admin/users/{OVER}/disk", json={"disk_mb": 64}, headers=admin_headers())
     assert answer.status_code == 409 and "only with loop images" in answer.json()["error"]["message"]
+
+
+def _scan_with_fd_limit(root: str, place: str, fd_limit: int) -> dict[str, object]:
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    script = (
+        "import json, resource, sys\n"
+        "from pathlib import Path\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[3]), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "from orchestrator.quotas.scan import scan_usage\n"
+        "u = scan_usage(Path(sys.argv[1]), [Path(sys.argv[2])], volume='user-1', bytes_limit=16 << 20, inodes_limit=100_000, max_entries=100_001)\n"
+        "print(json.dumps({'bytes': u.bytes_used, 'over': u.over_quota, 'partial': u.partial}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, root, place, str(fd_limit)], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_more_directories_than_descriptors_do_not_hide_usage_from_the_scan(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A sandbox spreads 24 MiB over 600 directories. The walk held a descriptor for every
+    # directory still to visit: past the process's descriptor limit the rest were silently
+    # not walked (their bytes uncounted, the user under its 16 MiB quota), and every other
+    # thread of the server met EMFILE meanwhile.
+    place = tmp_path / "place"
+    for n in range(600):
+        (place / "wide" / f"d{n}").mkdir(parents=True)
+        with open(place / "wide" / f"d{n}" / "blob", "wb") as f:
+            f.write(b"x" * (40 << 10))
+    usage = _scan_with_fd_limit(str(tmp_path), str(place), 128)
+    assert usage["bytes"] >= 600 * (40 << 10) and usage["over"], usage
+
+
+def test_a_chain_nested_past_the_walks_bound_counts_as_over_quota(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Hiding bytes below a chain deeper than the walk may hold open is not a way under quota.
+    from orchestrator.quotas.scan import MAX_DEPTH
+
+    place = tmp_path / "place"
+    deep = place
+    for _ in range(MAX_DEPTH + 5):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "hidden").write_bytes(b"x" * 1024)
+    usage = _scan_with_fd_limit(str(tmp_path), str(place), MAX_DEPTH + 64)
+    assert usage["partial"] and usage["over"], usage
