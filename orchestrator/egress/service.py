@@ -29,6 +29,7 @@ from mounts.fs.nofollow import closing_fd, open_dir_at, open_root
 from mounts.fs.tree_removal import remove_tree_at
 from mounts.layout import EGRESS_SOCKET_FILE, EGRESS_STAGING_DIR, DataLayout
 from orchestrator import audit, metrics
+from orchestrator.egress.audit_budget import AuditBudget
 from orchestrator.egress.caps import CapLimits, UserCaps
 from orchestrator.egress.policy import parse_patterns, split_allow_setting
 from orchestrator.egress.proxy import ConnectionRecord, EgressProxy, ProxyTimeouts, serve_unix
@@ -75,7 +76,8 @@ class EgressService:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._audit_queue: queue.Queue[ConnectionRecord | None] = queue.Queue(AUDIT_BACKLOG)
+        self._audit_budget = AuditBudget()  # the loop's alone
+        self._audit_queue: queue.Queue[ConnectionRecord | dict[str, object] | None] = queue.Queue(AUDIT_BACKLOG)
         self._audit_thread: threading.Thread | None = None
         self._dropped = 0
         self.proxy = EgressProxy(
@@ -237,6 +239,17 @@ class EgressService:
     # --- audit ----------------------------------------------------------------------------
 
     def _report(self, record: ConnectionRecord) -> None:
+        metrics.observe_egress(record.verdict, record.bytes_up, record.bytes_down)  # every one: counters cost no disk
+        admission = self._audit_budget.admit(record.user_id, record.verdict, time.monotonic())
+        if admission.suppressed_before:
+            self._enqueue({"user_id": record.user_id, "suppressed": admission.suppressed_before})
+        if not admission.write:
+            if admission.first_suppressed:
+                log.warning(
+                    "egress audit budget spent: further connections this minute are counted, not written %s",
+                    kv(user=record.user_id, rows=self._audit_budget.rows_per_window),
+                )
+            return
         level = logging.INFO if record.verdict == "allowed" else logging.WARNING
         log.log(
             level,
@@ -246,9 +259,11 @@ class EgressService:
                reason=record.reason, bytes_up=record.bytes_up, bytes_down=record.bytes_down,
                ms=record.duration_ms),
         )  # fmt: skip
-        metrics.observe_egress(record.verdict, record.bytes_up, record.bytes_down)
+        self._enqueue(record)
+
+    def _enqueue(self, row: ConnectionRecord | dict[str, object]) -> None:
         try:
-            self._audit_queue.put_nowait(record)
+            self._audit_queue.put_nowait(row)
         except queue.Full:
             self._dropped += 1
             if self._dropped % 1000 == 1:
@@ -262,6 +277,13 @@ class EgressService:
                 return
             try:
                 with self.store.write() as tx:
+                    if isinstance(record, dict):  # connections the budget left out, by verdict
+                        user_id = int(record["user_id"])  # type: ignore[call-overload]
+                        audit.record(
+                            tx, actor=f"sandbox:{user_id}", action="egress_audit_suppressed",
+                            runtime_user_id=user_id, suppressed=record["suppressed"],
+                        )  # fmt: skip
+                        continue
                     audit.record(
                         tx, actor=f"sandbox:{record.user_id}", action="egress_connection",
                         session_id=record.session_id, runtime_user_id=record.user_id,
@@ -270,7 +292,7 @@ class EgressService:
                         bytes_up=record.bytes_up, bytes_down=record.bytes_down, duration_ms=record.duration_ms,
                     )  # fmt: skip
             except Exception:  # a full disk must not stop the writer: the log line stays
-                log.exception("egress audit row not written %s", kv(user=record.user_id, host=record.host))
+                log.exception("egress audit row not written %s", kv(user=getattr(record, "user_id", None)))
             finally:
                 self._audit_queue.task_done()
 

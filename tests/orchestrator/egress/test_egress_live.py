@@ -334,3 +334,37 @@ def test_sockets_that_never_send_a_head_are_capped_per_user(loopback_allowed: Se
     other = web_run(client, 75)
     put_rules(client, 75, allow=[f"127.0.0.1:{upstream}"])
     assert through_proxy(client, other, "get", f"127.0.0.1:{upstream}/hello")["status"] == 200
+
+
+GARBAGE = r"""
+import os, socket, sys
+host, port = os.environ["HTTP_PROXY"].split("//")[1].rsplit(":", 1)
+answered = 0
+for _ in range(int(sys.argv[1])):
+    s = socket.create_connection((host, int(port)), timeout=10)
+    s.sendall(b"NOT HTTP\r\n\r\n")
+    answered += s.recv(16).startswith(b"HTTP/1.1 400")
+    s.close()
+print(answered)
+"""
+
+
+def test_a_flood_of_refused_connections_cannot_flood_the_audit(loopback_allowed: Served, upstream: int) -> None:
+    # Each connection is one audit row: a sandbox opening refused ones as fast as it can grew
+    # the host's state database (on no quota) and kept its one writer busy for everyone.
+    import shlex
+
+    from orchestrator.egress.audit_budget import ROWS_PER_WINDOW
+
+    client, service = loopback_allowed
+    run_id = web_run(client, 76)
+    flood = tool(client, run_id, "shell", command=f"python3 -c {shlex.quote(GARBAGE)} {ROWS_PER_WINDOW + 400}", timeout_s=60)["result"]
+    assert flood["exit_code"] == 0 and int(flood["stdout"]) == ROWS_PER_WINDOW + 400, flood  # each still answered
+    assert service.egress is not None
+    service.egress.flush_audit(10)
+    rows = [r for r in audit.entries(service.store, action="egress_connection", limit=5000) if r.runtime_user_id == 76]
+    assert len(rows) <= ROWS_PER_WINDOW, len(rows)
+    # Another user's connection is still written.
+    put_rules(client, 77, allow=[f"127.0.0.1:{upstream}"])
+    assert through_proxy(client, web_run(client, 77), "get", f"127.0.0.1:{upstream}/hello")["status"] == 200
+    assert egress_rows(service, 77, "127.0.0.1")
