@@ -146,8 +146,8 @@ class EgressService:
 
     def _listen(self, user_id: int, *, replacing: _Listener | None) -> None:
         loop = self._ensure_loop()
-        sock, dev_ino = self._bind(user_id)
         expected_uid = self.directories.sandbox_uid(user_id) if self.directories.chown else os.geteuid()
+        sock, dev_ino = self._bind(user_id, expected_uid)
 
         async def start() -> asyncio.Future[None]:
             if replacing is not None:
@@ -158,7 +158,7 @@ class EgressService:
         self._listeners[user_id] = _Listener(task, dev_ino, time.monotonic())
         log.info("egress listener up %s", kv(user=user_id, socket=self.layout.egress_socket_path(user_id)))
 
-    def _bind(self, user_id: int) -> tuple[socket.socket, tuple[int, int]]:
+    def _bind(self, user_id: int, owner: int) -> tuple[socket.socket, tuple[int, int]]:
         self.directories.ensure_socket_dir(user_id)
         name = f"{user_id}-{secrets.token_hex(6)}.sock"
         with closing_fd(open_root(self.layout.root)) as root_fd:
@@ -175,7 +175,29 @@ class EgressService:
                     if user_fd is None:
                         raise FileNotFoundError(self.layout.socket_dir(user_id))
                     with closing_fd(user_fd):
+                        if os.fstat(user_fd).st_dev != st.st_dev:
+                            # The socket directory is a filesystem of its own (a bounded tmpfs
+                            # with disk quotas): no rename reaches it from the staging directory.
+                            return self._bind_directly(user_fd, owner)
                         return self._bind_in(staging_fd, user_fd, name)
+
+    @staticmethod
+    def _bind_directly(user_fd: int, owner: int) -> tuple[socket.socket, tuple[int, int]]:
+        """Bind at the name in the sandbox's directory itself, through its directory fd: bind(2)
+        never follows a link at the name (it is EADDRINUSE), and the owner is set without
+        following one either (the mode is the umask's: the owner may connect)."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            remove_tree_at(user_fd, EGRESS_SOCKET_FILE)  # whatever was there: never followed
+            sock.bind(f"/proc/self/fd/{user_fd}/{EGRESS_SOCKET_FILE}")
+            os.chown(EGRESS_SOCKET_FILE, owner, owner, dir_fd=user_fd, follow_symlinks=False)
+            sock.listen(512)
+            st = os.stat(EGRESS_SOCKET_FILE, dir_fd=user_fd, follow_symlinks=False)
+        except BaseException:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        return sock, (st.st_dev, st.st_ino)
 
     @staticmethod
     def _bind_in(staging_fd: int, user_fd: int, name: str) -> tuple[socket.socket, tuple[int, int]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_NOEXEC = 0x8
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
 MNT_DETACH = 0x2
@@ -91,6 +92,20 @@ def bind(source_fd: int, parent_fd: int, name: str) -> None:
     if _libc.mount(None, target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV, None) != 0:
         code = ctypes.get_errno()
         raise LoopError(f"remounting a bind nosuid,nodev failed: {os.strerror(code)}")
+
+
+def mount_tmpfs(parent_fd: int, name: str, *, size_kib: int, inodes: int, uid: int, gid: int) -> None:
+    """A small tmpfs (nosuid, nodev, noexec) on the directory `name` in `parent_fd`, opened
+    without following links, its root owned by `uid:gid` with mode 0700."""
+    target_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    try:
+        options = f"size={size_kib}k,nr_inodes={inodes},mode=0700,uid={uid},gid={gid}".encode()
+        target = f"/proc/self/fd/{target_fd}".encode()
+        if _libc.mount(b"tmpfs", target, b"tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, options) != 0:
+            code = ctypes.get_errno()
+            raise LoopError(f"mounting a tmpfs failed: {os.strerror(code)}")
+    finally:
+        os.close(target_fd)
 
 
 def unmount(path: Path) -> None:

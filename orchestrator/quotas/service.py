@@ -168,6 +168,15 @@ class DiskQuotas:
                 # A new workspace gets its image at once; an old one was given its image at start.
                 self._ensure_loop(group_volume(self.layout, group), create=not os.path.lexists(mount.host_path))
 
+    def ensure_socket_fs(self, user_id: int) -> None:
+        """With loop images, the user's socket directory is a tiny tmpfs of its own: it is
+        writable by the sandbox and outside its image (it must work when the image is full)."""
+        if self.loop is None:
+            return
+        uid = ids.user_id(user_id)
+        sandbox_uid = self._sandbox_uid(uid)
+        self.loop.ensure_socket_fs(self.layout.socket_dir(uid), sandbox_uid, sandbox_uid)
+
     def check_host_write(self, user_id: int) -> None:
         self.check_watermark()
         if self.mechanism is QuotaMechanism.SCAN and user_id in self._over:

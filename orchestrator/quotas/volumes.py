@@ -46,6 +46,10 @@ MIGRATED_MARKER = ".migrated"
 KEPT_PREFIX = "kept-"
 # How long an offline grow waits for the last user of a volume to let go of it.
 OFFLINE_RELEASE_S = 10.0
+# A user's socket directory is writable by its sandbox but holds only two sockets: a tmpfs this
+# small of its own bounds it (on the data filesystem it was a way around every quota).
+SOCKET_FS_KIB = 64
+SOCKET_FS_INODES = 32
 
 
 class VolumeRefused(RuntimeError):
@@ -260,6 +264,26 @@ class LoopVolumes:
             log.info("disk image grown offline %s", kv(volume=key, from_mb=current, to_mb=size_mb))
             return False
 
+    def ensure_socket_fs(self, socket_dir: Path, uid: int, gid: int) -> None:
+        """The user's socket directory as a tmpfs of its own, mounted once (adopted after a
+        restart). Its parent (`sockets/`) is root's; the directory is opened without following
+        links and mounted on through /proc/self/fd."""
+        key = f"socket:{socket_dir}"
+        if key in self._ready:
+            return
+        with self._lock(key):
+            if key in self._ready:
+                return
+            entry = top_mount_at(read_mounts(), socket_dir)
+            if entry is None or entry.fstype != "tmpfs":
+                parent_fd = _open_host_dir(self.layout, socket_dir.parent)
+                with closing_fd(parent_fd):
+                    if not _exists_at(parent_fd, socket_dir.name):
+                        os.mkdir(socket_dir.name, 0o700, dir_fd=parent_fd)
+                    loopfs.mount_tmpfs(parent_fd, socket_dir.name, size_kib=SOCKET_FS_KIB, inodes=SOCKET_FS_INODES, uid=uid, gid=gid)
+                log.info("socket directory mounted %s", kv(path=socket_dir, size_kib=SOCKET_FS_KIB, inodes=SOCKET_FS_INODES))
+            self._ready.add(key)
+
     def unmount_all(self) -> int:
         """Unmount every image of this data dir and every bind of one (binds first); returns how
         many. Other mounts below the data dir (an operator's) are left alone."""
@@ -269,9 +293,10 @@ class LoopVolumes:
         images = [e for e in entries if self.layout.disk_mounts_dir in e.mount_point.parents]
         devices = {e.device for e in images}
         binds = [e for e in entries if e.device in devices and e not in images and self.layout.root in e.mount_point.parents]
-        for entry in sorted(binds, key=lambda e: -e.mount_id) + sorted(images, key=lambda e: -e.mount_id):
+        sockets = [e for e in entries if e.fstype == "tmpfs" and e.mount_point.parent == self.layout.sockets_root]
+        for entry in sorted(binds, key=lambda e: -e.mount_id) + sorted(images, key=lambda e: -e.mount_id) + sockets:
             loopfs.unmount(entry.mount_point)
-        return len(binds) + len(images)
+        return len(binds) + len(images) + len(sockets)
 
 
 def _backing_file(device: str) -> Path | None:

@@ -74,6 +74,8 @@ class VolumePreparer(Protocol):
 
     def check_host_write(self, user_id: int) -> None: ...
 
+    def ensure_socket_fs(self, user_id: int) -> None: ...
+
 
 class UserDirectories:
     def __init__(self, layout: DataLayout, uid_base: int, max_user_id: int = MAX_USER_ID) -> None:
@@ -214,7 +216,13 @@ class UserDirectories:
         return fd
 
     def ensure_socket_dir(self, user_id: int) -> Path:
+        self._ensure_socket_fs(user_id)
         return self._ensure(self.layout.socket_dir(user_id), [self._parent(), self._private(user_id)])
+
+    def _ensure_socket_fs(self, user_id: int) -> None:
+        if self.volumes is not None:  # bounded: the sandbox writes there, outside its image
+            self._ensure(self.layout.sockets_root, [self._parent()])
+            self.volumes.ensure_socket_fs(user_id)
 
     def check_host_write(self, user_id: int) -> None:
         """Refuse a host write for the user when the disk is short (the watermark, or the
@@ -230,6 +238,7 @@ class UserDirectories:
         if self.volumes is not None:
             # Mounted first: the owners and modes below then land on the image's directories.
             self.volumes.prepare(plan, sandbox_start=sandbox_start)
+            self._ensure_socket_fs(plan.user_id)
         for mount in plan.mounts:
             purpose, path = mount.purpose, mount.host_path
             depth = len(path.relative_to(self.layout.root).parts)

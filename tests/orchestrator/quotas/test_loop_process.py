@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from collections.abc import Iterator
 
 import httpx
@@ -108,6 +109,28 @@ def test_a_sandbox_reaches_neither_the_image_files_nor_their_mount_points(world:
     entries = {e.mount_point: e for e in read_mounts()}
     assert entries[layout.home_dir(NEIGHBOUR)].device == entries[mount_point].device
     assert entries[layout.home_dir(NEIGHBOUR)].root == "/home"
+
+
+def test_the_socket_directory_is_no_way_around_the_quota(world: QuotaWorld) -> None:
+    # The sandbox's socket directory is writable by it and outside its image (it must work
+    # when the image is full): on the data filesystem a sandbox wrote 40 MB there past its
+    # 16 MiB quota, on a disk every other user shares.
+    sockets = world.service.layout.socket_dir(NEIGHBOUR)
+    filled = world.shell(NEIGHBOUR, f"head -c 40000000 /dev/zero > {sockets}/fill; echo exit=$?; du -k {sockets}/fill")
+    assert "No space left on device" in filled["stderr"], filled
+    assert int(filled["stdout"].split("\n")[1].split()[0]) <= 64, filled
+    world.shell(NEIGHBOUR, f"rm -f {sockets}/fill")
+    # The agent and the egress socket still work there (one tmpfs of its own, nosuid, nodev).
+    entry = next(e for e in read_mounts() if e.mount_point == sockets)
+    assert entry.fstype == "tmpfs", entry
+    assert world.tool(NEIGHBOUR, "write_file", path="after-sockets.txt", content="ok")["ok"]
+    assert stat.S_ISSOCK(os.lstat(sockets / "egress.sock").st_mode)
+    import json
+
+    from tests.orchestrator.egress.sandbox_client import command
+
+    answer = json.loads(world.shell(NEIGHBOUR, command("get", "nowhere.invalid/x"))["stdout"])
+    assert answer["status"] == 403 and "nowhere.invalid" in answer["body"], answer  # the proxy answers there
 
 
 def test_share_and_a_group_workspace_have_images_of_their_own(world: QuotaWorld) -> None:
