@@ -197,17 +197,21 @@ def test_data_written_while_the_image_was_not_mounted_is_kept_aside_not_deleted(
     assert not [p for p in os.listdir(layout.disk_legacy("user-21")) if not p.startswith("kept-home-")]
 
 
+def as_sandbox(data_dir: Path, script: str) -> tuple[object, DataLayout, int, Path]:
+    """The user's old home, then `script` run in it by the user's sandbox uid (argv[1]: home)."""
+    settings = quota_settings(data_dir)
+    uid = settings.sandbox_uid_base + USER
+    populate(settings.layout, uid, files=2)
+    home = settings.layout.home_dir(USER)
+    subprocess.run(["/usr/bin/python3", "-c", script, str(home)], check=True, user=uid, group=uid, timeout=30, cwd="/")
+    return settings, settings.layout, uid, home
+
+
 def test_a_tree_of_more_directories_than_descriptors_migrates(data_dir: Path) -> None:
     # A sandbox (or just a node_modules) holds more directories than the orchestrator may open
     # descriptors: the copy held two descriptors for every directory it had seen and failed
     # with EMFILE, which also starved every other user's calls in the server while it lasted.
-    settings = quota_settings(data_dir)
-    layout = settings.layout
-    uid = settings.sandbox_uid_base + USER
-    populate(layout, uid, files=2)
-    home = layout.home_dir(USER)
-    make = "import os, sys\nfor i in range(600): os.makedirs(f'{sys.argv[1]}/wide/d{i}/sub')\n"
-    subprocess.run(["/usr/bin/python3", "-c", make, str(home)], check=True, user=uid, group=uid, timeout=30, cwd="/")
+    settings, layout, uid, home = as_sandbox(data_dir, "import os, sys\nfor i in range(600): os.makedirs(f'{sys.argv[1]}/wide/d{i}/sub')\n")
     before = tree_hashes(home)
     done = migrate(data_dir, fd_limit=256, inodes=4096)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -222,13 +226,8 @@ def test_a_chain_of_directories_deeper_than_the_bound_is_refused_and_nothing_is_
     # walk's bound would still run the process out of descriptors: refused, the source kept.
     from orchestrator.quotas.migration import MAX_DEPTH
 
-    settings = quota_settings(data_dir)
-    layout = settings.layout
-    uid = settings.sandbox_uid_base + USER
-    populate(layout, uid, files=2)
-    home = layout.home_dir(USER)
     make = f"import os, sys\nos.chdir(sys.argv[1])\nfor i in range({MAX_DEPTH + 5}):\n    os.mkdir('d'); os.chdir('d')\nopen('bottom.txt', 'w').write('x')\n"
-    subprocess.run(["/usr/bin/python3", "-c", make, str(home)], check=True, user=uid, group=uid, timeout=30, cwd="/")
+    settings, layout, uid, home = as_sandbox(data_dir, make)
     before = tree_hashes(home)
     done = migrate(data_dir, fd_limit=2 * MAX_DEPTH + 64, inodes=4096)
     assert done.returncode != 0
