@@ -38,26 +38,39 @@ class McpEndpoint:
         """`body_max`: the largest POST, the request guard's cap of this route (a tools/call
         may carry a file, like a plain tool call); the SDK checks it again."""
         self.mcp = RunMcpServer(service, progress_interval_s=service.settings.mcp_progress_interval_s)
-        self._json, self._stream = (
-            StreamableHTTPSessionManager(
-                app=self.mcp.server,
-                stateless=True,
-                json_response=json_response,
-                security_settings=None if service.settings.auth_enabled else LOOPBACK_ONLY,
-                max_request_body_size=body_max,
-            )
-            for json_response in (True, False)
+        self._security = None if service.settings.auth_enabled else LOOPBACK_ONLY
+        self._body_max = body_max
+        # (json, stream) managers of each lifespan now running, innermost last: the SDK's
+        # manager runs once per instance, and an app's lifespan may be entered again (a second
+        # test client of the same app, nested in the first).
+        self._running: list[tuple[StreamableHTTPSessionManager, StreamableHTTPSessionManager]] = []
+
+    def _manager(self, *, json_response: bool) -> StreamableHTTPSessionManager:
+        return StreamableHTTPSessionManager(
+            app=self.mcp.server,
+            stateless=True,
+            json_response=json_response,
+            security_settings=self._security,
+            max_request_body_size=self._body_max,
         )
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        async with self._json.run(), self._stream.run():
-            yield
+        managers = (self._manager(json_response=True), self._manager(json_response=False))
+        async with managers[0].run(), managers[1].run():
+            self._running.append(managers)
+            try:
+                yield
+            finally:
+                self._running.remove(managers)
 
     async def handle(self, caller: McpCaller, scope: Scope, receive: Receive, send: Send, *, stream: bool) -> None:
         """Serve a POST for `caller`, as an SSE stream or as plain JSON (`wants_stream`)."""
+        if not self._running:
+            raise RuntimeError("the MCP endpoint serves only while the app's lifespan runs")
         scope[SCOPE_KEY] = caller
-        await (self._stream if stream else self._json).handle_request(scope, receive, send)
+        json_manager, stream_manager = self._running[-1]
+        await (stream_manager if stream else json_manager).handle_request(scope, receive, send)
 
 
 def wants_stream(body: bytes) -> bool:
