@@ -41,9 +41,11 @@ def test_a_data_dir_below_a_sandbox_owned_dir_is_refused(tmp_path: Path) -> None
     # E.g. an operator's ORCH_DATA_DIR inside some user's home: that sandbox uid could swap it.
     home = tmp_path / "users" / "17"
     home.mkdir(parents=True)
-    os.chown(home, 100017, 100017)
-    with pytest.raises(StartupRefused, match="owned by sandbox uid 100017"):
-        OrchestratorService(make_settings(home / "data"))
+    settings = make_settings(home / "data")
+    uid = settings.sandbox_uid_base + 17  # the block in force: a test run may give its own
+    os.chown(home, uid, uid)
+    with pytest.raises(StartupRefused, match=f"owned by sandbox uid {uid}"):
+        OrchestratorService(settings)
 
 
 def test_the_decider_names_the_first_unsafe_directory() -> None:
@@ -54,8 +56,9 @@ def test_the_decider_names_the_first_unsafe_directory() -> None:
     assert unsafe_ancestor_problem(safe, own_gid=0, as_root=True, sandbox_ids=SANDBOX_IDS) is None
     sticky_tmp = chain(("/", 0, 0, 0o755), ("/tmp", 0, 0, 0o1777))
     assert "/tmp is writable by every user" in str(unsafe_ancestor_problem(sticky_tmp, own_gid=0, as_root=True, sandbox_ids=SANDBOX_IDS))
-    shared_group = chain(("/", 0, 0, 0o755), ("/srv", 0, 100000, 0o2770))
-    assert "writable by group 100000" in str(unsafe_ancestor_problem(shared_group, own_gid=0, as_root=True, sandbox_ids=SANDBOX_IDS))
+    shared_gid = SANDBOX_IDS[0].first  # every sandbox's shared group: the uid base in force
+    shared_group = chain(("/", 0, 0, 0o755), ("/srv", 0, shared_gid, 0o2770))
+    assert f"writable by group {shared_gid}" in str(unsafe_ancestor_problem(shared_group, own_gid=0, as_root=True, sandbox_ids=SANDBOX_IDS))
     other_user = chain(("/", 0, 0, 0o755), ("/home/alice", 1000, 1000, 0o755))
     assert "not root" in str(unsafe_ancestor_problem(other_user, own_gid=0, as_root=True, sandbox_ids=SANDBOX_IDS))
     # Not root: the orchestrator's own home is fine.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from orchestrator.client import OrchestratorClient
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import Settings
 from orchestrator.smoke import SMOKE_SKILL, SmokeOptions, run_smoke
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.orchestrator.sandboxes.docker.conftest import docker_data_dir, sandbox_image  # noqa: F401 - fixtures
@@ -37,19 +39,36 @@ CHECKS = 22
 def run_smoke_command(
     url: str, data_dir: Path | None = None, *flags: str, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
-    command = [str(ORCHESTRATOR), "smoke", "--url", url, *flags]
+    command = [str(ORCHESTRATOR), "smoke", "--url", url, *owner_flags(), *flags]
     if data_dir is not None:
         command += ["--data-dir", str(data_dir)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORCH_")}
     return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=cwd)
 
 
+def block_owner() -> int | None:
+    """A fresh random owner A (member B = A + 1) inside a test run's own uid block: the smoke's
+    own random ids (700 million and up) lie beyond a small ORCH_MAX_USER_ID. Without a block
+    given, None: the smoke picks its ids as the README runs it."""
+    if "ORCH_MAX_USER_ID" not in os.environ:
+        return None
+    top = Settings().max_user_id  # the value the servers started here parse from the same env
+    return 1 + secrets.randbelow(top - 1)  # B = A + 1 <= top
+
+
+def owner_flags() -> list[str]:
+    owner = block_owner()
+    return [] if owner is None else ["--owner-user", str(owner)]
+
+
 @contextmanager
 def make_run(data_dir: Path, port: int, extra_env: dict[str, str] | None = None) -> Iterator[str]:
     """`make run` in a fresh terminal: the repository's Makefile, its venv, no tokens."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ORCH_", "MAKE", "MFLAGS"))}
-    # A test run's own uid registry (tests/conftest.py) keeps parallel runs from refusing each other.
-    env.update({k: os.environ[k] for k in ("ORCH_UID_REGISTRY_DIR", "ORCH_DISK_QUOTA") if k in os.environ})
+    # A test run's own uid block and registry (tests/conftest.py): parallel runs neither refuse
+    # each other nor share sandbox uids (an agent sweeps every process of its uid).
+    kept = ("ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR", "ORCH_DISK_QUOTA")
+    env.update({k: os.environ[k] for k in kept if k in os.environ})
     env.update({"ORCH_DATA_DIR": str(data_dir), **(extra_env or {})})
     log_path = Path(f"{data_dir}.make-run.log")
     with open(log_path, "w") as log:
@@ -145,7 +164,7 @@ def test_without_admin_access_or_data_dir_the_smoke_says_what_it_needs(agent_dat
     service = OrchestratorService(settings)
     out = io.StringIO()
     with live_server(create_app(service), port) as url, OrchestratorClient(url, token=API_TOKEN) as client:
-        code = run_smoke(client, SmokeOptions(), out)
+        code = run_smoke(client, SmokeOptions(owner_user_id=block_owner()), out)
     report = out.getvalue()
     assert code == 1
     (catalog,) = [line for line in report.splitlines() if line.startswith("FAIL B's skill catalog")]
@@ -162,7 +181,7 @@ def test_the_smoke_reports_a_server_that_runs_group_members_as_the_owner(agent_d
     service = OrchestratorService(settings)
     out = io.StringIO()
     with live_server(create_app(service), port) as url, OrchestratorClient(url, token=API_TOKEN) as client:
-        code = run_smoke(client, SmokeOptions(data_dir=agent_data_dir), out)
+        code = run_smoke(client, SmokeOptions(data_dir=agent_data_dir, owner_user_id=block_owner()), out)
     report = out.getvalue()
     assert code == 1
     assert re.search(r"^FAIL B speaks in A's group session.*runtime identity \d+, expected B=", report, re.M), report

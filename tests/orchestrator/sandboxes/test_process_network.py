@@ -85,11 +85,11 @@ def test_item9_bwrap_sandbox_cannot_reach_host_loopback(agent_data_dir, host_lis
         service.close()
 
 
-def test_item9_healthz_reports_the_isolation(agent_client: TestClient) -> None:
+def test_item9_healthz_reports_the_isolation(agent_client: TestClient, agent_service: OrchestratorService) -> None:
     isolation = agent_client.get("/healthz").json()["isolation"]
-    base = isolation["uid_base"]
+    base, top = agent_service.settings.sandbox_uid_base, agent_service.settings.max_user_id  # the block in force
     assert isolation == {
-        "users_isolated": True, "process_network": "namespace", "uid_base": base, "uid_block": [base, base + 10**9]
+        "users_isolated": True, "process_network": "namespace", "uid_base": base, "uid_block": [base, base + top]
     }  # fmt: skip
 
 

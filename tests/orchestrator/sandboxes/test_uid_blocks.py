@@ -64,12 +64,14 @@ def _service(root: Path, registry: Path, **overrides: object) -> OrchestratorSer
 @needs_root
 def test_two_instances_with_the_same_uid_base_the_second_refuses(tmp_path: Path, registry: Path) -> None:
     first = _service(tmp_path / "a", registry)
+    # The block in force (the defaults, or the one a test run is given) is the same for both.
+    block = f"{first.settings.sandbox_uid_base}..{first.settings.sandbox_uid_base + first.settings.max_user_id}"
     try:
         with pytest.raises(StartupRefused) as refused:
             _service(tmp_path / "b", registry)
         assert str(refused.value) == (
-            f"sandbox uids 100000..1000100000 of this instance overlap those of the orchestrator on "
-            f"{first.layout.root} (uids 100000..1000100000); give one of them another ORCH_SANDBOX_UID_BASE / "
+            f"sandbox uids {block} of this instance overlap those of the orchestrator on "
+            f"{first.layout.root} (uids {block}); give one of them another ORCH_SANDBOX_UID_BASE / "
             "a smaller ORCH_MAX_USER_ID"
         )
         assert sorted(p.name for p in registry.glob("*.json")) == [f"{first.uid_block._name}"]  # type: ignore[union-attr]

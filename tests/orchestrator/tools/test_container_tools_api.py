@@ -115,13 +115,14 @@ def test_every_tool_call_is_audited(agent_client: TestClient, agent_service: Orc
     assert len(via_api["entries"]) == 2
 
 
-def test_owner_mode_routes_to_the_owners_sandbox(agent_client: TestClient) -> None:
+def test_owner_mode_routes_to_the_owners_sandbox(agent_client: TestClient, agent_service: OrchestratorService) -> None:
     assert agent_client.put("/v1/admin/runtime-identity", json={"mode": "owner"}, headers=admin_headers()).status_code == 200
     sid = group_session(agent_client)
     run = start_run(agent_client, sid, trigger="group_message", speaker_user_id=MEMBER)
     assert run["runtime_user_id"] == OWNER
     answer = tool(agent_client, run["run_id"], "shell", command="id -u")
-    expected_uid = 100000 + OWNER if __import__("os").geteuid() == 0 else __import__("os").geteuid()
+    base = agent_service.settings.sandbox_uid_base  # the block in force: a test run may give its own
+    expected_uid = base + OWNER if __import__("os").geteuid() == 0 else __import__("os").geteuid()
     assert answer["result"]["stdout"].strip() == str(expected_uid)
 
 

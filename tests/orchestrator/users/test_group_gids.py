@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from mounts.ids import MAX_USER_ID
 from mounts.layout import GroupRef
 from orchestrator.users.group_gids import GidRange, GroupGids, GroupGidsExhausted, next_gid
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import MAX_ID
 from orchestrator.state_store import StateStore
 from orchestrator.users.repository import UserRepository
 from tests.conftest import make_settings
@@ -109,17 +111,27 @@ def test_the_router_says_sandbox_unavailable_when_no_gid_is_left(tmp_path: Path)
         service.close()
 
 
+# Each case is built from the uid block in force (the defaults, or a test run's
+# ORCH_SANDBOX_UID_BASE / ORCH_MAX_USER_ID), so it describes a real overlap under any block.
 @pytest.mark.parametrize(
-    "overrides",
+    "overlap",
     [
-        {"group_gid_base": 100000},  # the shared gid
-        {"group_gid_base": 100001 + 500},  # some user's uid
-        {"group_gid_base": 50000, "group_gid_count": 60000},  # reaches into the uids from below
-        {"sandbox_uid_base": 1_500_000_000},  # the uids reach into the gids (and past 31 bits)
-        {"group_gid_base": 2**31 - 10, "group_gid_count": 100},  # past 31 bits
+        lambda base, top, gids: {"group_gid_base": base},  # the shared gid
+        lambda base, top, gids: {"group_gid_base": base + min(501, top)},  # some user's uid
+        # reaches into the uids from below
+        lambda base, top, gids: {"group_gid_base": base // 2, "group_gid_count": base - base // 2 + 10_000},
+        lambda base, top, gids: {"sandbox_uid_base": gids - top // 2},  # the uids reach into the gids
+        # the uids pass 31 bits, clear of the gids
+        lambda base, top, gids: {"sandbox_uid_base": MAX_ID - top + 1, "group_gid_base": 1000, "group_gid_count": 1000},
+        lambda base, top, gids: {"group_gid_base": 2**31 - 10, "group_gid_count": 100},  # past 31 bits
     ],
+    ids=["shared-gid", "a-users-uid", "from-below", "uids-into-gids", "uids-past-31-bits", "gids-past-31-bits"],
 )
-def test_overlapping_or_oversized_id_ranges_are_refused(tmp_path: Path, overrides: dict[str, int]) -> None:
+def test_overlapping_or_oversized_id_ranges_are_refused(
+    tmp_path: Path, overlap: Callable[[int, int, int], dict[str, int]]
+) -> None:
+    in_force = make_settings(tmp_path)
+    overrides = overlap(in_force.sandbox_uid_base, in_force.max_user_id, in_force.group_gid_base)
     with pytest.raises(ValidationError):
         make_settings(tmp_path, **overrides)
 

@@ -43,5 +43,5 @@ def test_group_workspace_is_shared_between_members_containers(
 def test_owner_mode_runs_a_members_turn_in_the_owners_container(
     docker_client: TestClient, docker_service: OrchestratorService
 ) -> None:
-    scenario.test_owner_mode_routes_to_the_owners_sandbox(docker_client)
+    scenario.test_owner_mode_routes_to_the_owners_sandbox(docker_client, docker_service)
     assert set(containers_by_user(docker_service)) == {scenario.OWNER}

@@ -51,7 +51,7 @@ def test_b_cannot_see_as_runtime_uploads_or_home_and_there_is_no_network(
         assert "A's" not in result["stdout"] and "png" not in result["stdout"]
     # B's own places are there and B's own
     mine = shell(docker_client, b_run["run_id"], f"id -u; stat -c %u {layout.home_dir(B)} {b_run['upload_dir']} /tmp")
-    assert mine["stdout"].split() == [str(100000 + B)] * 4
+    assert mine["stdout"].split() == [str(docker_service.settings.sandbox_uid_base + B)] * 4
 
     # no network: only the loopback interface, and the host's loopback services are not reachable
     probe = (

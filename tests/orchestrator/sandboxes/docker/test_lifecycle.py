@@ -89,14 +89,17 @@ def test_container_is_hardened_runs_as_the_user_and_holds_no_secret(
     assert host["SecurityOpt"][0] == "no-new-privileges" and host["SecurityOpt"][1].startswith("seccomp=")
     assert host["ReadonlyRootfs"] is True and host["Init"] is True
     assert host["NanoCpus"] == 1_000_000_000 and host["Memory"] == 1024 * 2**20 and host["PidsLimit"] == 512
-    assert config["User"] == f"{100000 + USER}:{100000 + USER}" and host["GroupAdd"] == ["100000"]
+    base = docker_service.settings.sandbox_uid_base  # the block in force; the shared gid is its base
+    assert config["User"] == f"{base + USER}:{base + USER}" and host["GroupAdd"] == [str(base)]
     mounts = {m["Destination"]: (m["Source"], m["RW"]) for m in attrs["Mounts"]}
-    assert mounts == {
-        str(m.sandbox_path): (str(m.host_path), m.access.value == "rw") for m in user.plan.mounts
-    }
+    expected = {str(m.sandbox_path): (str(m.host_path), m.access.value == "rw") for m in user.plan.mounts}
+    ca = docker_service.settings.egress_ca_bundle
+    if docker_service.settings.egress != "off" and ca.is_file():
+        expected[str(ca)] = (str(ca), False)  # the host's CA bundle for pip/npm behind the proxy, read-only
+    assert mounts == expected
     token = docker_service.layout.token_path(USER)
     # root's, readable by the sandbox's gid only, in a directory the sandbox cannot write
-    assert (token.stat().st_mode & 0o777, token.stat().st_uid, token.stat().st_gid) == (0o640, 0, 100000 + USER)
+    assert (token.stat().st_mode & 0o777, token.stat().st_uid, token.stat().st_gid) == (0o640, 0, base + USER)
     assert mounts[str(token.parent)] == (str(token.parent), False)
     secret = token.read_text().strip()
     visible = " ".join([*config["Env"], *(config["Cmd"] or []), *(config["Entrypoint"] or []), *attrs["Args"]])
