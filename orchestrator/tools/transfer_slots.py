@@ -13,6 +13,7 @@ has been read, which is exactly what the bound must come before.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -21,6 +22,8 @@ from contextlib import contextmanager
 
 from orchestrator import metrics
 from orchestrator.errors import ToolError
+
+POLL_S = 0.02  # how often an event-loop waiter looks for a free slot
 
 
 def may_start(*, running: int, running_of_user: int, transfers_max: int, user_transfers_max: int) -> bool:
@@ -45,12 +48,35 @@ class TransferSlots:
         try:
             yield
         finally:
-            with self._cond:
-                self._total -= 1
-                self._running[user_id] -= 1
-                if self._running[user_id] <= 0:
-                    del self._running[user_id]
-                self._cond.notify_all()
+            self.give_back(user_id)
+
+    async def take_async(self, user_id: int, tool: str) -> None:
+        """`held`'s wait on the event loop, for a transfer whose slot outlives one block (a
+        streamed read_bytes answer holds it until its HTTP answer is sent): it polls, so it
+        holds no thread; give the slot back with `give_back`."""
+        deadline = time.monotonic() + self.wait_s
+        while not self._try_take(user_id):
+            if time.monotonic() >= deadline:
+                metrics.TRANSFERS.labels("refused").inc()
+                raise self._busy(user_id, tool)
+            await asyncio.sleep(POLL_S)
+        metrics.TRANSFERS.labels("admitted").inc()
+
+    def give_back(self, user_id: int) -> None:
+        with self._cond:
+            self._total -= 1
+            self._running[user_id] -= 1
+            if self._running[user_id] <= 0:
+                del self._running[user_id]
+            self._cond.notify_all()
+
+    def _try_take(self, user_id: int) -> bool:
+        with self._cond:
+            if not self._fits(user_id):
+                return False
+            self._total += 1
+            self._running[user_id] += 1
+            return True
 
     def _fits(self, user_id: int) -> bool:
         return may_start(
