@@ -362,6 +362,9 @@ class AgentClient(_AgentClientBase):
             raise AgentUnavailable(
                 f"agent at {self.socket_path} failed mid-request on {kind} connection: {exc!r}", delivered=True
             ) from exc
+        except BaseException:  # the sink failed (a full disk): the rest of the answer stays unread
+            conn.close()
+            raise
         if raw.will_close or (len(content) if spooled is None else spooled) != length:
             conn.close()
         else:

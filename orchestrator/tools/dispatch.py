@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import anyio
 from pydantic import BaseModel, ValidationError
 
+from mounts.fs.spool import SpoolWriteFailed
 from mounts.layout import DataLayout
 from orchestrator import audit, metrics
 from orchestrator.clock import iso, now_iso
@@ -51,7 +52,7 @@ from orchestrator.tools.call_records import (
     utc_now,
 )
 from orchestrator.tools.identity_table import acting_user_for
-from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadBytes
+from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadBytes, spool_failed
 from orchestrator.tools.transfer_slots import TransferSlots
 from orchestrator.tools.process_audit import process_events
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
@@ -394,10 +395,11 @@ class ToolDispatcher:
                 on_output=on_output,
                 spool=spool,
             )
-        except ToolError as exc:
+        except (ToolError, SpoolWriteFailed) as exc:
             if spool is not None:
                 spool.close()
-            return ToolOutcome(ok=False, error=exc.body())
+            error = spool_failed(exc) if isinstance(exc, SpoolWriteFailed) else exc
+            return ToolOutcome(ok=False, error=error.body())
         except BaseException:
             if spool is not None:
                 spool.close()

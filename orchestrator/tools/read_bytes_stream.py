@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from mounts.fs.spool import SpoolWriteFailed
+from orchestrator.errors import ToolError
 from orchestrator.tools.call_records import not_kept_body
 from orchestrator.tools.transfer_slots import TransferSlots
 from sandbox_agent.wire import ReadBytesResult
@@ -64,14 +66,17 @@ class ReadBytesSpool:
         if not self._slot:
             await self._slots.take_async(self._user_id, TOOL)
             self._slot = True
-        if self.file is None:
-            # Unlinked at once: a crash leaves nothing on disk; the slots bound how many exist.
-            self.file = tempfile.TemporaryFile(dir=self._directory, prefix=".read-bytes-")  # type: ignore[assignment]
-        else:  # a retried attempt starts over
-            self.file.seek(0)
-            self.file.truncate()
+        try:
+            if self.file is None:
+                # Unlinked at once: a crash leaves nothing on disk; the slots bound how many exist.
+                self.file = tempfile.TemporaryFile(dir=self._directory, prefix=".read-bytes-")  # type: ignore[assignment]
+            else:  # a retried attempt starts over
+                self.file.seek(0)
+                self.file.truncate()
+        except OSError as exc:
+            raise SpoolWriteFailed(exc) from exc
         assert self.file is not None
-        return self.file
+        return _Guarded(self.file)
 
     def close(self) -> None:
         file, self.file = self.file, None
@@ -80,6 +85,29 @@ class ReadBytesSpool:
         if self._slot:
             self._slot = False
             self._slots.give_back(self._user_id)
+
+
+class _Guarded:
+    """The spool file as the client's sink: a failed write (a full disk) is `SpoolWriteFailed`,
+    never an OSError the client would take for a broken agent connection."""
+
+    def __init__(self, file: BinaryIO) -> None:
+        self._file = file
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as exc:
+            raise SpoolWriteFailed(exc) from exc
+
+
+def spool_failed(exc: SpoolWriteFailed, *, tool: str = TOOL) -> ToolError:
+    """A transfer whose spool could not be written (a full disk or quota): it did nothing."""
+    return ToolError(
+        "no_space" if exc.no_space else "internal_error",
+        f"{tool} did not run to the end: the file's bytes could not be written on the way ({exc}). "
+        "Nothing was sent or kept; free some space or try a smaller file.",
+    )
 
 
 @dataclass

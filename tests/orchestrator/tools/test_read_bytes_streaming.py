@@ -25,7 +25,8 @@ from orchestrator.client import OrchestratorClient
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.tools import read_bytes_stream
-from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadBytes
+from mounts.fs.spool import SpoolWriteFailed
+from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadBytes, spool_failed
 from orchestrator.tools.transfer_slots import TransferSlots
 from sandbox_agent.client import AsyncAgentClient
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
@@ -159,7 +160,10 @@ def _lying_agent(path: str, answer: bytes) -> threading.Thread:
         conn, _ = server.accept()
         with conn:
             conn.recv(65536)
-            conn.sendall(answer)
+            try:
+                conn.sendall(answer)
+            except BrokenPipeError:  # the client refused the answer before its end
+                pass
         server.close()
 
     thread = threading.Thread(target=serve, daemon=True)
@@ -201,5 +205,40 @@ def test_a_lying_agents_large_answer_is_refused_and_its_spool_dropped(announced:
         assert spool.file is not None  # it was spooled, never returned as a result
         spool.close()  # what the dispatcher does with a refused call's spool
         assert slots._total == 0 and os.listdir(base_dir) == ["agent.sock"]  # the temp file was never named
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
+
+
+def test_a_full_disk_while_spooling_is_not_a_broken_agent(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A spool write that fails (here /dev/full: ENOSPC) surfaces as `SpoolWriteFailed`, which
+    the dispatcher answers as `no_space`; an OSError would have been taken for a broken agent
+    connection and the user's sandbox replaced."""
+    base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
+    try:
+        path = str(base_dir / "agent.sock")
+        header = json.dumps({"path": "/x", "size": BIG, "media_type": "application/octet-stream"})
+        head = (
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {BIG}\r\n"
+            f"X-Tool-Result: {header}\r\n\r\n"
+        ).encode()
+        thread = _lying_agent(path, head + b"z" * BIG)
+        slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
+        spool = ReadBytesSpool(slots, 5, base_dir)
+        full = open("/dev/full", "wb", buffering=0)  # noqa: SIM115 - closed by the spool
+        monkeypatch.setattr(read_bytes_stream.tempfile, "TemporaryFile", lambda **_: full)
+
+        async def call() -> object:
+            client = AsyncAgentClient(path, "t" * 43)
+            try:
+                return await client.call("read_bytes", {"path": "x"}, cwd="/", timeout_s=10, spool=spool)
+            finally:
+                client.close()
+
+        with pytest.raises(SpoolWriteFailed) as failed:
+            asyncio.run(call())
+        thread.join(5)
+        assert failed.value.no_space and spool_failed(failed.value).code == "no_space"
+        spool.close()
+        assert slots._total == 0 and full.closed
     finally:
         shutil.rmtree(base_dir, ignore_errors=True)
