@@ -1,14 +1,16 @@
-"""The bound on concurrent payload transfers (`send_file`, `send_image`, `publish_artifact`).
-A sandbox file streams into the outbox, but a URL's bytes, an own upload and
-`publish_artifact`'s copy are held whole (up to ORCH_READ_BYTES_MAX) while they are read,
-hashed and written, and every transfer makes an agent read its file whole in the sandbox's
-memory: without a bound 20 concurrent 20 MB sends took the orchestrator from 110 to 1005 MiB.
+"""The bound on concurrent payload transfers (`send_file`, `send_image`, `publish_artifact`,
+and `read_bytes` answers of at least 1 MiB through the HTTP route). Sandbox files and own
+uploads stream through spool files, but a URL's bytes are held whole (up to
+ORCH_READ_BYTES_MAX) while they are read, hashed and written, every transfer holds a few MiB
+of buffers, and every transfer makes an agent read its file whole in the sandbox's memory:
+without a bound 20 concurrent 20 MB sends took the orchestrator from 110 to 1005 MiB.
 At most ORCH_TRANSFERS_MAX run at once, ORCH_USER_TRANSFERS_MAX of one user; a transfer over
 either waits for a free slot for at most ORCH_TRANSFER_WAIT_S, then is refused with `busy`
 and did nothing (docs/lifecycle.md).
 
-Every transfer counts, whatever its size: the size of a sandbox file is only known once it
-has been read, which is exactly what the bound must come before.
+A send counts whatever its size: the size of a sandbox file is only known once it has been
+read, which is exactly what the bound must come before. A `read_bytes` takes its slot once
+the agent's answer announces a large body (`take_async`), so small reads never queue.
 """
 
 from __future__ import annotations

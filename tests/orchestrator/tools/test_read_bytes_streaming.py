@@ -242,3 +242,41 @@ def test_a_full_disk_while_spooling_is_not_a_broken_agent(monkeypatch) -> None: 
         assert slots._total == 0 and full.closed
     finally:
         shutil.rmtree(base_dir, ignore_errors=True)
+
+
+def test_a_wait_for_a_slot_does_not_count_against_the_agents_deadline() -> None:
+    """The slot comes free after 1 s, the call's deadline is 0.5 s: the agent answered in
+    time, so the call succeeds (a missed deadline would replace the user's sandbox)."""
+    base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
+    try:
+        path = str(base_dir / "agent.sock")
+        data = os.urandom(BIG)
+        header = json.dumps({"path": "/x", "size": BIG, "media_type": "application/octet-stream"})
+        head = (
+            f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {BIG}\r\n"
+            f"X-Tool-Result: {header}\r\n\r\n"
+        ).encode()
+        thread = _lying_agent(path, head + data)
+        slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=5)
+        assert slots._try_take(6)  # another user's transfer, done in a second
+        threading.Timer(1.0, slots.give_back, (6,)).start()
+        spool = ReadBytesSpool(slots, 5, base_dir)
+
+        async def call() -> object:
+            client = AsyncAgentClient(path, "t" * 43)
+            try:
+                return await client.call("read_bytes", {"path": "x"}, cwd="/", timeout_s=0.5, spool=spool)
+            finally:
+                client.close()
+
+        started = time.monotonic()
+        result = asyncio.run(call())
+        thread.join(5)
+        assert time.monotonic() - started >= 1.0
+        assert result.size == BIG and spool.file is not None  # type: ignore[attr-defined]
+        spool.file.seek(0)
+        assert hashlib.sha256(spool.file.read()).digest() == hashlib.sha256(data).digest()
+        spool.close()
+        assert slots._total == 0
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
