@@ -11,11 +11,11 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -33,6 +33,7 @@ from sandbox_agent.errors import AgentToolError, AgentUnavailable
 from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
 from tests.live_server import free_port, live_server
 from tests.api_calls import group_session, start_run, tool
+from tests.sandbox_agent.lying_agent import answer_once, raw_read_bytes_answer
 
 BIG = 3 * 1024 * 1024 + 1  # not a multiple of 3: the last base64 piece is padded
 MEDIUM = 1200 * 1024  # streamed, and its JSON still fits the 2 MiB record cap
@@ -149,26 +150,31 @@ def test_a_repeat_gets_the_recorded_body_or_result_not_kept(served) -> None:  # 
     assert repeat["error"]["outcome"] == "ok"
 
 
-def _lying_agent(path: str, answer: bytes) -> threading.Thread:
-    """A socket that answers one request with `answer` and hangs up: what a sandbox that
-    replaced its agent could send."""
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(1)
+@contextmanager
+def _agent_answering(answer: bytes) -> Iterator[tuple[Path, str]]:
+    """A directory, and a socket in it that answers one request with `answer` (a sandbox
+    that replaced its agent may send anything)."""
+    base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
+    try:
+        path = str(base_dir / "agent.sock")
+        thread = answer_once(path, answer)
+        yield base_dir, path
+        thread.join(5)
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
 
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(65536)
-            try:
-                conn.sendall(answer)
-            except BrokenPipeError:  # the client refused the answer before its end
-                pass
-        server.close()
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
+def _read_bytes(path: str, spool: ReadBytesSpool, timeout_s: float) -> object:
+    """read_bytes the way the dispatcher sends it: on the asyncio client, with a spool."""
+
+    async def call() -> object:
+        client = AsyncAgentClient(path, "t" * 43)
+        try:
+            return await client.call("read_bytes", {"path": "x"}, cwd="/", timeout_s=timeout_s, spool=spool)
+        finally:
+            client.close()
+
+    return asyncio.run(call())
 
 
 @pytest.mark.parametrize(
@@ -179,104 +185,48 @@ def _lying_agent(path: str, answer: bytes) -> threading.Thread:
     ],
 )
 def test_a_lying_agents_large_answer_is_refused_and_its_spool_dropped(announced: int, length: int, sent: int) -> None:
-    base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
-    try:
-        path = str(base_dir / "agent.sock")
-        header = json.dumps({"path": "/x", "size": announced, "media_type": "application/octet-stream"})
-        head = (
-            f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {length}\r\n"
-            f"X-Tool-Result: {header}\r\n\r\n"
-        ).encode()
-        thread = _lying_agent(path, head + b"z" * sent)
+    answer = raw_read_bytes_answer(announced=announced, length=length, body=b"z" * sent)
+    with _agent_answering(answer) as (base_dir, path):
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
         spool = ReadBytesSpool(slots, 5, base_dir)
-
-        async def call() -> object:
-            client = AsyncAgentClient(path, "t" * 43)
-            try:
-                return await client.call("read_bytes", {"path": "x"}, cwd="/", timeout_s=10, spool=spool)
-            finally:
-                client.close()
-
         with pytest.raises((AgentToolError, AgentUnavailable)) as refused:
-            asyncio.run(call())
-        thread.join(5)
+            _read_bytes(path, spool, timeout_s=10)
         assert "bytes arrived" in str(refused.value)
         assert spool.file is not None  # it was spooled, never returned as a result
         spool.close()  # what the dispatcher does with a refused call's spool
         assert slots._total == 0 and os.listdir(base_dir) == ["agent.sock"]  # the temp file was never named
-    finally:
-        shutil.rmtree(base_dir, ignore_errors=True)
 
 
 def test_a_full_disk_while_spooling_is_not_a_broken_agent(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A spool write that fails (here /dev/full: ENOSPC) surfaces as `SpoolWriteFailed`, which
     the dispatcher answers as `no_space`; an OSError would have been taken for a broken agent
     connection and the user's sandbox replaced."""
-    base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
-    try:
-        path = str(base_dir / "agent.sock")
-        header = json.dumps({"path": "/x", "size": BIG, "media_type": "application/octet-stream"})
-        head = (
-            f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {BIG}\r\n"
-            f"X-Tool-Result: {header}\r\n\r\n"
-        ).encode()
-        thread = _lying_agent(path, head + b"z" * BIG)
+    with _agent_answering(raw_read_bytes_answer(announced=BIG, length=BIG, body=b"z" * BIG)) as (base_dir, path):
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
         spool = ReadBytesSpool(slots, 5, base_dir)
         full = open("/dev/full", "wb", buffering=0)  # noqa: SIM115 - closed by the spool
         monkeypatch.setattr(read_bytes_stream.tempfile, "TemporaryFile", lambda **_: full)
-
-        async def call() -> object:
-            client = AsyncAgentClient(path, "t" * 43)
-            try:
-                return await client.call("read_bytes", {"path": "x"}, cwd="/", timeout_s=10, spool=spool)
-            finally:
-                client.close()
-
         with pytest.raises(SpoolWriteFailed) as failed:
-            asyncio.run(call())
-        thread.join(5)
+            _read_bytes(path, spool, timeout_s=10)
         assert failed.value.no_space and spool_failed(failed.value).code == "no_space"
         spool.close()
         assert slots._total == 0 and full.closed
-    finally:
-        shutil.rmtree(base_dir, ignore_errors=True)
 
 
 def test_a_wait_for_a_slot_does_not_count_against_the_agents_deadline() -> None:
     """The slot comes free after 1 s, the call's deadline is 0.5 s: the agent answered in
     time, so the call succeeds (a missed deadline would replace the user's sandbox)."""
-    base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
-    try:
-        path = str(base_dir / "agent.sock")
-        data = os.urandom(BIG)
-        header = json.dumps({"path": "/x", "size": BIG, "media_type": "application/octet-stream"})
-        head = (
-            f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {BIG}\r\n"
-            f"X-Tool-Result: {header}\r\n\r\n"
-        ).encode()
-        thread = _lying_agent(path, head + data)
+    data = os.urandom(BIG)
+    with _agent_answering(raw_read_bytes_answer(announced=BIG, length=BIG, body=data)) as (base_dir, path):
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=5)
         assert slots._try_take(6)  # another user's transfer, done in a second
         threading.Timer(1.0, slots.give_back, (6,)).start()
         spool = ReadBytesSpool(slots, 5, base_dir)
-
-        async def call() -> object:
-            client = AsyncAgentClient(path, "t" * 43)
-            try:
-                return await client.call("read_bytes", {"path": "x"}, cwd="/", timeout_s=0.5, spool=spool)
-            finally:
-                client.close()
-
         started = time.monotonic()
-        result = asyncio.run(call())
-        thread.join(5)
+        result = _read_bytes(path, spool, timeout_s=0.5)
         assert time.monotonic() - started >= 1.0
         assert result.size == BIG and spool.file is not None  # type: ignore[attr-defined]
         spool.file.seek(0)
-        assert hashlib.sha256(spool.file.read()).digest() == hashlib.sha256(data).digest()
+        assert spool.file.read() == data
         spool.close()
         assert slots._total == 0
-    finally:
-        shutil.rmtree(base_dir, ignore_errors=True)
