@@ -1,15 +1,18 @@
-"""The orchestrator's peak RSS during 20 concurrent 20 MB `send_file`s, this tree next to an
-earlier revision, in one run.
+"""The orchestrator's peak RSS during 20 concurrent 20 MB transfers (`send_file`,
+`read_bytes` through the HTTP tool route, `publish_artifact`), this tree next to an earlier
+revision, in one run.
 
 Starts two real `orchestrator serve` processes (process backend, loopback), one from this
 checkout and one from `git archive REV` (as bench/tool_call_compare.py does). Each gets 20
-users with a 20 MB file in their sandbox; then, alternating between the servers, a burst of 20
-`send_file`s at once (one per user) while the server process's RSS is sampled every 2 ms
-(psutil; the agents are other processes and not counted). Prints the resting RSS, the peak
-over all bursts, the burst's wall time and the calls refused `busy` (the current tree bounds
-the transfers held in memory: ORCH_TRANSFERS_MAX, docs/lifecycle.md).
+users with a 20 MB file in their sandbox; then, per tool and alternating between the servers,
+a burst of 20 calls at once (one per user) while the server process's RSS is sampled every
+2 ms (psutil; the agents are other processes and not counted). Prints the resting RSS, the
+peak over all bursts of each tool, the burst's wall time and the calls refused `busy` (the
+transfers are bounded: ORCH_TRANSFERS_MAX, docs/lifecycle.md). The bursts' deliveries and
+published files are removed after each burst; a read_bytes answer is checked for its size.
 
 Run: .venv/bin/python bench/memory.py [--baseline REV] [--rounds N] [--users N] [--size BYTES]
+[--tools send_file,read_bytes,publish_artifact]
 (prints `name: value unit` lines; BENCH_UID_OFFSET moves both servers' sandbox uids)
 """
 
@@ -71,13 +74,21 @@ def prepare(server: BenchServer, users: int, size: int) -> list[str]:
     return runs
 
 
-def burst(server: BenchServer, runs: list[str]) -> tuple[int, float, int]:
-    """20 send_files at once: (peak RSS, seconds, refused busy); the deliveries are deleted."""
+ARGUMENTS = {
+    "send_file": {"path_or_url": "big.bin"},
+    "read_bytes": {"path": "big.bin"},
+    "publish_artifact": {"path": "big.bin"},
+}
+
+
+def burst(server: BenchServer, runs: list[str], tool: str, size: int) -> tuple[int, float, int]:
+    """One call of `tool` per run at once: (peak RSS, seconds, refused busy); what the calls
+    made (deliveries, published files) is removed."""
     start = threading.Barrier(len(runs))
 
     def send(run_id: str) -> dict:
         start.wait()
-        return server.tool(run_id, "send_file", path_or_url="big.bin")
+        return server.tool(run_id, tool, **ARGUMENTS[tool])
 
     with Sampler(server.process.pid) as sampler, ThreadPoolExecutor(len(runs)) as pool:
         t0 = time.perf_counter()
@@ -86,12 +97,21 @@ def burst(server: BenchServer, runs: list[str]) -> tuple[int, float, int]:
     refused = 0
     for answer in answers:
         if answer.get("ok"):
-            server.api.delete(f"/v1/deliveries/{answer['result']['delivery_id']}")
+            _clean_up(server, tool, answer["result"], size)
         elif answer.get("error", {}).get("code") == "busy":
             refused += 1
         else:
             raise RuntimeError(answer)
     return sampler.peak, seconds, refused
+
+
+def _clean_up(server: BenchServer, tool: str, result: dict, size: int) -> None:
+    if tool == "send_file":
+        server.api.delete(f"/v1/deliveries/{result['delivery_id']}")
+    elif tool == "publish_artifact":
+        os.unlink(result["path"])  # the bench is the operator: 20 MB per call would pile up
+    elif result["size"] != size or len(result["content_base64"]) != 4 * ((size + 2) // 3):
+        raise RuntimeError(f"read_bytes answered {result['size']} bytes, not {size}")
 
 
 def main() -> None:
@@ -101,25 +121,34 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--users", type=int, default=20)
     parser.add_argument("--size", type=int, default=20_000_000, help="bytes of each file (default 20 MB)")
+    parser.add_argument("--tools", default=",".join(ARGUMENTS), help="comma-separated, of: " + ", ".join(ARGUMENTS))
     args = parser.parse_args()
+    args.tools = [t for t in args.tools.split(",") if t]
+    unknown = set(args.tools) - set(ARGUMENTS)
+    if unknown:
+        parser.error(f"unknown tools: {', '.join(sorted(unknown))}")
 
     base = bench_dir("memory-")
     os.chmod(base, 0o711)
     trees = {"baseline": (export_revision(args.baseline, base), args.baseline_python), "current": (REPO, sys.executable)}
     try:
-        peaks, resting, seconds, refused, names = _measure(base, trees, args)
+        peaks, resting, before, seconds, refused, names = _measure(base, trees, args)
     finally:
         shutil.rmtree(base, ignore_errors=True)  # 20 users' files and deliveries: hundreds of MiB
     rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", args.baseline], capture_output=True, text=True)
     print(f"baseline_revision: {rev.stdout.strip()} rev")
-    print(f"burst: {args.users} concurrent send_file of {args.size} bytes, {args.rounds} rounds")
+    print(f"burst: {args.users} concurrent calls of each tool on {args.size} bytes, {args.rounds} rounds")
     for name in names:
         print(f"{name}_rss_resting: {resting[name] / MIB:.0f} MiB")
-        print(f"{name}_rss_peak: {peaks[name] / MIB:.0f} MiB")
-        print(f"{name}_rss_peak_over_resting: {(peaks[name] - resting[name]) / MIB:.0f} MiB")
-        print(f"{name}_burst_seconds_median: {sorted(seconds[name])[len(seconds[name]) // 2]:.2f} s")
-        print(f"{name}_refused_busy: {refused[name]} calls")
-    print(f"rss_peak_ratio: {peaks['baseline'] / peaks['current']:.2f} x")
+    for tool in args.tools:
+        for name in names:
+            key = (name, tool)
+            print(f"{name}_{tool}_rss_before: {before[key] / MIB:.0f} MiB")
+            print(f"{name}_{tool}_rss_peak: {peaks[key] / MIB:.0f} MiB")
+            print(f"{name}_{tool}_rss_peak_over_resting: {(peaks[key] - resting[name]) / MIB:.0f} MiB")
+            print(f"{name}_{tool}_burst_seconds_median: {sorted(seconds[key])[len(seconds[key]) // 2]:.2f} s")
+            print(f"{name}_{tool}_refused_busy: {refused[key]} calls")
+        print(f"{tool}_rss_peak_ratio: {peaks[('baseline', tool)] / peaks[('current', tool)]:.2f} x")
 
 
 def _measure(base: Path, trees: dict[str, tuple[Path, str]], args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -136,16 +165,22 @@ def _measure(base: Path, trees: dict[str, tuple[Path, str]], args: argparse.Name
             servers[name] = stack.enter_context(orchestrator_server(settings, python=python, cwd=tree, what=f"the {name} server"))
         runs = {name: prepare(server, args.users, args.size) for name, server in servers.items()}
         resting = {name: psutil.Process(s.process.pid).memory_info().rss for name, s in servers.items()}
-        peaks: dict[str, int] = {name: 0 for name in servers}
-        seconds: dict[str, list[float]] = {name: [] for name in servers}
-        refused: dict[str, int] = {name: 0 for name in servers}
-        for _ in range(args.rounds):
-            for name, server in servers.items():
-                peak, took, busy = burst(server, runs[name])
-                peaks[name] = max(peaks[name], peak)
-                seconds[name].append(took)
-                refused[name] += busy
-    return peaks, resting, seconds, refused, list(servers)
+        keys = [(name, tool) for tool in args.tools for name in servers]
+        peaks: dict[tuple[str, str], int] = {key: 0 for key in keys}
+        seconds: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
+        refused: dict[tuple[str, str], int] = {key: 0 for key in keys}
+        before: dict[tuple[str, str], int] = {}
+        for tool in args.tools:
+            # A server's RSS need not come back to resting after an earlier tool's bursts.
+            before.update({(name, tool): psutil.Process(s.process.pid).memory_info().rss for name, s in servers.items()})
+            for _ in range(args.rounds):
+                for name, server in servers.items():
+                    peak, took, busy = burst(server, runs[name], tool, args.size)
+                    key = (name, tool)
+                    peaks[key] = max(peaks[key], peak)
+                    seconds[key].append(took)
+                    refused[key] += busy
+    return peaks, resting, before, seconds, refused, list(servers)
 
 
 if __name__ == "__main__":

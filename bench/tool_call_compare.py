@@ -7,7 +7,9 @@ same machine load:
 1. a small `read_file` through `POST /v1/runs/{id}/tools/read_file` (median, p99), and the
    same call straight to each one's agent over its Unix socket (the agent's share); and a
    small `shell` call (`echo hello`);
-2. `send_file` of a 1 MiB file by path (the sandbox's `read_bytes` and the delivery);
+   a small `read_bytes` (read whole, as it always was);
+2. `send_file` of a 1 MiB file by path (the sandbox's `read_bytes` and the delivery), and
+   `read_bytes` of that file through the API (at 1 MiB it streams: docs/lifecycle.md);
 3. with `--backend docker`, `docker exec <container> cat <file>` as the reference (targets: docs/performance.md).
 
 Run: .venv/bin/python bench/tool_call_compare.py [--baseline REV] [--backend process|docker]
@@ -168,6 +170,7 @@ def main() -> None:
                     server.timed("read_file_api", lambda: server.call("read_file", path="small.txt"))
                 for _ in range(BLOCK // 5):  # the shell's output path (readers, caps, the sweep)
                     server.timed("shell_echo_api", lambda: server.call("shell", command="echo hello"))
+                    server.timed("read_bytes_small_api", lambda: server.call("read_bytes", path="small.txt"))
                 agent, cwd = agents[server.name], server.run["workdir"]
                 for _ in range(BLOCK):
                     server.timed("read_file_agent_direct", lambda: agent.call("read_file", {"path": "small.txt"}, cwd=cwd))
@@ -176,6 +179,7 @@ def main() -> None:
         for _ in range(args.sends):
             for server in servers:
                 server.timed("send_file_1mib_by_path", lambda: server.call("send_file", path_or_url="big.bin"))
+                server.timed("read_bytes_1mib_api", lambda: server.call("read_bytes", path="big.bin"))
         if args.backend == "docker":
             for server in servers:
                 container, path = server.container(), f"{server.run['workdir']}/small.txt"
@@ -198,8 +202,9 @@ def main() -> None:
         print(f"read_file_api_speedup: {before / after:.2f} x")
         before, after = (statistics.median(s.samples["shell_echo_api"]) for s in servers)
         print(f"shell_echo_api_speedup: {before / after:.2f} x")
-        before, after = (statistics.median(s.samples["send_file_1mib_by_path"]) for s in servers)
-        print(f"send_file_1mib_by_path_speedup: {before / after:.2f} x")
+        for figure in ("send_file_1mib_by_path", "read_bytes_small_api", "read_bytes_1mib_api"):
+            before, after = (statistics.median(s.samples[figure]) for s in servers)
+            print(f"{figure}_speedup: {before / after:.2f} x")
     finally:
         for server in servers:
             server.stop()

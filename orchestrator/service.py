@@ -190,24 +190,22 @@ class OrchestratorService:
         )
         self.uploads = PublishedUploads(self.store, self.layout, self.directories)
         self.incoming = IncomingFiles(self.layout, self.directories, self.group_gids, settings.upload_max_bytes)
-        register_host_tools(
-            self.tools,
-            HostTools(
-                settings=settings,
+        host_tools = HostTools(
+            settings=settings,
+            layout=self.layout,
+            directories=self.directories,
+            resolver=BytesResolver(
                 layout=self.layout,
-                directories=self.directories,
-                resolver=BytesResolver(
-                    layout=self.layout,
-                    uploads=self.uploads,
-                    public_base_url=settings.public_base_url,
-                    sandboxes=self.sandboxes,
-                    fetcher=self.url_fetcher,
-                ),
-                deliveries=self.deliveries,
-                sessions=self.sessions,
                 uploads=self.uploads,
+                public_base_url=settings.public_base_url,
+                sandboxes=self.sandboxes,
+                fetcher=self.url_fetcher,
             ),
+            deliveries=self.deliveries,
+            sessions=self.sessions,
+            uploads=self.uploads,
         )
+        register_host_tools(self.tools, host_tools)
         self.calls_in_flight = CallsInFlight()
         self.dispatcher = ToolDispatcher(
             layout=self.layout,
@@ -222,6 +220,7 @@ class OrchestratorService:
                 ttl_s=settings.tool_call_result_ttl_s, max_result_bytes=settings.tool_call_result_max_bytes
             ),
             repeat_wait_s=partial(repeat_wait_s, settings),
+            transfers=host_tools.transfers,  # a large read_bytes takes a slot like send_file
         )
         # The scrape-time gauges of /metrics read what this service keeps (docs/operations.md).
         metrics.register_sources(

@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from pydantic import ValidationError
 
@@ -362,6 +362,9 @@ class AgentClient(_AgentClientBase):
             raise AgentUnavailable(
                 f"agent at {self.socket_path} failed mid-request on {kind} connection: {exc!r}", delivered=True
             ) from exc
+        except BaseException:  # the sink failed (a full disk): the rest of the answer stays unread
+            conn.close()
+            raise
         if raw.will_close or (len(content) if spooled is None else spooled) != length:
             conn.close()
         else:
@@ -407,6 +410,18 @@ class AgentClient(_AgentClientBase):
 
 
 # --- the asyncio client ---------------------------------------------------------------------
+
+
+class RawSpool(Protocol):
+    """Where the asyncio client writes a large raw `read_bytes` answer instead of holding it:
+    answers of at least `min_bytes` go to the file `open` gives once their length is known
+    (it may wait, e.g. for a transfer slot; reading the socket is paused meanwhile); smaller
+    ones are read whole as before. `open` is called once per attempt and must hand back an
+    empty file each time."""
+
+    min_bytes: int
+
+    async def open(self, length: int) -> BinaryIO: ...
 
 
 @dataclass
@@ -462,16 +477,54 @@ async def _read_head(stream: _Stream) -> tuple[str, int, dict[str, str]]:
     return version, status, headers
 
 
-async def _read_answer(stream: _Stream, limits: AnswerLimits, accept: str | None, socket_path: str) -> tuple[_Answer, bool]:
+async def _read_answer(
+    stream: _Stream, limits: AnswerLimits, accept: str | None, socket_path: str, spool: RawSpool | None = None,
+    deadline: asyncio.Timeout | None = None,
+) -> tuple[_Answer, bool]:  # fmt: skip
     """One answer, read to its announced length at most; and whether the agent keeps the
-    connection open."""
+    connection open. A large raw answer goes to `spool` when one is given (`RawSpool`)."""
     version, status, headers = await _read_head(stream)
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
     length = answer_length(headers.get("content-length"), chunked, body_limit(limits, accept), socket_path)
-    content = await stream.reader.readexactly(length) if length else b""
+    content_type = _content_type(headers.get("content-type"))
     keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
-    answer = _Answer(status, _content_type(headers.get("content-type")), headers.get(RAW_RESULT_HEADER.lower(), ""), content)
+    spooled = None
+    if spool is not None and status == 200 and content_type == OCTET_STREAM and length >= spool.min_bytes:
+        content, spooled = b"", await _spool_body(stream, length, spool, deadline)
+        keep = keep and spooled == length
+    else:
+        content = await stream.reader.readexactly(length) if length else b""
+    answer = _Answer(status, content_type, headers.get(RAW_RESULT_HEADER.lower(), ""), content, spooled)
     return answer, keep
+
+
+async def _spool_body(stream: _Stream, length: int, spool: RawSpool, deadline: asyncio.Timeout | None) -> int:
+    """Copy `length` bytes of the body into the spool's file in pieces; how many arrived
+    (fewer: the agent hung up early, and the caller refuses the answer as the size disagrees).
+    The call's `deadline` stops while `open` waits (the spool bounds its own wait) and goes
+    on after it: the agent has answered, and a wait for a slot must not pass for an agent
+    that missed its deadline (which would replace the user's sandbox)."""
+    transport = stream.writer.transport
+    transport.pause_reading()  # while `open` waits, the socket's bytes stay in the kernel
+    when = deadline.when() if deadline is not None else None
+    if deadline is not None:
+        deadline.reschedule(None)
+    loop = asyncio.get_running_loop()
+    waited_from = loop.time()
+    try:
+        sink = await spool.open(length)
+    finally:
+        transport.resume_reading()
+        if deadline is not None and when is not None:
+            deadline.reschedule(when + loop.time() - waited_from)
+    copied = 0
+    while copied < length:
+        piece = await stream.reader.read(min(SPOOL_CHUNK, length - copied))
+        if not piece:
+            break
+        sink.write(piece)  # page cache: a 256 KiB write costs tens of microseconds
+        copied += len(piece)
+    return copied
 
 
 class AsyncAgentClient(_AgentClientBase):
@@ -525,9 +578,10 @@ class AsyncAgentClient(_AgentClientBase):
         accept: str | None = None,
         timeout_s: float | None = None,
         on_output: Callable[[str, str], None] | None = None,
+        spool: RawSpool | None = None,
     ) -> _Answer:
         """One request and its answer; with `on_output`, the answer is a streamed call's
-        (`_read_streamed`)."""
+        (`_read_streamed`); with `spool`, a large raw answer goes there (`RawSpool`)."""
         timeout = self._timeout_s if timeout_s is None else timeout_s
         stream, reused = await self._checkout()
         head = f"{method} {url} HTTP/1.1\r\n{self._head}"
@@ -537,10 +591,11 @@ class AsyncAgentClient(_AgentClientBase):
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         keep = False
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout) as deadline:
                 stream.writer.write(head.encode("latin-1") + b"\r\n" + (body or b""))
                 if on_output is None:
-                    answer, keep = await _read_answer(stream, self.answer_limits, accept, self.socket_path)
+                    limits = self.answer_limits
+                    answer, keep = await _read_answer(stream, limits, accept, self.socket_path, spool, deadline)
                 else:
                     answer, keep = await _read_streamed(stream, self.answer_limits, self.socket_path, on_output)
         except AgentToolError:
@@ -573,13 +628,19 @@ class AsyncAgentClient(_AgentClientBase):
         cwd: str,
         context: CallContext | None = None,
         timeout_s: float | None = None,
+        spool: RawSpool | None = None,
     ) -> Any:
-        """As `AgentClient.call`, without holding a thread while the agent works."""
+        """As `AgentClient.call`, without holding a thread while the agent works. With a
+        `spool`, a large raw read_bytes answer goes to its file (`RawSpool`) and the result's
+        `data` is empty."""
         accept = OCTET_STREAM if tool == "read_bytes" else None
+        spool = spool if tool == "read_bytes" else None
         url = f"/v1/tools/{tool}"
-        answer = await self._send("POST", url, body=tool_request(arguments, cwd, context), accept=accept, timeout_s=timeout_s)
+        body = tool_request(arguments, cwd, context)
+        answer = await self._send("POST", url, body=body, accept=accept, timeout_s=timeout_s, spool=spool)
         if refused_context(answer, context):
-            answer = await self._send("POST", url, body=tool_request(arguments, cwd, None), accept=accept, timeout_s=timeout_s)
+            body = tool_request(arguments, cwd, None)
+            answer = await self._send("POST", url, body=body, accept=accept, timeout_s=timeout_s, spool=spool)
         return tool_result(tool, answer, self.answer_limits)
 
     async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:

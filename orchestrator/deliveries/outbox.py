@@ -25,7 +25,8 @@ from mounts import ids
 from mounts.layout import DataLayout
 from orchestrator.errors import Gone, NotFound
 from orchestrator.log import kv
-from mounts.fs.atomic_write import replace_file_at, temp_name
+from mounts.fs.atomic_write import replace_file_at
+from mounts.fs.spool import FileSpool, spool_at
 from mounts.fs.nofollow import UnsafePath, closing_fd, open_below, open_regular_at, remove_file_at
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.state_store import StateStore
@@ -72,43 +73,9 @@ class NewDelivery:
     data: bytes
 
 
-class DeliverySpool:
-    """A delivery's bytes on their way into the outbox: written in pieces to a hidden temp file
-    there as they arrive from the sandbox (never held whole in memory), hashed and counted as
-    they come, the first `head_bytes` kept for sniffing the type. A file-like sink for the
-    agent client (`write`, and `seek(0)` + `truncate()` to start over for a retried call)."""
-
-    def __init__(self, dir_fd: int, name: str, fd: int, head_bytes: int) -> None:
-        self.dir_fd, self.name, self.fd = dir_fd, name, fd
-        self._head_bytes = head_bytes
-        self.truncate()
-
-    def write(self, data: bytes) -> int:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view) :]
-        self._sha.update(data)
-        self.size += len(data)
-        if len(self.head) < self._head_bytes:
-            self.head += data[: self._head_bytes - len(self.head)]
-        return len(data)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return os.lseek(self.fd, offset, whence)
-
-    def truncate(self, size: int = 0) -> int:
-        if size != 0:
-            raise ValueError("a delivery spool only starts over")
-        os.ftruncate(self.fd, 0)
-        os.lseek(self.fd, 0, os.SEEK_SET)
-        self._sha = hashlib.sha256()
-        self.size = 0
-        self.head = b""
-        return 0
-
-    @property
-    def sha256(self) -> str:
-        return self._sha.hexdigest()
+# The spool of one delivery's bytes (`DeliveryStore.spool`): written in pieces to a hidden
+# temp file of the outbox as they arrive from the sandbox, hashed and counted as they come.
+DeliverySpool = FileSpool
 
 
 def _delivery(row: sqlite3.Row) -> Delivery:
@@ -139,17 +106,8 @@ class DeliveryStore:
         """A spool for one delivery's bytes (see `DeliverySpool`), for `create(..., spool=)`;
         its temp file is removed when the block ends, whatever happened (a killed process
         leaves it for the sweep's orphan rule)."""
-        dir_fd = self._outbox_fd()
-        try:
-            name = temp_name("spool")
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-            try:
-                yield DeliverySpool(dir_fd, name, fd, head_bytes)
-            finally:
-                os.close(fd)
-                remove_file_at(dir_fd, name)  # gone already when `create` renamed it into place
-        finally:
-            os.close(dir_fd)
+        with closing_fd(self._outbox_fd()) as dir_fd, spool_at(dir_fd, head_bytes) as spool:
+            yield spool
 
     def create(self, new: NewDelivery, *, now: datetime | None = None, spool: DeliverySpool | None = None) -> Delivery:
         """Store a delivery: its bytes are `new.data`, or what `spool` holds (renamed into place,
@@ -175,9 +133,7 @@ class DeliveryStore:
             with closing_fd(self._outbox_fd()) as dir_fd:
                 replace_file_at(dir_fd, ids.file_name(delivery.delivery_id), new.data)
         else:
-            os.fsync(spool.fd)
-            os.rename(spool.name, ids.file_name(delivery.delivery_id), src_dir_fd=spool.dir_fd, dst_dir_fd=spool.dir_fd)
-            os.fsync(spool.dir_fd)  # the rename survives a power loss
+            spool.commit_at(ids.file_name(delivery.delivery_id))
         with self._store.write() as tx:
             columns = list(delivery.__dict__)
             tx.execute(

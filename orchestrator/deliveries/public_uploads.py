@@ -14,10 +14,12 @@ race.
 from __future__ import annotations
 
 import errno
+import io
 import mimetypes
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
 
 from mounts import ids
@@ -28,6 +30,7 @@ from orchestrator.state_store import StateStore
 from orchestrator.users.dirs import UserDirectories
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+COPY_CHUNK = 256 * 1024  # bytes of an upload read and written at a time
 
 # Served inline; anything else (HTML, SVG, scripts...) is an attachment, so an uploaded page
 # never runs as this origin.
@@ -180,21 +183,27 @@ class PublishedUploads:
             return None
         return open_upload_fd(self._layout, ref, owner_uid=self._owner_uid(ref.owner_user_id))
 
-    def read(self, ref: UploadRef, max_bytes: int) -> bytes | None:
-        """The whole upload, or None when missing; raises `UploadTooLarge` above `max_bytes`."""
+    def copy_to(self, ref: UploadRef, max_bytes: int, sink: BinaryIO) -> int | None:
+        """Copy the upload into `sink` in pieces (never whole): how many bytes, or None when
+        missing; raises `UploadTooLarge` above `max_bytes` (the sink then holds a part)."""
         opened = self.open(ref)
         if opened is None:
             return None
         with closing_fd(opened.fd):
             if opened.size > max_bytes:
                 raise UploadTooLarge(opened.size, max_bytes)
-            chunks, total = [], 0
-            while chunk := os.read(opened.fd, 1 << 20):
+            total = 0
+            while chunk := os.read(opened.fd, COPY_CHUNK):
                 total += len(chunk)
                 if total > max_bytes:  # it grew while we read
                     raise UploadTooLarge(total, max_bytes)
-                chunks.append(chunk)
-            return b"".join(chunks)
+                sink.write(chunk)
+            return total
+
+    def read(self, ref: UploadRef, max_bytes: int) -> bytes | None:
+        """The whole upload, or None when missing; raises `UploadTooLarge` above `max_bytes`."""
+        buffer = io.BytesIO()
+        return None if self.copy_to(ref, max_bytes, buffer) is None else buffer.getvalue()
 
 
 class UploadTooLarge(Exception):

@@ -35,6 +35,7 @@ from orchestrator.http.models import (
     ToolCallOut,
 )
 from orchestrator.http.params import run_id_param, session_id_param
+from orchestrator.http.streamed_json import StreamedReadBytesResponse
 from orchestrator.http.tool_stream import stream_tool_call, wants_events
 from orchestrator.runs.records import RunStatus
 from orchestrator.runs.service import StartRun
@@ -229,8 +230,10 @@ async def call_tool(
             )
         )
     outcome = await service.dispatcher.dispatch_async(
-        run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor
+        run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, stream=True
     )
+    if outcome.stream is not None:  # a large read_bytes: verified in its spool, sent from there
+        return StreamedReadBytesResponse(outcome.stream)
     return JSONResponse(outcome.body())
 
 

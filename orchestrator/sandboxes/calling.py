@@ -19,6 +19,7 @@ from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s, tool_error
 from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxPaused, SandboxUser
 from orchestrator.settings import Settings
+from sandbox_agent.client import RawSpool
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 from sandbox_agent.wire import CallContext
 
@@ -39,18 +40,20 @@ class SandboxCaller:
 
     async def call(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
-        context: CallContext | None = None, on_output: OutputSink | None = None,
+        context: CallContext | None = None, on_output: OutputSink | None = None, spool: RawSpool | None = None,
     ) -> Any:  # fmt: skip
         """On the event loop: no thread is held while the agent works, only a start waits in
-        a worker thread; the warm path hops no thread at all."""
+        a worker thread; the warm path hops no thread at all. `spool`: where a large raw
+        read_bytes answer goes (`RawSpool`; it hands out an empty file for each attempt)."""
+        streams = (on_output, spool)
         with _recorded(backend, tool):
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or await to_thread.run_sync(_resumed_or_ready, backend, user, limiter=self._start_threads)
             with _attempt(backend, agent, tool, may_retry=True):
-                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, on_output))
+                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, *streams))
             agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
             with _attempt(backend, agent, tool, may_retry=False):
-                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, on_output))
+                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, *streams))
             raise AssertionError("unreachable: a last attempt answers or raises")
 
     def _noted(self, agent: LiveAgent, tool: str, result: Any) -> Any:
@@ -65,11 +68,11 @@ class SandboxCaller:
     @staticmethod
     async def _send(
         agent: LiveAgent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None, timeout: float,
-        on_output: OutputSink | None,
+        on_output: OutputSink | None, spool: RawSpool | None,
     ) -> Any:  # fmt: skip
         if on_output is not None:
             return await agent.calls.stream(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, on_output=on_output)
-        return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout)
+        return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, spool=spool)
 
     def call_blocking(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,

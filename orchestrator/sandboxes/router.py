@@ -23,6 +23,7 @@ from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.users.repository import UserRepository
+from sandbox_agent.client import RawSpool
 from sandbox_agent.wire import CallContext
 
 B = TypeVar("B")
@@ -200,10 +201,11 @@ class SandboxRouter:
 
     async def call(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None,
-        on_output: OutputSink | None = None,
+        on_output: OutputSink | None = None, spool: RawSpool | None = None,
     ) -> Any:  # fmt: skip
         """Run one tool in the user's sandbox on the event loop (`SandboxCaller.call`); with
-        `on_output`, streamed (its output as it comes)."""
+        `on_output`, streamed (its output as it comes); `spool`: where a large raw read_bytes
+        answer goes."""
         # The user and membership reads are SQLite reads in WAL mode: they never wait for a
         # writer, so they stay on the loop instead of costing a thread hop.
         for guard in self.call_guards:
@@ -214,7 +216,7 @@ class SandboxRouter:
         with self.in_flight.calling(user_id, context):
             try:  # free unless raised (zero-cost try)
                 return await self.caller.call(
-                    backend, user, tool, arguments, cwd=cwd, context=context, on_output=on_output
+                    backend, user, tool, arguments, cwd=cwd, context=context, on_output=on_output, spool=spool
                 )
             except ToolError as exc:
                 raise self._named_no_space(user_id, exc) from None

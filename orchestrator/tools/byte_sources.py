@@ -16,10 +16,12 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from mounts.fs.spool import SpoolWriteFailed
 from mounts.layout import DataLayout
 from orchestrator.errors import ToolError
 from orchestrator.deliveries.public_uploads import PublishedUploads, UploadTooLarge, is_own_origin, own_upload_ref
 from orchestrator.sandboxes.router import SandboxRouter
+from orchestrator.tools.read_bytes_stream import spool_failed
 from orchestrator.tools.foreign_paths import classify_foreign_path, foreign_path_message
 from orchestrator.tools.registry import ToolCall
 from orchestrator.deliveries.url_fetch import UrlFetcher
@@ -71,14 +73,15 @@ class BytesResolver:
         if not value:
             raise ToolError("invalid_arguments", "Give a file path or an http(s) URL.", field="path_or_url")
         if is_url(value):
-            return self._from_url(value, max_bytes)
+            return self._from_url(value, max_bytes, sink)
         if len(path_or_url) > TOOL_PATH_ARG_MAX:  # the schema's bound, counted as it counts
             raise ToolError(
                 "invalid_arguments", f"A path is at most {TOOL_PATH_ARG_MAX} characters.", field="path_or_url"
             )
         return self.from_path(call, value, tool=tool, max_bytes=max_bytes, sink=sink)
 
-    def _from_url(self, url: str, max_bytes: int) -> ResolvedBytes:
+    def _from_url(self, url: str, max_bytes: int, sink: BinaryIO | None = None) -> ResolvedBytes:
+        """An own upload is copied into `sink` when one is given; a fetched URL comes whole."""
         scheme = url.split(":", 1)[0].lower()
         if scheme not in ("http", "https"):
             raise ToolError(
@@ -96,12 +99,17 @@ class BytesResolver:
                     field="path_or_url",
                 )
             try:
-                data = self._uploads.read(ref, max_bytes)
+                if sink is None:
+                    data, copied = self._uploads.read(ref, max_bytes), None
+                else:
+                    data, copied = b"", self._uploads.copy_to(ref, max_bytes, sink)
             except UploadTooLarge as exc:
                 raise ToolError("too_large", f"The file is {exc.size} bytes; at most {max_bytes} can be sent: {url}") from None
-            if data is None:
+            except SpoolWriteFailed as exc:
+                raise spool_failed(exc) from None
+            if data is None or (sink is not None and copied is None):
                 raise ToolError("not_found", f"There is no such upload: {url}", url=url)
-            return ResolvedBytes(data, ref.file_name, None, "uploads", url)
+            return ResolvedBytes(data, ref.file_name, None, "uploads", url, copied)
         fetched = self._fetcher.fetch(url, max_bytes=max_bytes)
         return ResolvedBytes(fetched.data, fetched.file_name, fetched.media_type, "url", fetched.url)
 
@@ -129,6 +137,8 @@ class BytesResolver:
             result = self._sandboxes.call_blocking(
                 user, "read_bytes", {"path": path}, cwd=call.workdir, context=call.context(), sink=sink
             )
+        except SpoolWriteFailed as exc:
+            raise spool_failed(exc, tool=tool) from None
         except ToolError as exc:
             if exc.code != "too_large":
                 raise

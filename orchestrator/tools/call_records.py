@@ -117,17 +117,20 @@ def kept_body(body: dict[str, Any], max_bytes: int) -> str:
     if len(text.encode()) <= max_bytes:
         return text
     outcome = "ok" if body.get("ok") else (body.get("error") or {}).get("code", "error")
-    return json.dumps(
-        {
-            "ok": False,
-            "error": {
-                "code": "result_not_kept",
-                "message": f"the call ran (outcome {outcome}) but its result was larger than {max_bytes} bytes and "
-                "was not kept for repeats",
-                "outcome": outcome,
-            },
-        }
-    )
+    return json.dumps(not_kept_body(outcome, max_bytes))
+
+
+def not_kept_body(outcome: str, max_bytes: int) -> dict[str, Any]:
+    """The tool error a repeat gets for a call whose result was larger than `max_bytes`."""
+    return {
+        "ok": False,
+        "error": {
+            "code": "result_not_kept",
+            "message": f"the call ran (outcome {outcome}) but its result was larger than {max_bytes} bytes and "
+            "was not kept for repeats",
+            "outcome": outcome,
+        },
+    }
 
 
 def _expiry(now: datetime, ttl_s: float) -> str:

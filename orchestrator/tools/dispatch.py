@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import anyio
 from pydantic import BaseModel, ValidationError
 
+from mounts.fs.spool import SpoolWriteFailed
 from mounts.layout import DataLayout
 from orchestrator import audit, metrics
 from orchestrator.clock import iso, now_iso
@@ -51,10 +52,12 @@ from orchestrator.tools.call_records import (
     utc_now,
 )
 from orchestrator.tools.identity_table import acting_user_for
+from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadBytes, spool_failed
+from orchestrator.tools.transfer_slots import TransferSlots
 from orchestrator.tools.process_audit import process_events
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
 from orchestrator.tools.user_slots import UserCallSlots
-from sandbox_agent.wire import CallContext
+from sandbox_agent.wire import CallContext, ReadBytesResult
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +74,20 @@ class ToolOutcome:
     ok: bool
     result: Any = None
     error: dict[str, Any] | None = None
+    # A large read_bytes for a caller that streams (the HTTP route): its verified bytes are in
+    # a spool file and `result` holds the other fields. The caller sends it, then closes it.
+    stream: StreamedReadBytes | None = None
 
     def body(self) -> dict[str, Any]:
+        assert self.stream is None, "a streamed outcome has no body in memory"
         return {"ok": True, "result": self.result} if self.ok else {"ok": False, "error": self.error}
+
+    def recorded_body(self, max_bytes: int) -> dict[str, Any]:
+        return self.body() if self.stream is None else self.stream.recorded_body(max_bytes)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
 
     @classmethod
     def of_body(cls, body: dict[str, Any]) -> ToolOutcome:
@@ -133,6 +147,7 @@ class ToolDispatcher:
         user_max_concurrent_calls: int = 8,
         call_records: CallRecords | None = None,
         repeat_wait_s: Callable[[str, dict[str, Any]], float] = lambda tool, arguments: 60.0,
+        transfers: TransferSlots | None = None,
     ) -> None:
         self._layout = layout
         self._store = store
@@ -145,6 +160,7 @@ class ToolDispatcher:
         self.call_records = call_records or CallRecords(ttl_s=86400.0, max_result_bytes=2 * 1024 * 1024)
         self._pending = PendingCalls()
         self._repeat_wait_s = repeat_wait_s
+        self._transfers = transfers  # None: read_bytes is never streamed
         # A plain executor: its hop costs ~25 us against ~40 us for anyio's to_thread.
         self._threads = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
 
@@ -163,17 +179,20 @@ class ToolDispatcher:
 
     async def dispatch_async(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
-        on_output: OutputSink | None = None,
+        on_output: OutputSink | None = None, stream: bool = False,
     ) -> ToolOutcome:  # fmt: skip
         """One call; with `on_output` a container tool streams its output as it comes (the
-        outcome is the same; a repeat answered from its record streams nothing)."""
+        outcome is the same; a repeat answered from its record streams nothing). With
+        `stream`, a large read_bytes may answer a streamed outcome (`ToolOutcome.stream`): the
+        caller sends it and must `close()` it."""
         # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
         with self._in_flight.calling(run_id):
             waited_from: float | None = None
             while True:
                 answer = await self._dispatch_once(
-                    run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, on_output=on_output
-                )
+                    run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, on_output=on_output,
+                    stream=stream,
+                )  # fmt: skip
                 if isinstance(answer, ToolOutcome):
                     return answer
                 if answer.outcome is not None:
@@ -199,7 +218,7 @@ class ToolDispatcher:
 
     async def _dispatch_once(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
-        on_output: OutputSink | None = None,
+        on_output: OutputSink | None = None, stream: bool = False,
     ) -> ToolOutcome | _Repeated:  # fmt: skip
         spec = self._registry.get(name)
         if spec is not None and spec.place is ToolPlace.HOST:
@@ -215,14 +234,19 @@ class ToolDispatcher:
             self._log(admitted, admitted.refused, 0.0)
             return admitted.refused
         recorded = False
+        outcome = None
         try:
             try:
-                outcome = await self._run_in_sandbox(admitted, on_output)
+                outcome = await self._run_in_sandbox(admitted, on_output, stream)
             finally:
                 self.slots.give_back(admitted.acting_user)
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             await self._in_thread(partial(self._complete, admitted, outcome, duration_ms))
             recorded = True
+        except BaseException:
+            if outcome is not None:  # a streamed outcome nobody will send: its spool and slot go back
+                outcome.close()
+            raise
         finally:
             if admitted.tool_call_id is not None and not recorded:  # a broken call: record it as such
                 await self._in_thread(partial(self._settle, admitted, recorded))
@@ -349,8 +373,13 @@ class ToolDispatcher:
             return None
         return ToolOutcome.of_body(record.body)
 
-    async def _run_in_sandbox(self, call: _Admitted, on_output: OutputSink | None = None) -> ToolOutcome:
+    async def _run_in_sandbox(
+        self, call: _Admitted, on_output: OutputSink | None = None, stream: bool = False
+    ) -> ToolOutcome:
         assert call.arguments is not None and call.spec is not None
+        spool = None
+        if stream and call.spec.name == "read_bytes" and self._transfers is not None:
+            spool = ReadBytesSpool(self._transfers, call.acting_user, self._layout.state_dir)
         try:
             result = await self._sandboxes.call(
                 call.acting_user,
@@ -364,9 +393,22 @@ class ToolDispatcher:
                     output_dir=str(self._layout.shell_output_dir(call.run.runtime_user_id, call.run.session_id)),
                 ),
                 on_output=on_output,
+                spool=spool,
             )
-        except ToolError as exc:
-            return ToolOutcome(ok=False, error=exc.body())
+        except (ToolError, SpoolWriteFailed) as exc:
+            if spool is not None:
+                spool.close()
+            error = spool_failed(exc) if isinstance(exc, SpoolWriteFailed) else exc
+            return ToolOutcome(ok=False, error=error.body())
+        except BaseException:
+            if spool is not None:
+                spool.close()
+            raise
+        if spool is not None:
+            if spool.file is not None and isinstance(result, ReadBytesResult):
+                streamed = StreamedReadBytes.of(result, spool)
+                return ToolOutcome(ok=True, result=streamed.summary(), stream=streamed)
+            spool.close()  # a small answer: it came whole, today's path
         if isinstance(result, BaseModel):  # a typed wire result (read_bytes): its JSON form
             result = result.model_dump(mode="json")
         return ToolOutcome(ok=True, result=result)
@@ -405,7 +447,8 @@ class ToolDispatcher:
                 )
             RunRepository.touch_in(tx, call.run.run_id, now_iso())  # the run's last activity, same write
             if call.tool_call_id is not None:
-                self.call_records.complete_in(tx, call.run.run_id, call.tool_call_id, outcome.body(), utc_now())
+                body = outcome.recorded_body(self.call_records.max_result_bytes)
+                self.call_records.complete_in(tx, call.run.run_id, call.tool_call_id, body, utc_now())
 
     def _settle(self, call: _Admitted, recorded: bool) -> None:
         """Wake the call's waiting repeats. A call that broke before its outcome was recorded

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,6 +23,7 @@ from orchestrator.deliveries.outbox import DeliverySpool, DeliveryStore, NewDeli
 from orchestrator.errors import ToolError
 from orchestrator.deliveries.image_types import SNIFF_BYTES, sniff_image
 from mounts.fs.nofollow import UnsafePath
+from mounts.fs.spool import FileSpool
 from orchestrator.deliveries.public_uploads import PublishedUploads, UploadRef, media_type_of
 from orchestrator.sessions.service import SessionService
 from orchestrator.settings import Settings
@@ -136,10 +138,6 @@ class HostTools:
 
     # publish_artifact ------------------------------------------------------------------
     def publish_artifact(self, call: ToolCall) -> dict[str, Any]:
-        with self.transfers.held(call.acting_user_id, tool="publish_artifact"):  # the payload is in memory
-            return self._publish(call)
-
-    def _publish(self, call: ToolCall) -> dict[str, Any]:
         args: PublishArtifactArgs = call.arguments  # type: ignore[assignment]
         if is_url(args.path.strip()):
             raise ToolError(
@@ -148,25 +146,32 @@ class HostTools:
                 field="path",
             )
         user = call.acting_user_id
-        source = self._resolver.from_path(
-            call, args.path.strip(), tool="publish_artifact", max_bytes=self._settings.read_bytes_max
-        )
-        image = sniff_image(source.data[:SNIFF_BYTES])
-        extension = extension_of(source.file_name) or (image.extension if image else "")
-        name = f"{uuid.uuid4().hex}{extension}"
         with _tool_level_unsafe_directory():
             uploads = self._directories.ensure_uploads(user)
+        # The sandbox's raw answer streams into a spool in the uploads dir, renamed into place.
         try:
-            written = self._writer.write_new(user, uploads, name, source.data, mode=0o644)
+            with self.transfers.held(user, tool="publish_artifact"), self._writer.spooled(uploads, head_bytes=SNIFF_BYTES) as spool:
+                return self._publish(call, uploads, spool)
         except UnsafePath as exc:
             raise ToolError("unsafe_path", f"Your uploads directory is not a plain directory ({exc}).") from None
+
+    def _publish(self, call: ToolCall, uploads: Path, spool: FileSpool) -> dict[str, Any]:
+        args: PublishArtifactArgs = call.arguments  # type: ignore[assignment]
+        user = call.acting_user_id
+        source = self._resolver.from_path(
+            call, args.path.strip(), tool="publish_artifact", max_bytes=self._settings.read_bytes_max, sink=spool
+        )
+        image = sniff_image(spool.head)
+        extension = extension_of(source.file_name) or (image.extension if image else "")
+        name = f"{uuid.uuid4().hex}{extension}"
+        written = self._writer.commit(user, spool, uploads, name, mode=0o644)
         self._uploads.record(UploadRef(user, name))  # only recorded names are public (issue 12)
         return {
             "path": str(written),
             "url": public_upload_url(self._settings.public_base_url, user, name),
             "file_name": name,
             "source": source.location,
-            "size": len(source.data),
+            "size": source.size,
             "media_type": image.media_type if image else media_type_of(name),
             "note": "Anyone with the URL can download this file; it stays until removed from your uploads.",
         }

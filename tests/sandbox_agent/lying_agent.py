@@ -140,3 +140,36 @@ def listening(path: Path) -> bool:
 
 if __name__ == "__main__":
     main(sys.argv[1], sys.argv[2])
+
+
+def raw_read_bytes_answer(*, announced: int, length: int, body: bytes) -> bytes:
+    """A raw read_bytes answer whose result header says `announced` bytes and whose
+    Content-Length says `length`, with `body` (which may be shorter) after it."""
+    header = json.dumps({"path": "/x", "size": announced, "media_type": "application/octet-stream"})
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {length}\r\n"
+        f"X-Tool-Result: {header}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def answer_once(path: str, answer: bytes) -> threading.Thread:
+    """A socket at `path` (in this process) that answers one request with `answer` and hangs
+    up: what a sandbox that replaced its agent could send."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        with conn:
+            _read_request(conn)
+            try:
+                conn.sendall(answer)
+            except BrokenPipeError:  # the client refused the answer before its end
+                pass
+        server.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread

@@ -8,8 +8,6 @@ import hashlib
 import io
 import json
 import os
-import socket
-import threading
 
 import pytest
 
@@ -20,6 +18,7 @@ from orchestrator.service import OrchestratorService
 from sandbox_agent import client as agent_client_module
 from tests.agent_env import agent_client, agent_data_dir, agent_service, traversable_tmp  # noqa: F401 - fixtures
 from tests.api_calls import group_session, start_run, tool
+from tests.sandbox_agent.lying_agent import answer_once
 
 
 def _outbox_names(service: OrchestratorService) -> set[str]:
@@ -53,25 +52,6 @@ def test_a_refused_send_leaves_no_spool(agent_client: TestClient, agent_service:
     assert _outbox_names(agent_service) == before
 
 
-def _lying_agent(path: str, answer: bytes) -> threading.Thread:
-    """A socket that answers one request with `answer` and hangs up: what a sandbox that
-    replaced its agent could send."""
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(1)
-
-    def serve() -> None:
-        conn, _ = server.accept()
-        with conn:
-            conn.recv(65536)
-            conn.sendall(answer)
-        server.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return thread
-
-
 @pytest.mark.parametrize(
     ("announced", "length", "body"),
     [
@@ -89,7 +69,7 @@ def test_a_lying_agents_raw_answer_is_refused_not_spooled_as_done(traversable_tm
         f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {length}\r\n"
         f"X-Tool-Result: {header}\r\n\r\n"
     ).encode()
-    thread = _lying_agent(path, head + body)
+    thread = answer_once(path, head + body)
     sink = io.BytesIO()
     with pytest.raises((AgentToolError, AgentUnavailable)) as refused:
         AgentClient(path, "t" * 43).call("read_bytes", {"path": "x"}, cwd="/", sink=sink, timeout_s=5)
