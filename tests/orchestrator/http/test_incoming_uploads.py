@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import socket
 import stat
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -202,10 +203,29 @@ def test_item6_write_bytes_writes_binary_content_with_write_files_path_rules(ser
     assert any(t["name"] == "write_bytes" for t in (listed["tools"] if isinstance(listed, dict) else listed))
 
 
+def _read_answer(sock: socket.socket) -> str:
+    """A whole HTTP answer: its head and as many body bytes as its Content-Length says (the
+    server may write them in separate pieces)."""
+    raw = b""
+    while b"\r\n\r\n" not in raw:
+        piece = sock.recv(65536)
+        if not piece:
+            return raw.decode(errors="replace")
+        raw += piece
+    head, _, body = raw.partition(b"\r\n\r\n")
+    length = next(
+        (int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0
+    )
+    while len(body) < length:
+        piece = sock.recv(65536)
+        if not piece:
+            break
+        body += piece
+    return (head + b"\r\n\r\n" + body).decode(errors="replace")
+
+
 def test_item6_a_stalled_upload_is_408_and_leaves_nothing(traversable_tmp: Path) -> None:
     """Over a real socket: the upload is streamed past the request guard, which still bounds it."""
-    import socket
-
     from orchestrator.http.app import create_app
     from tests.conftest import API_TOKEN
     from tests.live_server import live_server
@@ -222,7 +242,7 @@ def test_item6_a_stalled_upload_is_408_and_leaves_nothing(traversable_tmp: Path)
                     f"Authorization: Bearer {API_TOKEN}\r\nContent-Length: 100000\r\n\r\n"
                 )
                 sock.sendall(head.encode() + b"x" * 1000)  # then nothing: a stalled client
-                answer = sock.recv(65536).decode(errors="replace")
+                answer = _read_answer(sock)
         assert answer.startswith("HTTP/1.1 408"), answer
         assert "request_timeout" in answer
         assert list(service.layout.incoming_dir(MEMBER, run["session_id"]).iterdir()) == []
