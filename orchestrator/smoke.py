@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from orchestrator.client import ApiError, OrchestratorClient, RunContext, ToolResult, TransportError
+from orchestrator.client.models import Health
 
 SMOKE_SKILL = "orch-smoke"
 SMOKE_PACKAGE = "cowsay"  # a small pure-Python wheel with a console script, installed from PyPI
@@ -88,6 +89,34 @@ def _printable(data: bytes) -> str:
     return "".join(f"\\x{b:02x}" for b in data)
 
 
+SMOKE_USER_ID_BASE = 700_000_000  # far from the ids a deployment's real users have
+SMOKE_USER_ID_SPREAD = 99_000_000
+
+
+def max_user_id_of(health: Health) -> int | None:
+    """The largest user id the server takes, from the uid block `/healthz` reports."""
+    block = (health.isolation or {}).get("uid_block")
+    if isinstance(block, list) and len(block) == 2 and all(type(n) is int for n in block) and block[1] > block[0]:
+        return block[1] - block[0]
+    return None
+
+
+def smoke_user_ids(
+    owner: int | None, member: int | None, max_user_id: int | None, randbelow: Callable[[int], int]
+) -> tuple[int, int]:
+    """Pure: users A and B of a smoke run. Given ids win; else A is drawn from 7e8 upwards, or,
+    on a server whose uid block is smaller, from the top tenth of its ids (real users tend to be
+    numbered from the bottom) so that B = A + 1 still fits."""
+    if owner is None:
+        if max_user_id is not None and max_user_id < SMOKE_USER_ID_BASE + SMOKE_USER_ID_SPREAD + 1:
+            top_tenth = max(1, max_user_id // 10)
+            owner = max(1, max_user_id - top_tenth + randbelow(top_tenth))
+            owner = min(owner, max(1, max_user_id - 1))
+        else:
+            owner = SMOKE_USER_ID_BASE + randbelow(SMOKE_USER_ID_SPREAD)
+    return owner, member if member is not None else owner + 1
+
+
 @dataclass
 class SmokeRun:
     client: OrchestratorClient
@@ -97,9 +126,7 @@ class SmokeRun:
 
     def __post_init__(self) -> None:
         self.nonce = secrets.token_hex(4)
-        base = 700_000_000 + secrets.randbelow(99_000_000)
-        self.a = self.options.owner_user_id or base
-        self.b = self.options.member_user_id or self.a + 1
+        self.a, self.b = smoke_user_ids(self.options.owner_user_id, self.options.member_user_id, None, secrets.randbelow)
         self.sessions: list[str] = []
         self.skill: str | None = None
         self.skill_created: Path | None = None  # orch-smoke written into the data dir
@@ -222,6 +249,10 @@ class SmokeRun:
     def health(self) -> str:
         health = self.client.health()
         expect(health.status == "ok", f"status {health.status}")
+        # Draw A and B again inside the largest user id the server takes (its uid block).
+        self.a, self.b = smoke_user_ids(
+            self.options.owner_user_id, self.options.member_user_id, max_user_id_of(health), secrets.randbelow
+        )
         return f"backend {health.backend}, version {health.version}, users A={self.a} B={self.b}"
 
     def create_session(self) -> str:

@@ -31,6 +31,7 @@ class Health(Model):
     runtime_identity: str
     runtime_identity_source: str | None = None
     egress: dict[str, Any] | None = None  # {"mode": "off" | "allowlist", ...} (docs/egress.md)
+    isolation: dict[str, Any] | None = None  # {"uid_block": [first, last], ...} (docs/operations.md)
 
 
 class EgressRules(Model):

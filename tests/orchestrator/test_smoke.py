@@ -219,3 +219,28 @@ def test_with_egress_off_the_smoke_skips_the_package_install_with_a_clear_line(a
     (skip,) = [line for line in report.splitlines() if line.startswith("SKIP")]
     assert skip.startswith("SKIP B installs a real package into deps/B/ through the egress proxy") and "egress is off" in skip
     assert report.splitlines()[-1] == f"{CHECKS - 1} passed, 1 skipped, 0 failed", report
+
+
+def test_smoke_user_ids_fit_the_servers_uid_block() -> None:
+    from orchestrator.client.models import Health
+    from orchestrator.smoke import max_user_id_of, smoke_user_ids
+
+    health = Health.model_validate(
+        {"status": "ok", "version": "0", "backend": "process", "runtime_identity": "execution",
+         "isolation": {"uid_block": [90_000_000, 90_100_000]}}
+    )  # fmt: skip
+    assert max_user_id_of(health) == 100_000
+    for draw in (lambda n: 0, lambda n: n - 1, lambda n: n // 2):
+        a, b = smoke_user_ids(None, None, 100_000, draw)
+        assert 90_000 <= a < b == a + 1 <= 100_000, (a, b)
+    # the default block takes the usual far-away ids; given ids always win
+    assert smoke_user_ids(None, None, 1_000_000_000, lambda n: 5) == (700_000_005, 700_000_006)
+    assert smoke_user_ids(None, None, None, lambda n: 5) == (700_000_005, 700_000_006)
+    assert smoke_user_ids(42, None, 100, lambda n: 0) == (42, 43)
+    assert smoke_user_ids(42, 7, 100, lambda n: 0) == (42, 7)
+    # a /healthz without a usable block changes nothing
+    for isolation in (None, {}, {"uid_block": "x"}, {"uid_block": [5, 5]}, {"uid_block": [1, True]}):
+        bare = Health.model_validate(
+            {"status": "ok", "version": "0", "backend": "process", "runtime_identity": "execution", "isolation": isolation}
+        )
+        assert max_user_id_of(bare) is None, isolation
