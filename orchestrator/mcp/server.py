@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from orchestrator import __version__
 from orchestrator.errors import NotFound, OrchestratorError, RunEnded
 from orchestrator.log import kv
+from orchestrator.mcp.bounded_call import dispatch_whole
 from orchestrator.mcp.caller import McpCaller, caller_of
 from orchestrator.mcp.skill_reader import SkillReader
 from orchestrator.mcp.tool_results import call_result, mcp_tools
@@ -152,8 +153,8 @@ class RunMcpServer:
         output: OutputQueue | None = OutputQueue() if progress and params.name in STREAMED_TOOLS else None
         task = _kept(
             asyncio.ensure_future(
-                self._service.dispatcher.dispatch_async(
-                    caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id,
+                dispatch_whole(
+                    self._service.dispatcher, caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id,
                     actor=caller.actor, on_output=output.put if output is not None else None,
                 )
             )

@@ -18,6 +18,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
 from mounts import ids
+from orchestrator.mcp.bounded_call import dispatch_whole
 from orchestrator.mcp.skill_resources import FRONT_MATTER_MAX_LINES, BadSkillUri, SkillFile, front_matter, parse_uri
 from orchestrator.runs.records import RunRecord
 
@@ -34,7 +35,7 @@ class SkillReader:
         self._dispatcher = dispatcher
 
     async def _tool(self, run: RunRecord, name: str, actor: str, **arguments: Any) -> dict[str, Any]:
-        outcome = await self._dispatcher.dispatch_async(run.run_id, name, arguments, tool_call_id=None, actor=actor)
+        outcome = await dispatch_whole(self._dispatcher, run.run_id, name, arguments, tool_call_id=None, actor=actor)
         return outcome.body()
 
     async def list(self, run: RunRecord, *, actor: str) -> list[types.Resource]:
