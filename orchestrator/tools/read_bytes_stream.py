@@ -69,7 +69,9 @@ class ReadBytesSpool:
         try:
             if self.file is None:
                 # Unlinked at once: a crash leaves nothing on disk; the slots bound how many exist.
-                self.file = tempfile.TemporaryFile(dir=self._directory, prefix=".read-bytes-")  # type: ignore[assignment]
+                # Unbuffered: the answer is read back by descriptor (pread), so a write buffer's
+                # bytes (an agent's last small piece) would be missing from it.
+                self.file = tempfile.TemporaryFile(dir=self._directory, prefix=".read-bytes-", buffering=0)  # type: ignore[assignment]
             else:  # a retried attempt starts over
                 self.file.seek(0)
                 self.file.truncate()
@@ -95,10 +97,13 @@ class _Guarded:
         self._file = file
 
     def write(self, data: bytes) -> int:
+        view = memoryview(data)
         try:
-            return self._file.write(data)
+            while view:  # an unbuffered write may take fewer bytes than given
+                view = view[self._file.write(view) :]
         except OSError as exc:
             raise SpoolWriteFailed(exc) from exc
+        return len(data)
 
 
 def spool_failed(exc: SpoolWriteFailed, *, tool: str = TOOL) -> ToolError:

@@ -153,9 +153,10 @@ def raw_read_bytes_answer(*, announced: int, length: int, body: bytes) -> bytes:
     return head.encode() + body
 
 
-def answer_once(path: str, answer: bytes) -> threading.Thread:
+def answer_once(path: str, answer: bytes, *, tail: int = 0, tail_after_s: float = 0.0) -> threading.Thread:
     """A socket at `path` (in this process) that answers one request with `answer` and hangs
-    up: what a sandbox that replaced its agent could send."""
+    up: what a sandbox that replaced its agent could send. With `tail`, its last `tail` bytes
+    come `tail_after_s` later, as a read of their own (an agent sends in pieces as it likes)."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(1)
@@ -165,7 +166,10 @@ def answer_once(path: str, answer: bytes) -> threading.Thread:
         with conn:
             _read_request(conn)
             try:
-                conn.sendall(answer)
+                conn.sendall(answer[: len(answer) - tail])
+                if tail:
+                    time.sleep(tail_after_s)
+                    conn.sendall(answer[len(answer) - tail :])
             except BrokenPipeError:  # the client refused the answer before its end
                 pass
         server.close()

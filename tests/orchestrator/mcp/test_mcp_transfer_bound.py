@@ -72,3 +72,28 @@ def test_large_mcp_reads_of_a_planted_skill_file_take_a_transfer_slot(live: Live
             assert slots._total == 0
 
     anyio.run(scenario)
+
+
+@pytest.mark.parametrize("size", [1024 * 1024 + 1, 1024 * 1024 + 5000])
+def test_a_streamed_read_bytes_answers_every_byte_whatever_its_size(live: Live, bot: OrchestratorClient, size: int) -> None:
+    """The spool of a large read_bytes is read back by descriptor (pread): bytes still in a
+    write buffer would be missing from the answer, or from a tool_call_id repeat's record."""
+    session = bot.create_session(owner_user_id=OWNER, channel="web")
+    run = bot.start_run(session.session_id, trigger="web")
+    made = bot.call_tool(run.run_id, "shell", {"command": f"head -c {size} /dev/urandom > odd.bin && sha256sum odd.bin"}).raise_for_error()
+    expected = made.result["stdout"].split()[0]
+    import hashlib
+
+    plain = bot.call_tool(run.run_id, "read_bytes", {"path": "odd.bin"}, tool_call_id="odd-1").raise_for_error()
+    assert hashlib.sha256(base64.b64decode(plain.result["content_base64"])).hexdigest() == expected
+    repeat = bot.call_tool(run.run_id, "read_bytes", {"path": "odd.bin"}, tool_call_id="odd-1").raise_for_error()
+    assert hashlib.sha256(base64.b64decode(repeat.result["content_base64"])).hexdigest() == expected
+
+    async def scenario() -> None:
+        async with run_session(live.url, run.run_id, API_TOKEN) as (mcp, _):
+            whole = await mcp.call_tool("read_bytes", {"path": "odd.bin"})
+            assert not whole.is_error
+            data = base64.b64decode(whole.structured_content["content_base64"])
+            assert hashlib.sha256(data).hexdigest() == expected, len(data)
+
+    anyio.run(scenario)

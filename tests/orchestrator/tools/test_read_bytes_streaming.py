@@ -197,6 +197,33 @@ def test_a_lying_agents_large_answer_is_refused_and_its_spool_dropped(announced:
         assert slots._total == 0 and os.listdir(base_dir) == ["agent.sock"]  # the temp file was never named
 
 
+def test_an_answer_whose_last_bytes_come_late_is_streamed_and_recorded_whole() -> None:
+    """An agent may send its body in pieces of any size; the last few bytes in a piece of their
+    own must reach the streamed answer and a tool_call_id record (both read the spool back by
+    descriptor), not stay behind in a write buffer, making a short answer or an ok with fewer
+    bytes."""
+    body = os.urandom(BIG)
+    answer = raw_read_bytes_answer(announced=BIG, length=BIG, body=body)
+    base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
+    try:
+        path = str(base_dir / "agent.sock")
+        thread = answer_once(path, answer, tail=100, tail_after_s=0.2)
+        slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
+        spool = ReadBytesSpool(slots, 5, base_dir)
+        result = _read_bytes(path, spool, timeout_s=10)
+        thread.join(5)
+        streamed = StreamedReadBytes.of(result, spool)  # type: ignore[arg-type]
+        try:
+            sent = b"".join(base64.b64decode(streamed.encoded_piece(offset)) for offset in streamed.pieces())
+            assert len(sent) == BIG and sent == body
+            recorded = streamed.recorded_body(4 * BIG)
+            assert base64.b64decode(recorded["result"]["content_base64"]) == body
+        finally:
+            streamed.close()
+    finally:
+        shutil.rmtree(base_dir, ignore_errors=True)
+
+
 def test_a_full_disk_while_spooling_is_not_a_broken_agent(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A spool write that fails (here /dev/full: ENOSPC) surfaces as `SpoolWriteFailed`, which
     the dispatcher answers as `no_space`; an OSError would have been taken for a broken agent
