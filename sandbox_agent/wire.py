@@ -524,6 +524,7 @@ class ReadBytesResult(BaseModel):
             result = cls(path=fields["path"], size=fields["size"], media_type=fields["media_type"], data=data)
         except (ValueError, TypeError, KeyError, ValidationError) as exc:
             raise ValueError(f"{RAW_RESULT_HEADER}: {exc}") from None
+        _encodable(result)
         arrived = len(data) if spooled is None else spooled
         if result.size != arrived:
             raise ValueError(f"{arrived} bytes arrived, {result.size} announced")
@@ -534,9 +535,21 @@ class ReadBytesResult(BaseModel):
         """From the JSON form (an agent of an earlier BUILD); ValueError when unusable."""
         try:
             data = base64.b64decode(result["content_base64"], validate=True)
-            return cls(path=result["path"], size=len(data), media_type=result.get("media_type") or "", data=data)
+            return _encodable(cls(path=result["path"], size=len(data), media_type=result.get("media_type") or "", data=data))
         except (TypeError, KeyError, binascii.Error, ValidationError) as exc:
             raise ValueError(f"read_bytes answered without usable bytes: {exc!r}") from None
+
+
+def _encodable(result: ReadBytesResult) -> ReadBytesResult:
+    """The agent's fields as the host's answer will encode them: JSON may carry a lone
+    surrogate ("\\udcff") that UTF-8 cannot, and a large answer is framed only after it was
+    spooled (orchestrator/tools/read_bytes_stream.py), so such a result is refused here."""
+    try:
+        result.path.encode("utf-8")
+        result.media_type.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"a field that is not valid Unicode ({exc.reason})") from None
+    return result
 
 
 class Health(BaseModel):

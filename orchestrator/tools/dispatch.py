@@ -406,7 +406,11 @@ class ToolDispatcher:
             raise
         if spool is not None:
             if spool.file is not None and isinstance(result, ReadBytesResult):
-                streamed = StreamedReadBytes.of(result, spool)
+                try:
+                    streamed = StreamedReadBytes.of(result, spool)
+                except BaseException:  # nobody else holds the spool yet: its slot must not stay taken
+                    spool.close()
+                    raise
                 return ToolOutcome(ok=True, result=streamed.summary(), stream=streamed)
             spool.close()  # a small answer: it came whole, today's path
         if isinstance(result, BaseModel):  # a typed wire result (read_bytes): its JSON form

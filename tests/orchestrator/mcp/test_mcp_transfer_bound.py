@@ -97,3 +97,4 @@ def test_a_streamed_read_bytes_answers_every_byte_whatever_its_size(live: Live, 
             assert hashlib.sha256(data).hexdigest() == expected, len(data)
 
     anyio.run(scenario)
+

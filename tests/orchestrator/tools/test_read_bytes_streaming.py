@@ -197,6 +197,31 @@ def test_a_lying_agents_large_answer_is_refused_and_its_spool_dropped(announced:
         assert slots._total == 0 and os.listdir(base_dir) == ["agent.sock"]  # the temp file was never named
 
 
+@pytest.mark.parametrize("field", ["path", "media_type"])
+def test_a_large_answer_naming_an_unencodable_path_is_refused_and_gives_its_slot_back(field: str) -> None:
+    """A sandbox that replaced its agent announces a lone surrogate (valid JSON, "\\udcff") in
+    the result header of a large answer. The streamed answer's JSON cannot encode it: taken as a
+    result, building the answer raised after the client returned, outside what gives the spool
+    and the transfer slot back, so each such call kept a slot for good (two kept every
+    transfer of the user `busy`, four every user's)."""
+    fields = {"path": "/x", "size": BIG, "media_type": "application/octet-stream", field: "/odd\udcff"}
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nContent-Length: {BIG}\r\n"
+        f"X-Tool-Result: {json.dumps(fields)}\r\n\r\n"
+    ).encode()
+    with _agent_answering(head + b"z" * BIG) as (base_dir, path):
+        slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
+        spool = ReadBytesSpool(slots, 5, base_dir)
+        try:
+            with pytest.raises(AgentToolError) as refused:
+                result = _read_bytes(path, spool, timeout_s=10)
+                StreamedReadBytes.of(result, spool).close()  # type: ignore[arg-type]  # what the dispatcher does next
+            assert refused.value.code == "agent_error"
+        finally:
+            spool.close()  # what the dispatcher does with a refused call's spool
+        assert slots._total == 0
+
+
 def test_an_answer_whose_last_bytes_come_late_is_streamed_and_recorded_whole() -> None:
     """An agent may send its body in pieces of any size; the last few bytes in a piece of their
     own must reach the streamed answer and a tool_call_id record (both read the spool back by
