@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -151,13 +152,13 @@ def test_a_repeat_gets_the_recorded_body_or_result_not_kept(served) -> None:  # 
 
 
 @contextmanager
-def _agent_answering(answer: bytes) -> Iterator[tuple[Path, str]]:
+def _agent_answering(answer: bytes, **pieces: Any) -> Iterator[tuple[Path, str]]:
     """A directory, and a socket in it that answers one request with `answer` (a sandbox
-    that replaced its agent may send anything)."""
+    that replaced its agent may send anything; `pieces`: how, see `answer_once`)."""
     base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
     try:
         path = str(base_dir / "agent.sock")
-        thread = answer_once(path, answer)
+        thread = answer_once(path, answer, **pieces)
         yield base_dir, path
         thread.join(5)
     finally:
@@ -229,15 +230,10 @@ def test_an_answer_whose_last_bytes_come_late_is_streamed_and_recorded_whole() -
     bytes."""
     body = os.urandom(BIG)
     answer = raw_read_bytes_answer(announced=BIG, length=BIG, body=body)
-    base_dir = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-test-"))
-    try:
-        path = str(base_dir / "agent.sock")
-        thread = answer_once(path, answer, tail=100, tail_after_s=0.2)
+    with _agent_answering(answer, tail=100, tail_after_s=0.2) as (base_dir, path):
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
         spool = ReadBytesSpool(slots, 5, base_dir)
-        result = _read_bytes(path, spool, timeout_s=10)
-        thread.join(5)
-        streamed = StreamedReadBytes.of(result, spool)  # type: ignore[arg-type]
+        streamed = StreamedReadBytes.of(_read_bytes(path, spool, timeout_s=10), spool)  # type: ignore[arg-type]
         try:
             sent = b"".join(base64.b64decode(streamed.encoded_piece(offset)) for offset in streamed.pieces())
             assert len(sent) == BIG and sent == body
@@ -245,8 +241,6 @@ def test_an_answer_whose_last_bytes_come_late_is_streamed_and_recorded_whole() -
             assert base64.b64decode(recorded["result"]["content_base64"]) == body
         finally:
             streamed.close()
-    finally:
-        shutil.rmtree(base_dir, ignore_errors=True)
 
 
 def test_a_full_disk_while_spooling_is_not_a_broken_agent(monkeypatch) -> None:  # type: ignore[no-untyped-def]
