@@ -23,6 +23,7 @@ from orchestrator.errors import OrchestratorError
 from orchestrator.log import kv
 from orchestrator.sandboxes.calling import OutputSink
 from orchestrator.tools.dispatch import ToolOutcome
+from orchestrator.tools.kept_calls import keep_to_its_end
 
 EVENT_STREAM = "text/event-stream"
 FIRST_EVENT_WAIT_S = 0.5
@@ -81,14 +82,5 @@ async def stream_tool_call(run: Callable[[OutputSink], Awaitable[ToolOutcome]]) 
             item = await queue.get()
 
     response = StreamingResponse(events(), media_type=EVENT_STREAM, headers={"Cache-Control": "no-cache"})
-    _keep(task)
+    keep_to_its_end(task)
     return response
-
-
-_running: set[asyncio.Task[None]] = set()
-
-
-def _keep(task: asyncio.Task[None]) -> None:
-    # The loop keeps only weak references to tasks: one whose bot went away must still end.
-    _running.add(task)
-    task.add_done_callback(_running.discard)

@@ -27,6 +27,7 @@ from orchestrator.mcp.caller import McpCaller, caller_of
 from orchestrator.mcp.skill_reader import SkillReader
 from orchestrator.mcp.tool_results import call_result, mcp_tools
 from orchestrator.runs.records import RunRecord, RunStatus
+from orchestrator.tools.kept_calls import keep_to_its_end
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +152,14 @@ class RunMcpServer:
         # With progress, shell's output comes as it is produced (the agent streams it), each
         # piece a progress notification; the result is the same as without.
         output: OutputQueue | None = OutputQueue() if progress and params.name in STREAMED_TOOLS else None
-        task = _kept(
+        task = keep_to_its_end(
             asyncio.ensure_future(
                 dispatch_whole(
                     self._service.dispatcher, caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id,
                     actor=caller.actor, on_output=output.put if output is not None else None,
                 )
-            )
+            ),
+            _ended,
         )  # fmt: skip
         try:
             if progress:
@@ -244,18 +246,7 @@ class OutputQueue:
         return pieces
 
 
-_running: set[asyncio.Future[Any]] = set()
-
-
-def _kept(task: asyncio.Future[Any]) -> asyncio.Future[Any]:
-    # The loop keeps only weak references to tasks: one whose client went away must still end.
-    _running.add(task)
-    task.add_done_callback(_ended)
-    return task
-
-
 def _ended(task: asyncio.Future[Any]) -> None:
-    _running.discard(task)
     if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), OrchestratorError):
         log.warning("mcp tool call failed %s", kv(error=type(task.exception()).__name__))
 
