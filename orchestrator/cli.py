@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     smoke.add_argument("--owner-user", type=int, help="user id of owner A (default: a fresh random id)")
     smoke.add_argument("--member-user", type=int, help="user id of member B (default: A + 1)")
-    smoke.add_argument("--backend", choices=["auto", "docker", "process"], help="set as A's and B's backend")
+    smoke.add_argument("--backend", choices=["auto", "docker", "process", "kubernetes"], help="set as A's and B's backend")
     smoke.add_argument("--keep", action="store_true", help="keep the smoke's sessions afterwards")
     smoke.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
     smoke.set_defaults(func=cmd_smoke)

@@ -135,6 +135,15 @@ class OrchestratorService:
                 self.agent_deployment,
                 known_user=lambda user_id: self.users.get(user_id) is not None,
             )
+        if self.backend_choice.kubernetes:
+            from orchestrator.sandboxes.kubernetes import KubernetesBackend
+
+            backends["kubernetes"] = KubernetesBackend(
+                settings,
+                self.directories,
+                self.agent_deployment,
+                known_user=lambda user_id: self.users.get(user_id) is not None,
+            )
         log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
         self.group_gids = GroupGids(self.store, settings.group_gid_range, groups_root=self.layout.groups_root)
         self.sandboxes = SandboxRouter(

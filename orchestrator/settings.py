@@ -35,8 +35,42 @@ class Settings(BaseSettings):
         DEFAULT_IDENTITY_MODE.value,
         description="`execution` or `owner`; an invalid value falls back to `execution`.",
     )
-    backend: Literal["auto", "docker", "process"] = Field(
-        "auto", description="Sandbox backend: docker when an engine and the image exist, else process."
+    backend: Literal["auto", "docker", "process", "kubernetes"] = Field(
+        "auto",
+        description="Sandbox backend: docker when an engine and the image exist, else process; `kubernetes` "
+        "(never chosen by auto): one pod per user on a cluster (docs/kubernetes.md).",
+    )
+    k8s_namespace: str = Field(
+        "sandbox-orchestrator",
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="Namespace of the kubernetes backend's sandbox pods (it must exist).",
+    )
+    k8s_kubeconfig: Path | None = Field(
+        None,
+        description="Kubeconfig of the kubernetes backend; unset: the pod's service account when running in a "
+        "cluster, else $KUBECONFIG or ~/.kube/config.",
+    )
+    k8s_data_pvc: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$",
+        description="A ReadWriteMany PersistentVolumeClaim holding ORCH_DATA_DIR (several nodes); unset: a "
+        "hostPath of ORCH_DATA_DIR (one node).",
+    )
+    k8s_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="imagePullPolicy of sandbox pods (`Never`: images loaded into the nodes)."
+    )
+    k8s_cpu_request: float | None = Field(
+        None,
+        gt=0,
+        description="CPU the scheduler reserves per sandbox pod; unset: its limit, ORCH_SANDBOX_CPUS (Guaranteed QoS).",
+    )
+    k8s_memory_request_mb: int | None = Field(
+        None,
+        gt=0,
+        description="Memory (MiB) the scheduler reserves per sandbox pod; unset: its limit, ORCH_SANDBOX_MEMORY_MB.",
+    )
+    k8s_agent_port: int = Field(
+        7000, gt=0, lt=65536, description="Port of the agent on each sandbox pod's loopback (port-forwarded)."
     )
     settings_file: Path | None = Field(
         None, description="Optional dotenv file with the same keys; watched for identity-mode changes."

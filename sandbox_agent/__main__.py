@@ -1,4 +1,4 @@
-"""`python -m sandbox_agent --config <json file>` (or `--print-build`)."""
+"""`python -m sandbox_agent --config <json file>` (or `--print-build`, or `--probe --config`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sandbox_agent", description="The per-user sandbox tool agent.")
     parser.add_argument("--config", help="JSON file with the AgentConfig (see sandbox_agent.wire)")
     parser.add_argument("--print-build", action="store_true", help="print this code's BUILD id and exit")
+    parser.add_argument(
+        "--probe", action="store_true", help="exit 0 when the agent of --config answers /health (a pod's exec probe)"
+    )
     args = parser.parse_args(argv)
     if args.print_build:
         from sandbox_agent.build import own_build_id
@@ -19,6 +22,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.config:
         parser.error("--config is required")
+    if args.probe:
+        from sandbox_agent.probe import probe
+
+        return 0 if probe(args.config) else 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     from sandbox_agent.server import load_config, serve
 

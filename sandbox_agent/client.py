@@ -1,4 +1,5 @@
-"""The orchestrator's clients of one agent: HTTP/1.1 over the agent's Unix socket.
+"""The orchestrator's clients of one agent: HTTP/1.1 over the agent's Unix socket, or over
+any stream socket a `Connector` hands out (the kubernetes backend's port-forward).
 
 Two transports share one protocol (requests built and answers judged by the same functions):
 
@@ -57,6 +58,12 @@ STREAM_BUFFER_BYTES = 2 * 1024 * 1024
 
 
 # --- what both transports share -------------------------------------------------------------
+
+# Opens one new connection to the agent within the timeout (seconds) and returns the connected
+# stream socket; a failure is `AgentUnavailable(delivered=False)` (nothing was sent). Used
+# instead of the Unix socket path when the agent is reached another way (a port-forward
+# through the Kubernetes API): the connector, not SO_PEERCRED, vouches for the peer.
+Connector = Callable[[float], socket.socket]
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -217,12 +224,18 @@ def _copy_body(raw: http.client.HTTPResponse, length: int, sink: BinaryIO) -> in
 
 
 class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, socket_path: str, connect_timeout_s: float, expected_peer_uid: int | None) -> None:
+    def __init__(
+        self, socket_path: str, connect_timeout_s: float, expected_peer_uid: int | None, connector: Connector | None = None
+    ) -> None:
         super().__init__("sandbox-agent", timeout=connect_timeout_s)
         self._socket_path = socket_path
         self._expected_peer_uid = expected_peer_uid
+        self._connector = connector
 
     def connect(self) -> None:
+        if self._connector is not None:
+            self.sock = self._connector(self.timeout)
+            return
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
@@ -252,12 +265,14 @@ class _AgentClientBase:
         socket_path: str | Path,
         token: str,
         *,
+        connector: Connector | None = None,
         expected_peer_uid: int | None = None,
         answer_limits: AnswerLimits = DEFAULT_ANSWER_LIMITS,
         timeout_s: float = 660.0,
         connect_timeout_s: float = 5.0,
     ) -> None:
-        self.socket_path = str(socket_path)
+        self.socket_path = str(socket_path)  # with a connector: where the agent is, for messages
+        self.connector = connector
         self.expected_peer_uid = expected_peer_uid
         self.answer_limits = answer_limits
         self._timeout_s = timeout_s
@@ -301,7 +316,7 @@ class AgentClient(_AgentClientBase):
             if now - since <= REUSE_IDLE_S and not conn.closed_by_peer():
                 return conn, True
             conn.close()
-        conn = _UnixConnection(self.socket_path, connect_timeout_s, self.expected_peer_uid)
+        conn = _UnixConnection(self.socket_path, connect_timeout_s, self.expected_peer_uid, self.connector)
         try:
             conn.connect()
         except OSError as exc:  # refused, no socket, timeout, permission
@@ -527,6 +542,22 @@ async def _spool_body(stream: _Stream, length: int, spool: RawSpool, deadline: a
     return copied
 
 
+async def _connected_in_thread(connector: Connector, timeout_s: float, where: str) -> socket.socket:
+    """A connector's socket, opened in a worker thread (it blocks: a TLS and websocket
+    handshake). One that arrives after the timeout is closed, not leaked."""
+    future = asyncio.get_running_loop().run_in_executor(None, connector, timeout_s)
+    try:
+        async with asyncio.timeout(timeout_s + 1.0):
+            sock = await asyncio.shield(future)
+    except TimeoutError:
+        future.add_done_callback(lambda done: done.exception() is None and done.result().close())
+        raise AgentUnavailable(f"the agent at {where} did not answer within {timeout_s:g} s", delivered=False) from None
+    except OSError as exc:
+        raise AgentUnavailable(f"the agent at {where} does not answer: {exc!r}", delivered=False) from exc
+    sock.setblocking(False)
+    return sock
+
+
 class AsyncAgentClient(_AgentClientBase):
     """The agent client for the event loop. Not thread-safe: use it from the loop that runs
     the calls (a connection opened on one loop is never reused on another)."""
@@ -549,6 +580,10 @@ class AsyncAgentClient(_AgentClientBase):
             if stream.usable(loop, now):
                 return stream, True
             stream.close()
+        if self.connector is not None:
+            sock = await _connected_in_thread(self.connector, self._connect_timeout_s, self.socket_path)
+            reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_BUFFER_BYTES)
+            return _Stream(reader, writer, loop), False
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=STREAM_BUFFER_BYTES)

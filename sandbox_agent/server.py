@@ -1,4 +1,5 @@
-"""Serving the agent on its Unix socket (no TCP port, no network needed)."""
+"""Serving the agent on its Unix socket (no network needed), and in a Kubernetes pod also on
+the pod's loopback, where a port-forward of the Kubernetes API reaches it."""
 
 from __future__ import annotations
 
@@ -64,6 +65,18 @@ def bind_unix_socket(path: str) -> socket.socket:
         sock.bind(path)
     finally:
         os.umask(old)
+    sock.listen(128)
+    return sock
+
+
+def bind_loopback_port(port: int) -> socket.socket:
+    """Listen on 127.0.0.1:`port` with TCP_NODELAY (accepted connections inherit it), so an
+    answer uvicorn writes in two pieces (head, then body) is not held back by Nagle's
+    algorithm waiting for the port-forward's delayed ACK (some 40 ms per answer)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", port))
     sock.listen(128)
     return sock
 
@@ -148,6 +161,9 @@ def serve(config: AgentConfig) -> None:
     state = AgentState(config, sandbox, load_token(config.token_file))
     sock = bind_unix_socket(config.socket_path)
     bound = os.stat(config.socket_path)
+    sockets = [sock]
+    if config.listen_port is not None:
+        sockets.append(bind_loopback_port(config.listen_port))
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(state),
@@ -166,11 +182,11 @@ def serve(config: AgentConfig) -> None:
     if config.idle_exit_s is not None:
         threading.Thread(target=_dead_man_switch, args=(server, state, config.idle_exit_s), daemon=True).start()
     log.info(
-        "agent listening socket=%s user=%s build=%s resolver=%s roots=%d",
-        config.socket_path, config.user_id, own_build_id(), sandbox.resolver, len(config.roots),
+        "agent listening socket=%s port=%s user=%s build=%s resolver=%s roots=%d",
+        config.socket_path, config.listen_port, config.user_id, own_build_id(), sandbox.resolver, len(config.roots),
     )
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=sockets)
     finally:
         state.processes.kill_all()  # a stopped or recreated sandbox keeps none of them
         _kill_descendants()

@@ -405,6 +405,9 @@ class AgentConfig(BaseModel):
 
     socket_path: str
     token_file: str
+    # Also listen on 127.0.0.1:listen_port, the pod's own loopback: the kubernetes backend
+    # reaches the agent through a port-forward of the Kubernetes API (docs/kubernetes.md).
+    listen_port: int | None = Field(None, gt=0, lt=65536)
     user_id: int = Field(..., gt=0)
     data_root: str
     home: str

@@ -1,5 +1,6 @@
 """Shared fixtures. Tests marked `docker` skip without an engine, except when
-ORCH_REQUIRE_DOCKER=1 (CI): then a missing engine is a failure.
+ORCH_REQUIRE_DOCKER=1 (CI): then a missing engine is a failure. Tests marked `k8s` likewise
+skip without a cluster (tests/kube_cluster.py), except when ORCH_REQUIRE_K8S=1.
 
 Every test dir lives under TEST_ROOT, not /tmp: the service refuses a data dir inside a
 directory others can write (orchestrator/startup_checks.py), and agents' sandbox uids must
@@ -77,6 +78,14 @@ def docker_engine_problem() -> str | None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("k8s") is not None:
+        from tests.kube_cluster import cluster_problem
+
+        k8s_problem = cluster_problem()
+        if k8s_problem is not None:
+            if os.environ.get("ORCH_REQUIRE_K8S") == "1":
+                pytest.fail(f"ORCH_REQUIRE_K8S=1 but {k8s_problem}", pytrace=False)
+            pytest.skip(k8s_problem)
     if item.get_closest_marker("docker") is None:
         return
     problem = docker_engine_problem()
@@ -90,7 +99,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 # The uid registry dir too: a test run may keep its block in a registry of its own.
 KEPT_ENV = frozenset(
     {"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR", "ORCH_DISK_QUOTA",
-     "ORCH_REQUIRE_LOOP"}
+     "ORCH_REQUIRE_LOOP", "ORCH_REQUIRE_K8S", "ORCH_TEST_KUBECONFIG"}
 )
 
 

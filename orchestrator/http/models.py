@@ -70,7 +70,7 @@ class GroupOut(FromRecord):
 
 class UserIn(Body):
     display_name: str | None = Field(None, max_length=200)
-    backend: Literal["auto", "docker", "process"] | None = None
+    backend: Literal["auto", "docker", "process", "kubernetes"] | None = None
 
 
 class UserOut(BaseModel):

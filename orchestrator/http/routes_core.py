@@ -56,7 +56,16 @@ async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         # Which disk-quota mechanism is in force (docs/disk-quotas.md) and the host watermark.
         "disk_quota": service.disk_quotas.health().__dict__,
         "egress": _egress_status(service),
+        # The kubernetes backend's API server and namespace; null when it is not registered.
+        "kubernetes": _kubernetes_status(service),
     }
+
+
+def _kubernetes_status(service: OrchestratorService) -> dict | None:
+    backend = service.sandboxes.backends.get("kubernetes")
+    if backend is None:
+        return None
+    return {"cluster": backend.cluster, "namespace": backend.namespace, "data_volume": backend.data.describe()}
 
 
 def _egress_status(service: OrchestratorService) -> dict[str, object]:

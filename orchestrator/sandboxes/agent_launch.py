@@ -123,8 +123,13 @@ def prepare_agent_launch(
     in_sandbox: bool,
     parent_pid: int | None,
     private_network: bool = True,
+    listen_port: int | None = None,
+    egress_reachable: bool = True,
 ) -> AgentLaunch:
-    """Write the user's agent config and a fresh token; the caller starts the agent."""
+    """Write the user's agent config and a fresh token; the caller starts the agent.
+    `listen_port`: the agent also listens on that port of its loopback (a pod's);
+    `egress_reachable`: the sandbox can reach the host's egress socket (not from a pod on
+    another node)."""
     layout = directories.layout
     user_id = user.user_id
     directories.ensure_sandbox_dirs(user.plan, sandbox_start=True)
@@ -137,6 +142,7 @@ def prepare_agent_launch(
     config = AgentConfig(
         socket_path=str(layout.socket_path(user_id)),
         token_file=str(layout.token_path(user_id)),
+        listen_port=listen_port,
         user_id=user_id,
         data_root=str(layout.root),
         home=str(layout.home_dir(user_id)),
@@ -150,7 +156,7 @@ def prepare_agent_launch(
         # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.
         max_processes=settings.sandbox_pids if sandbox_uid is not None else None,
         sweep_uid=sandbox_uid is not None,  # a uid of its own: every process of it is this sandbox's
-        egress=egress_config(settings, layout, user_id, private_network=private_network),
+        egress=egress_config(settings, layout, user_id, private_network=private_network) if egress_reachable else None,
         # Later than the orchestrator's own idle stop, so normally that one acts; this bounds a
         # sandbox whose orchestrator vanished (docs/lifecycle.md).
         idle_exit_s=settings.idle_timeout_s + settings.dead_man_margin_s,

@@ -1,6 +1,6 @@
-"""Which backend runs sandboxes (ORCH_BACKEND): `docker`, `process`, or `auto` —
+"""Which backend runs sandboxes (ORCH_BACKEND): `docker`, `process`, `kubernetes`, or `auto` —
 docker when an engine answers and the sandbox image exists and fits this orchestrator, else
-process."""
+process. `auto` never picks kubernetes: a cluster is the operator's explicit choice."""
 
 from __future__ import annotations
 
@@ -15,6 +15,15 @@ class BackendChoice:
     default: str  # the backend of users without an override
     docker: bool  # whether the docker backend is registered (also for per-user overrides)
     reason: str
+    kubernetes: bool = False  # whether the kubernetes backend is registered
+
+
+def kubernetes_choice(cluster_problem: str | None) -> BackendChoice:
+    """Pure: ORCH_BACKEND=kubernetes. Registered even when the cluster does not answer now, so
+    that calls say why (and work once it does)."""
+    if cluster_problem is not None:
+        return BackendChoice("kubernetes", False, f"ORCH_BACKEND=kubernetes, but {cluster_problem}", kubernetes=True)
+    return BackendChoice("kubernetes", False, "ORCH_BACKEND=kubernetes", kubernetes=True)
 
 
 def choose_backend(setting: str, *, engine_problem: str | None, image: ImageFit, image_name: str) -> BackendChoice:
@@ -44,6 +53,10 @@ def detect_backend(settings: Settings) -> BackendChoice:
     from orchestrator.sandboxes.docker import engine_problem, image_labels
 
     name = settings.sandbox_image
+    if settings.backend == "kubernetes":
+        from orchestrator.sandboxes.kubernetes import cluster_problem
+
+        return kubernetes_choice(cluster_problem(settings))
     if settings.backend == "process":
         return choose_backend("process", engine_problem=None, image=ImageFit.ABSENT, image_name=name)
     problem = engine_problem()

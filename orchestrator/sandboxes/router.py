@@ -46,7 +46,11 @@ def _plan(layout: DataLayout, user_id: int, memberships: tuple[tuple[GroupRef, i
 # The isolation order (docs/decisions.md, "Backend overrides and the isolation floor"): a docker
 # container (own mount, pid, network and user namespaces) > a process agent in a bwrap mount
 # namespace > a plain process agent (only the uid and the PathSandbox).
-_ISOLATION = {("docker", "none"): 2, ("docker", "bwrap"): 2, ("process", "bwrap"): 1, ("process", "none"): 0}
+_ISOLATION = {
+    ("kubernetes", "none"): 2, ("kubernetes", "bwrap"): 2,
+    ("docker", "none"): 2, ("docker", "bwrap"): 2,
+    ("process", "bwrap"): 1, ("process", "none"): 0,
+}  # fmt: skip
 
 
 def isolation_rank(backend: str, process_sandbox: str) -> int:

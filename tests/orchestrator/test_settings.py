@@ -38,6 +38,6 @@ def test_environment_and_settings_file(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_invalid_backend_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ORCH_BACKEND", "kubernetes")
+    monkeypatch.setenv("ORCH_BACKEND", "nomad")
     with pytest.raises(ValueError):
         load_settings()
