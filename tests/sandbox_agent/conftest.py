@@ -83,7 +83,7 @@ class LiveAgent:
     config: AgentConfig
 
 
-def start_agent(tree: Tree, *, resolver: str = "auto", **limits: object) -> LiveAgent:
+def start_agent(tree: Tree, *, resolver: str = "auto", listen_port: int | None = None, **limits: object) -> LiveAgent:
     sockets = tree.p("sockets/17")
     sockets.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
@@ -93,6 +93,7 @@ def start_agent(tree: Tree, *, resolver: str = "auto", **limits: object) -> Live
     config = AgentConfig(
         socket_path=str(sockets / "agent.sock"),
         token_file=str(token_file),
+        listen_port=listen_port,
         user_id=17,
         data_root=str(tree.data),
         home=str(tree.p("users/17")),
