@@ -36,11 +36,12 @@ def forward_url(host: str, namespace: str, pod: str, port: int) -> str:
 
 
 def refusal_message(status: int, namespace: str, pod: str) -> str:
-    """Pure: what an API server's refusal of a port-forward means, for the operator."""
+    """Pure: what an API server's refusal of a port-forward means, for the operator. The
+    websocket is an HTTP GET, authorized as `get`; newer API servers ask for `create` too."""
     if status == 403:
         return (
             f"the Kubernetes API refused to port-forward to pod {pod} in {namespace} (403): the orchestrator's "
-            "service account needs `create` on `pods/portforward` there (deploy/kubernetes/rbac.yaml)"
+            "service account needs `get` and `create` on `pods/portforward` there (deploy/kubernetes/rbac.yaml)"
         )
     if status == 401:
         return "the Kubernetes API rejected the orchestrator's credentials (401)"
