@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -119,16 +120,27 @@ def kubeconfig_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def served(settings_dir: Path, namespace: str, image: str, kubeconfig: Path) -> tuple[OrchestratorService, TestClient]:
-    service = OrchestratorService(k8s_settings(settings_dir, namespace, image, k8s_kubeconfig=kubeconfig))
-    test_client = TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"})
-    test_client.__enter__()
-    return service, test_client
+@contextmanager
+def served(
+    data_dir: Path, namespace: str, image: str, kubeconfig: Path
+) -> Iterator[tuple[OrchestratorService, TestClient]]:
+    service = OrchestratorService(k8s_settings(data_dir, namespace, image, k8s_kubeconfig=kubeconfig))
+    try:
+        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as test_client:
+            yield service, test_client
+    finally:
+        service.close()
 
 
-def shut(service: OrchestratorService, test_client: TestClient) -> None:
-    test_client.__exit__(None, None, None)
-    service.close()
+def shell(api: TestClient, command: str) -> dict[str, Any]:
+    """The answer of a `shell` call of the group session's owner, in a run of its own."""
+    run = start_run(api, group_session(api), trigger="web")
+    return tool(api, run["run_id"], "shell", command=command)
+
+
+def ran(answer: dict[str, Any]) -> str:
+    assert answer["ok"] is True, answer
+    return str(answer["result"]["stdout"])
 
 
 def user_pods(kube: client.CoreV1Api, namespace: str) -> list[client.V1Pod]:
@@ -145,14 +157,10 @@ def test_with_only_the_shipped_role_the_backend_does_everything(
 ) -> None:
     apply_rbac(admin_api, k8s_namespace)
     kubeconfig = account_kubeconfig(kubeconfig_dir / "kubeconfig", account_token(kube, k8s_namespace))
-    service, api = served(k8s_data_dir, k8s_namespace, k8s_image, kubeconfig)
-    try:
+    with served(k8s_data_dir, k8s_namespace, k8s_image, kubeconfig) as (service, api):
         backend = service.sandboxes.backends["kubernetes"]
         # A first call: the pod is created, read, port-forwarded to; the NetworkPolicy made.
-        run = start_run(api, group_session(api), trigger="web")
-        answer = tool(api, run["run_id"], "shell", command="id -u")
-        assert answer["ok"] is True, answer
-        assert answer["result"]["stdout"].strip() == str(service.directories.sandbox_uid(OWNER))
+        assert ran(shell(api, "id -u")).strip() == str(service.directories.sandbox_uid(OWNER))
         (first,) = user_pods(kube, k8s_namespace)
         policies = client.NetworkingV1Api(admin_api).list_namespaced_network_policy(k8s_namespace).items
         assert len(policies) == 1, [p.metadata.name for p in policies]
@@ -160,21 +168,14 @@ def test_with_only_the_shipped_role_the_backend_does_everything(
         # The idle stop deletes the pod; the next call waits until its name is free and
         # creates it again.
         assert backend.reap_idle(now=time.monotonic() + service.settings.idle_timeout_s + 1) == [OWNER]
-        answer = tool(api, run["run_id"], "shell", command="echo across pods > $HOME/kept.txt")
-        assert answer["ok"] is True, answer
+        ran(shell(api, "echo across pods > $HOME/kept.txt"))
         (second,) = user_pods(kube, k8s_namespace)
         assert second.metadata.uid != first.metadata.uid
-    finally:
-        shut(service, api)
 
     # A restarted orchestrator adopts the pod (listed by label) and calls it as it is.
-    service, api = served(k8s_data_dir, k8s_namespace, k8s_image, kubeconfig)
-    try:
+    with served(k8s_data_dir, k8s_namespace, k8s_image, kubeconfig) as (service, api):
         backend = service.sandboxes.backends["kubernetes"]
-        run = start_run(api, group_session(api), trigger="web")
-        answer = tool(api, run["run_id"], "shell", command="cat $HOME/kept.txt")
-        assert answer["ok"] is True, answer
-        assert answer["result"]["stdout"] == "across pods\n"
+        assert ran(shell(api, "cat $HOME/kept.txt")) == "across pods\n"
         (adopted,) = user_pods(kube, k8s_namespace)
         assert adopted.metadata.uid == second.metadata.uid
         assert [s.user_id for s in backend.status()] == [OWNER]
@@ -182,8 +183,6 @@ def test_with_only_the_shipped_role_the_backend_does_everything(
         # The idle stop of an adopted pod.
         assert backend.reap_idle(now=time.monotonic() + service.settings.idle_timeout_s + 1) == [OWNER]
         assert user_pods(kube, k8s_namespace) == []
-    finally:
-        shut(service, api)
 
 
 def test_without_pods_portforward_the_call_says_so(
@@ -193,12 +192,8 @@ def test_without_pods_portforward_the_call_says_so(
     try:
         apply_rbac(admin_api, namespace, without="pods/portforward")
         kubeconfig = account_kubeconfig(kubeconfig_dir / "kubeconfig", account_token(kube, namespace))
-        service, api = served(k8s_data_dir, namespace, k8s_image, kubeconfig)
-        try:
-            run = start_run(api, group_session(api), trigger="web")
-            answer = tool(api, run["run_id"], "shell", command="echo never")
-        finally:
-            shut(service, api)
+        with served(k8s_data_dir, namespace, k8s_image, kubeconfig) as (_, api):
+            answer = shell(api, "echo never")
         assert answer["ok"] is False, answer
         error = answer["error"]
         assert error["code"] == "sandbox_unavailable", error
