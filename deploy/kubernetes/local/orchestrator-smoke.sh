@@ -81,6 +81,17 @@ docker run -d --name "$CONTAINER" --network host --user "$RUN_AS" --cap-drop ALL
   -e ORCH_API_TOKEN="$(cat "$WORK/etc/api")" -e ORCH_ADMIN_TOKEN="$(cat "$WORK/etc/admin")" \
   $IMAGE serve --host 127.0.0.1 --port "$PORT" >/dev/null
 for _ in $(seq 100); do curl -fs "http://127.0.0.1:$PORT/healthz" >/dev/null && break; sleep 0.3; done
+# The Deployment's readiness probe, as the kubelet would exec it in the container (its port
+# changed to this one).
+mapfile -d '' PROBE < <("$PY" - "$REPO/deploy/kubernetes/deployment.yaml" "$PORT" <<'EOF'
+import sys, yaml
+(pod,) = [d["spec"]["template"]["spec"] for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "Deployment"]
+for arg in pod["containers"][0]["readinessProbe"]["exec"]["command"]:
+    sys.stdout.write(arg.replace(":8700/", f":{sys.argv[2]}/") + "\0")
+EOF
+)
+docker exec "$CONTAINER" "${PROBE[@]}" || { echo "the readiness probe failed" >&2; exit 1; }
+echo "readiness probe: ok"
 
 echo "== orchestrator smoke --backend kubernetes"
 status=0
