@@ -98,4 +98,8 @@ status=0
 "$REPO/.venv/bin/orchestrator" smoke --url "http://127.0.0.1:$PORT" --token "$(cat "$WORK/etc/api")" \
   --admin-token "$(cat "$WORK/etc/admin")" --backend kubernetes --owner-user 41 --member-user 42 || status=$?
 docker logs "$CONTAINER" 2>&1 | grep -E " (ERROR|WARNING) " | grep -v "process-backend sandboxes are NOT isolated" || true
+# What the smoke cannot see: without FSETID a chmod by root silently drops the setgid bit of a
+# directory whose group root is not in, so files made in share/ would not get its group.
+mode=$(stat -c %a "$WORK/data/share")
+[ "$mode" = 3770 ] || { echo "share/ has mode $mode, not 3770: a capability of deployment.yaml is missing" >&2; status=1; }
 exit $status
