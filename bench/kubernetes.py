@@ -38,13 +38,10 @@ sys.path[:] = [str(REPO)] + [p for p in sys.path if Path(p or ".").resolve() != 
 import docker  # noqa: E402
 from kubernetes import client as k8s  # noqa: E402
 
-from bench.docker_backend import image_ref, remove_containers  # noqa: E402
-from bench.measure import bench_dir, orchestrator_server, pct  # noqa: E402
-from mounts.plan import plan_mounts  # noqa: E402
-from orchestrator.sandboxes.base import SandboxUser  # noqa: E402
+from bench.docker_backend import cold_start_samples, image_ref, remove_containers  # noqa: E402
+from bench.measure import bench_dir, orchestrator_server, pct, print_load, timed_parallel  # noqa: E402
 from orchestrator.sandboxes.kubernetes import kube_configuration  # noqa: E402
 from orchestrator.sandboxes.kubernetes_forward import PodPortForwarder  # noqa: E402
-from orchestrator.service import OrchestratorService  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 from tests.kube_cluster import load_image_into_node  # noqa: E402
 
@@ -76,24 +73,6 @@ def kube_env(namespace: str, image: str) -> dict[str, str]:
 def settings_of(data_dir: Path, env: dict[str, str]) -> Settings:
     fields = {k.removeprefix("ORCH_").lower(): v for k, v in env.items()}
     return Settings(data_dir=data_dir, **fields)
-
-
-def cold_starts(data_dir: Path, env: dict[str, str], backend_name: str) -> list[float]:
-    service = OrchestratorService(settings_of(data_dir, env))
-    backend = service.sandboxes.backends.get(backend_name)
-    assert backend is not None, backend_name
-    try:
-        service.agent_deployment.ensure()  # deploying the agent code is not part of a start
-        samples = []
-        for user_id in range(1, COLD_USERS + 1):
-            service.users.upsert(user_id, display_name=None, backend=None)
-            user = SandboxUser(user_id, plan_mounts(service.layout, user_id))
-            t0 = time.perf_counter()
-            backend.ensure(user)
-            samples.append(time.perf_counter() - t0)
-        return samples
-    finally:
-        service.close()
 
 
 def warm_calls(data_dir: Path, env: dict[str, str], backend_name: str) -> tuple[list[float], list[float]]:
@@ -169,15 +148,9 @@ def parallel_load(data_dir: Path, env: dict[str, str]) -> None:
                 if i == 0:
                     first_calls.append(ms)
 
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(USERS) as pool:
-            list(pool.map(user_work, runs))
-        wall = time.perf_counter() - t0
+        wall = timed_parallel(user_work, runs)
         label = f"kubernetes_parallel_{USERS}_users_x{CALLS_PER_USER}"
-        print(f"{label}_errors: {len(errors)} calls")
-        print(f"{label}_p50: {statistics.median(latencies):.2f} ms")
-        print(f"{label}_p99: {pct(latencies, 0.99):.2f} ms")
-        print(f"{label}_throughput: {len(latencies) / wall:.0f} calls/s")
+        print_load(label, latencies, errors, wall)
         for name, samples in sorted(by_tool.items()):
             print(f"{label}_{name}_p50: {statistics.median(samples):.2f} ms")
             print(f"{label}_{name}_p99: {pct(samples, 0.99):.2f} ms")
@@ -213,9 +186,9 @@ def main() -> None:
             parallel_load(dirs["kload"], {**kube, **SMALL})
             return
 
-        k_cold = cold_starts(dirs["kcold"], {**kube, **WARM}, "kubernetes")
+        k_cold = cold_start_samples(settings_of(dirs["kcold"], {**kube, **WARM}), "kubernetes", COLD_USERS)
         core.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
-        d_cold = cold_starts(dirs["dcold"], {**dock, **WARM}, "docker")
+        d_cold = cold_start_samples(settings_of(dirs["dcold"], {**dock, **WARM}), "docker", COLD_USERS)
         remove_containers(engine, dirs["dcold"])
         report_pair("cold_start", k_cold, d_cold, "s", 3)
         print(f"kubernetes_cold_start_max: {max(k_cold):.3f} s")
