@@ -11,6 +11,7 @@ other pods must neither land on a node that is about to go nor be evicted by thi
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import subprocess
 import time
@@ -132,11 +133,14 @@ def drain(kube: client.CoreV1Api, node: str, namespace: str) -> list[str]:
 def test_users_spread_over_two_nodes_and_a_drained_users_next_call_moves_with_its_files(
     two_node_client: TestClient, second_node: str, kube: client.CoreV1Api, k8s_namespace: str
 ) -> None:
-    runs = {}
-    for user in USERS:
-        runs[user] = personal_run(two_node_client, user)
-        written = tool(two_node_client, runs[user], "write_file", path="notes/mine.txt", content=f"user {user}\n")
-        assert written["ok"], written
+    runs = {user: personal_run(two_node_client, user) for user in USERS}
+
+    def first_call(user: int) -> dict:
+        return tool(two_node_client, runs[user], "write_file", path="notes/mine.txt", content=f"user {user}\n")
+
+    with concurrent.futures.ThreadPoolExecutor(len(USERS)) as pool:  # the pods start in parallel
+        for written in pool.map(first_call, USERS):
+            assert written["ok"], written
     pods = pods_by_user(kube, k8s_namespace)
     nodes = {user: pod.spec.node_name for user, pod in pods.items()}
     assert sorted(nodes) == sorted(USERS), nodes
