@@ -72,7 +72,9 @@ def kube_env(namespace: str, image: str) -> dict[str, str]:
 
 def settings_of(data_dir: Path, env: dict[str, str]) -> Settings:
     fields = {k.removeprefix("ORCH_").lower(): v for k, v in env.items()}
-    return Settings(data_dir=data_dir, **fields)
+    # No disk quotas (as the servers of bench/measure.py): as root `auto` would leave loop
+    # images mounted in the data dir after the run.
+    return Settings(data_dir=data_dir, **{"disk_quota": "off", **fields})
 
 
 def warm_calls(data_dir: Path, env: dict[str, str], backend_name: str) -> tuple[list[float], list[float]]:
