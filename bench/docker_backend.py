@@ -29,7 +29,7 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.measure import BENCH_ROOT, orchestrator_server, pct  # noqa: E402
+from bench.measure import BENCH_ROOT, orchestrator_server, pct, print_load, timed_parallel  # noqa: E402
 from mounts.plan import plan_mounts  # noqa: E402
 from orchestrator.sandboxes.base import SandboxUser  # noqa: E402
 from orchestrator.sandboxes.docker_spec import LABEL_INSTANCE, instance_id  # noqa: E402
@@ -56,23 +56,30 @@ def image_ref(engine: docker.DockerClient) -> str:
     return f"{result.image.rpartition(':')[0]}:{result.recipe[:12]}"
 
 
-def cold_starts(data_dir: Path, image: str) -> None:
-    service = OrchestratorService(Settings(data_dir=data_dir, backend="docker", sandbox_image=image))
-    backend = service.sandboxes.backends.get("docker")
-    assert backend is not None
+def cold_start_samples(settings: Settings, backend_name: str, users: int) -> list[float]:
+    """Seconds of `backend.ensure` for `users` new users one after another."""
+    service = OrchestratorService(settings)
+    backend = service.sandboxes.backends.get(backend_name)
+    assert backend is not None, backend_name
     try:
         service.agent_deployment.ensure()  # deploying the agent code is not part of a start
         samples = []
-        for user_id in range(1, COLD_USERS + 1):
+        for user_id in range(1, users + 1):
             service.users.upsert(user_id, display_name=None, backend=None)
             user = SandboxUser(user_id, plan_mounts(service.layout, user_id))
             t0 = time.perf_counter()
             backend.ensure(user)
             samples.append(time.perf_counter() - t0)
-        print(f"cold_start_median: {statistics.median(samples):.3f} s")
-        print(f"cold_start_max: {max(samples):.3f} s")
+        return samples
     finally:
         service.close()
+
+
+def cold_starts(data_dir: Path, image: str) -> None:
+    settings = Settings(data_dir=data_dir, backend="docker", sandbox_image=image)
+    samples = cold_start_samples(settings, "docker", COLD_USERS)
+    print(f"cold_start_median: {statistics.median(samples):.3f} s")
+    print(f"cold_start_max: {max(samples):.3f} s")
 
 
 def through_the_api(data_dir: Path, image: str, engine: docker.DockerClient) -> None:
@@ -129,15 +136,9 @@ def through_the_api(data_dir: Path, image: str, engine: docker.DockerClient) -> 
                     errors.append(repr(exc)[:200])
                 latencies.append((time.perf_counter() - t0) * 1000)
 
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(SESSIONS) as pool:
-            list(pool.map(session_work, runs))
-        wall = time.perf_counter() - t0
+        wall = timed_parallel(session_work, runs)
         label = f"parallel_{SESSIONS}_users_x{CALLS_PER_SESSION}"
-        print(f"{label}_errors: {len(errors)} calls")
-        print(f"{label}_p50: {statistics.median(latencies):.2f} ms")
-        print(f"{label}_p99: {pct(latencies, 0.99):.2f} ms")
-        print(f"{label}_throughput: {len(latencies) / wall:.0f} calls/s")
+        print_load(label, latencies, errors, wall)
         for error in errors[:3]:
             print(f"# error: {error}")
 

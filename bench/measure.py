@@ -6,13 +6,15 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -36,6 +38,7 @@ def bench_dir(prefix: str) -> Path:
     os.chmod(base, 0o711)
     return base
 TOKEN = "bench-bot-token"
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -47,6 +50,24 @@ def free_port() -> int:
 def pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def timed_parallel(work: Callable[[T], object], items: Sequence[T]) -> float:
+    """Seconds to run `work` on every item, one thread each."""
+    import concurrent.futures
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(items)) as pool:
+        list(pool.map(work, items))
+    return time.perf_counter() - t0
+
+
+def print_load(label: str, latencies: list[float], errors: list[str], wall_s: float) -> None:
+    """A parallel load's `name: value unit` lines: errors, p50, p99 (ms), throughput."""
+    print(f"{label}_errors: {len(errors)} calls")
+    print(f"{label}_p50: {statistics.median(latencies):.2f} ms")
+    print(f"{label}_p99: {pct(latencies, 0.99):.2f} ms")
+    print(f"{label}_throughput: {len(latencies) / wall_s:.0f} calls/s")
 
 
 @dataclass

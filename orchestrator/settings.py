@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mounts.ids import MAX_USER_ID
@@ -20,6 +20,20 @@ from orchestrator.startup_checks import IdRange
 # Ids stay in 31 bits: some tools (and signed 32-bit fields) mishandle larger ones.
 MAX_ID = 2**31 - 2
 EXT4_INODE_BYTES = 256  # mkfs.ext4's default inode size (the images of orchestrator/quotas/)
+
+
+class K8sToleration(BaseModel):
+    """One toleration of the sandbox pods (a node tainted for sandboxes takes only them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str = Field(pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str | None = Field(None, pattern=r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+
+    def manifest(self) -> dict[str, str]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
 class Settings(BaseSettings):
@@ -71,6 +85,11 @@ class Settings(BaseSettings):
     )
     k8s_agent_port: int = Field(
         7000, gt=0, lt=65536, description="Port of the agent on each sandbox pod's loopback (port-forwarded)."
+    )
+    k8s_tolerations: tuple[K8sToleration, ...] = Field(
+        (),
+        description='Tolerations of sandbox pods, a JSON list such as [{"key": "sandboxes", "value": "true", '
+        '"effect": "NoSchedule"}]: lets them onto nodes tainted for sandboxes (docs/kubernetes-scale.md).',
     )
     settings_file: Path | None = Field(
         None, description="Optional dotenv file with the same keys; watched for identity-mode changes."

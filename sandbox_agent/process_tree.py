@@ -185,6 +185,9 @@ def _ancestors(table: Mapping[int, ProcInfo], pid: int) -> set[int]:
     return found
 
 
+INIT_PID = 1
+
+
 def select_victims(
     table: Mapping[int, ProcInfo],
     leader: Leader,
@@ -198,7 +201,9 @@ def select_victims(
 ) -> set[int]:
     """The running processes to kill after (or to cancel) the call led by `leader`. Pure but
     for `has_marker` (a read of a process's environment)."""
-    protected = {me, *_ancestors(table, me), *kept, *_descendants(table, kept)}
+    # PID 1 is the pid namespace's init (a Kubernetes pod's pause process may run as our uid,
+    # outside our ancestry): never ours, and a SIGKILL from inside the namespace is ignored.
+    protected = {INIT_PID, me, *_ancestors(table, me), *kept, *_descendants(table, kept)}
     own: set[int] = set()
     head = table.get(leader.pid)
     if head is not None and head.start == leader.start:  # still the call's shell, not a reused pid

@@ -431,6 +431,7 @@ class KubernetesBackend:
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),
             ca_bundle=self._ca_bundle(),
+            tolerations=[t.manifest() for t in self.settings.k8s_tolerations],
         )
 
     def _ca_bundle(self) -> Path | None:

@@ -101,6 +101,7 @@ def pod_manifest(
     home_dir: Path,
     config_path: Path,
     ca_bundle: Path | None = None,
+    tolerations: Sequence[Mapping[str, str]] = (),
 ) -> dict[str, Any]:
     """The pod of `plan.user_id`: the plan's mounts as subPaths of the data volume at the same
     paths (tmp at /tmp), read-only where the plan says; the user's own uid and groups, no
@@ -182,6 +183,17 @@ def pod_manifest(
                 "supplementalGroups": list(extra_gids),
                 "seccompProfile": {"type": "RuntimeDefault"},
             },
+            # Users' pods spread over the nodes (one node's loss or drain touches fewer users);
+            # soft, so a single node or a full one still takes them.
+            "topologySpreadConstraints": [
+                {
+                    "maxSkew": 1,
+                    "topologyKey": "kubernetes.io/hostname",
+                    "whenUnsatisfiable": "ScheduleAnyway",
+                    "labelSelector": {"matchLabels": {LABEL_MANAGED: MANAGED_VALUE, LABEL_INSTANCE: instance}},
+                }
+            ],
+            **({"tolerations": [dict(t) for t in tolerations]} if tolerations else {}),
             "containers": [container],
             "volumes": volumes,
         },

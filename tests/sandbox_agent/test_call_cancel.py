@@ -105,3 +105,12 @@ def test_the_router_refuses_calls_of_a_cancelled_run_or_session() -> None:
     assert refused.value.code == "cancelled"
     with calls.calling(17, CallContext(run_id="r-2", session_id="s-1")):
         pass
+
+
+def test_the_pid_namespaces_init_is_never_a_victim_even_of_the_agents_uid() -> None:
+    # A Kubernetes pod that shares its process namespace: the pause process is PID 1 and runs
+    # as the pod's uid, the agent's parent is outside the namespace (ppid 0). A SIGKILL from
+    # inside to PID 1 is ignored, so sweeping it spun through every round (10 s per shell call).
+    leader = Leader(20, 150, "m")
+    procs = table(proc(1, 0, start=0), proc(ME, 0, start=2), proc(20, ME, sid=20, start=150), proc(31, 1, sid=31, start=90))
+    assert victims(procs, leader) == {20, 31}
