@@ -49,8 +49,16 @@ CANCEL_TIMEOUT_S = 30.0  # the agent answers once the cancelled calls ended (it 
 # The agent closes connections idle for 5 s (uvicorn timeout_keep_alive); one idle for longer
 # than this is not reused, so a request never races the agent's close.
 REUSE_IDLE_S = 3.0
+# A connection a `Connector` made (a port-forward) can look open after the agent behind it is
+# gone: the API server keeps the websocket of a deleted pod's forward. One idle for longer
+# than this is asked `/health` before it carries a call, so a call is never sent into a dead
+# forward and reported "may have run"; a dead one is dropped and a new one opened (which
+# then fails as "not delivered", and the protocol recreates the sandbox).
+VERIFY_IDLE_S = 0.25
+VERIFY_TIMEOUT_S = 2.0
 MAX_IDLE_CONNECTIONS = 8
 CANCEL_PATH = "/v1/calls/cancel"
+HEALTH_MAX_BYTES = 64 * 1024  # a /health answer is some 200 bytes
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # The asyncio stream's buffer: its reading pauses at twice this, and a smaller one made a
 # 1 MiB read_bytes 45 % slower than http.client (a pause and resume every 128 KiB).
@@ -313,7 +321,7 @@ class AgentClient(_AgentClientBase):
                 if not self._idle:
                     break
                 conn, since = self._idle.pop()
-            if now - since <= REUSE_IDLE_S and not conn.closed_by_peer():
+            if now - since <= REUSE_IDLE_S and not conn.closed_by_peer() and self._still_answers(conn, now - since):
                 return conn, True
             conn.close()
         conn = _UnixConnection(self.socket_path, connect_timeout_s, self.expected_peer_uid, self.connector)
@@ -326,6 +334,23 @@ class AgentClient(_AgentClientBase):
             conn.close()
             raise
         return conn, False
+
+    def _still_answers(self, conn: _UnixConnection, idle_s: float) -> bool:
+        """A forwarded connection idle for a while answers `/health` before it is reused."""
+        if self.connector is None or idle_s < VERIFY_IDLE_S:
+            return True
+        try:
+            assert conn.sock is not None
+            conn.sock.settimeout(VERIFY_TIMEOUT_S)
+            conn.request("GET", "/health", headers={"Authorization": self._authorization})
+            raw = conn.getresponse()
+            length = raw.getheader("Content-Length") or ""
+            if not length.isdigit() or int(length) > HEALTH_MAX_BYTES:
+                return False  # the caller closes it: nothing unread is left for the next call
+            raw.read(int(length))
+            return raw.status == 200 and not raw.will_close
+        except (OSError, http.client.HTTPException, AssertionError):
+            return False
 
     def _checkin(self, conn: _UnixConnection) -> None:
         with self._lock:
@@ -577,7 +602,7 @@ class AsyncAgentClient(_AgentClientBase):
         now = time.monotonic()
         while self._idle:
             stream = self._idle.pop()
-            if stream.usable(loop, now):
+            if stream.usable(loop, now) and await self._still_answers(stream, now - stream.since):
                 return stream, True
             stream.close()
         if self.connector is not None:
@@ -596,6 +621,18 @@ class AsyncAgentClient(_AgentClientBase):
             writer.close()
             raise
         return stream, False
+
+    async def _still_answers(self, stream: _Stream, idle_s: float) -> bool:
+        """A forwarded connection idle for a while answers `/health` before it is reused."""
+        if self.connector is None or idle_s < VERIFY_IDLE_S:
+            return True
+        try:
+            async with asyncio.timeout(VERIFY_TIMEOUT_S) as deadline:
+                stream.writer.write(f"GET /health HTTP/1.1\r\n{self._head}\r\n".encode("latin-1"))
+                answer, keep = await _read_answer(stream, self.answer_limits, None, self.socket_path, None, deadline)
+        except (OSError, EOFError, ValueError, TimeoutError, AgentToolError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+            return False
+        return answer.status == 200 and keep
 
     def _checkin(self, stream: _Stream) -> None:
         if self._closed or len(self._idle) >= MAX_IDLE_CONNECTIONS:

@@ -141,3 +141,88 @@ def test_a_connection_that_comes_after_the_deadline_is_closed_not_leaked() -> No
     late[0].settimeout(5)
     assert late[0].recv(1) == b""  # our end was closed
     late[0].close()
+
+
+class KeptOpenForward:
+    """Stands in for the API server's port-forward of a deleted pod: each connection the
+    connector opens is relayed to the agent's port, and when the agent's side closes, the
+    caller's side stays open (as a deleted pod's websocket does) until the caller writes."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.refuse = False  # the pod is gone: new forwards are refused (a 404)
+
+    def __call__(self, timeout_s: float) -> socket.socket:
+        if self.refuse:
+            raise AgentUnavailable("pod x is not in namespace y (404)", delivered=False)
+        ours, theirs = socket.socketpair()
+        upstream = socket.create_connection(("127.0.0.1", self.port), timeout=timeout_s)
+        threading.Thread(target=self._relay, args=(theirs, upstream), daemon=True).start()
+        return ours
+
+    @staticmethod
+    def _relay(caller: socket.socket, upstream: socket.socket) -> None:
+        import select
+
+        sockets = [caller, upstream]
+        try:
+            while True:
+                readable, _, _ = select.select(sockets, [], [])
+                if caller in readable:
+                    data = caller.recv(65536)
+                    if not data:
+                        return
+                    try:
+                        upstream.sendall(data)
+                    except OSError:
+                        return  # the agent is gone: only now the caller sees its end close
+                if upstream in readable:
+                    data = upstream.recv(65536)
+                    if not data:
+                        sockets = [caller]  # the agent closed: keep the caller's side open
+                        upstream.close()
+                        continue
+                    caller.sendall(data)
+        except OSError:
+            return
+        finally:
+            caller.close()
+            upstream.close()
+
+
+def test_a_call_after_the_agent_behind_a_kept_open_forward_died_was_not_delivered(tmp_path: Path) -> None:
+    """A pod deleted between two calls: the pooled forward looks open, but nothing answers
+    behind it. The next call is not sent into it (which could only be reported "may have run"):
+    the connection is found dead first, and the new forward's refusal says nothing was sent,
+    so the protocol recreates the sandbox and sends the call once more."""
+    agent = start_agent(build_tree(tmp_path), listen_port=free_port())
+    try:
+        assert agent.config.listen_port is not None
+        forward = KeptOpenForward(agent.config.listen_port)
+        cwd = str(agent.tree.workdir)
+        blocking = AgentClient("pod x", agent.token, connector=forward)
+
+        async def first() -> AsyncAgentClient:
+            calls = AsyncAgentClient("pod x", agent.token, connector=forward)
+            assert (await calls.call("read_file", {"path": "hello.txt"}, cwd=cwd))["content"].startswith("hello")
+            return calls
+
+        loop = asyncio.new_event_loop()
+        try:
+            calls = loop.run_until_complete(first())
+            assert blocking.call("read_file", {"path": "hello.txt"}, cwd=cwd)["content"].startswith("hello")
+            stop_agent(agent)
+            forward.refuse = True
+            time.sleep(0.5)  # idle for longer than VERIFY_IDLE_S, within the pool's reuse window
+            with pytest.raises(AgentUnavailable) as info:
+                blocking.call("write_file", {"path": "x.txt", "content": "x"}, cwd=cwd)
+            assert info.value.delivered is False, info.value.message
+            with pytest.raises(AgentUnavailable) as async_info:
+                loop.run_until_complete(calls.call("write_file", {"path": "x.txt", "content": "x"}, cwd=cwd))
+            assert async_info.value.delivered is False, async_info.value.message
+            calls.close()
+        finally:
+            loop.close()
+            blocking.close()
+    finally:
+        stop_agent(agent)
