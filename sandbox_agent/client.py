@@ -56,6 +56,9 @@ REUSE_IDLE_S = 3.0
 # then fails as "not delivered", and the protocol recreates the sandbox).
 VERIFY_IDLE_S = 0.25
 VERIFY_TIMEOUT_S = 2.0
+# A new forwarded connection is asked too: the API server opens a forward to a pod whose agent
+# is gone (a terminating pod) and only then reports that nothing listens.
+NEW_CONNECTION = float("inf")
 MAX_IDLE_CONNECTIONS = 8
 CANCEL_PATH = "/v1/calls/cancel"
 HEALTH_MAX_BYTES = 64 * 1024  # a /health answer is some 200 bytes
@@ -333,6 +336,9 @@ class AgentClient(_AgentClientBase):
         except AgentUnavailable:
             conn.close()
             raise
+        if not self._still_answers(conn, NEW_CONNECTION):
+            conn.close()
+            raise AgentUnavailable(f"nothing answers behind the new connection to {self.socket_path}", delivered=False)
         return conn, False
 
     def _still_answers(self, conn: _UnixConnection, idle_s: float) -> bool:
@@ -608,7 +614,11 @@ class AsyncAgentClient(_AgentClientBase):
         if self.connector is not None:
             sock = await _connected_in_thread(self.connector, self._connect_timeout_s, self.socket_path)
             reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_BUFFER_BYTES)
-            return _Stream(reader, writer, loop), False
+            stream = _Stream(reader, writer, loop)
+            if not await self._still_answers(stream, NEW_CONNECTION):
+                stream.close()
+                raise AgentUnavailable(f"nothing answers behind the new connection to {self.socket_path}", delivered=False)
+            return stream, False
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=STREAM_BUFFER_BYTES)

@@ -226,3 +226,34 @@ def test_a_call_after_the_agent_behind_a_kept_open_forward_died_was_not_delivere
             blocking.close()
     finally:
         stop_agent(agent)
+
+
+def test_a_new_forward_with_nothing_behind_it_was_not_delivered() -> None:
+    """A terminating pod: the API server still opens the forward, and only once bytes arrive
+    reports that nothing listens (it closes the stream). The call was not delivered."""
+
+    def forward_to_nothing(timeout_s: float) -> socket.socket:
+        ours, theirs = socket.socketpair()
+
+        def fail_on_first_bytes() -> None:
+            with theirs:
+                theirs.recv(65536)  # then the connect to the pod's port fails: the stream ends
+
+        threading.Thread(target=fail_on_first_bytes, daemon=True).start()
+        return ours
+
+    with AgentClient("pod x", "t" * 43, connector=forward_to_nothing) as client:
+        with pytest.raises(AgentUnavailable) as info:
+            client.call("write_file", {"path": "x.txt", "content": "x"}, cwd="/")
+        assert info.value.delivered is False, info.value.message
+
+    async def once() -> None:
+        calls = AsyncAgentClient("pod x", "t" * 43, connector=forward_to_nothing)
+        try:
+            await calls.call("write_file", {"path": "x.txt", "content": "x"}, cwd="/")
+        finally:
+            calls.close()
+
+    with pytest.raises(AgentUnavailable) as async_info:
+        asyncio.run(once())
+    assert async_info.value.delivered is False, async_info.value.message
