@@ -611,13 +611,17 @@ class KubernetesBackend:
             pod = self._read(name)
             if pod is None:
                 return
-            if (pod.get("metadata") or {}).get("deletionTimestamp") is None:
-                phase = (pod.get("status") or {}).get("phase")
-                if phase in ("Pending", "Running"):
+            deleting = (pod.get("metadata") or {}).get("deletionTimestamp") is not None
+            phase = (pod.get("status") or {}).get("phase")
+            # Once its containers ended, only the kubelet's cleanup round keeps the object
+            # (measured: ~8 s after the agent exited): removed at once, as nothing runs.
+            ended = phase in ("Succeeded", "Failed")
+            if not deleting or ended:
+                if not deleting and phase in ("Pending", "Running"):
                     # A live pod we did not decide to replace (created meanwhile by another
                     # orchestrator of the same data dir?): replaced all the same, as ours.
                     log.warning("replacing a sandbox pod this slot did not know %s", kv(user=slot.user_id, pod=name))
-                self._delete(name, grace_s=STOP_GRACE_S)
+                self._delete(name, grace_s=0 if ended else STOP_GRACE_S)
             if time.monotonic() >= deadline:
                 raise sandbox_unavailable(slot.user_id, f"its previous pod {name} did not terminate within {GONE_TIMEOUT_S:g} s")
             time.sleep(POLL_S)
