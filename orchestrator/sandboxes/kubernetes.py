@@ -508,9 +508,10 @@ class KubernetesBackend:
     def _fail_start(self, slot: _Slot, name: str, agent: AgentClient, why: str) -> None:
         agent.close()
         try:
-            logs = self.core.read_namespaced_pod_log(
+            # None, not "", for a pod that never got a node (an unschedulable one).
+            logs = (self.core.read_namespaced_pod_log(
                 name, self.namespace, container=CONTAINER, tail_lines=20, _request_timeout=API_TIMEOUT_S
-            ).strip()
+            ) or "").strip()  # fmt: skip
         except (ApiException, HTTPError, OSError):
             logs = ""
         log.error("sandbox pod failed to start %s", kv(user=slot.user_id, pod=name, why=why, logs=logs))
