@@ -4,18 +4,12 @@ is no network. Everything runs through the API, as a model's tool calls would.""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import stat
-from pathlib import Path
-
 import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.service import OrchestratorService
-from tests.mounts.skillstore.test_skill_views import ATTACK
 from tests.api_calls import group_session, start_run, tool
+from tests.orchestrator.sandboxes.skill_attack import attack_skill_views, write_skills
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -67,56 +61,5 @@ def test_b_cannot_see_as_runtime_uploads_or_home_and_there_is_no_network(
 def test_skill_views_are_read_only_and_the_store_survives_an_attack_from_inside(
     docker_client: TestClient, docker_service: OrchestratorService
 ) -> None:
-    layout = docker_service.layout
-    for name, files in {"pdf": {"SKILL.md": "# pdf\n", "scripts/fill.py": "print(1)\n", "ref/a.md": "a" * 5000},
-                        "xlsx": {"SKILL.md": "# xlsx\n", "x.txt": "x"}}.items():  # fmt: skip
-        for rel, text in files.items():
-            path = layout.skill_source(name) / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-    sid = group_session(docker_client)
-    run = start_run(docker_client, sid, trigger="group_message", speaker_user_id=B)
-    assert sorted(run["skills"]["available"]) == ["pdf", "xlsx"]
-    stored = {
-        path: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in layout.content_store.rglob("*")
-        if path.is_file() and not path.is_symlink()
-    }
-    assert len(stored) >= 5  # the five skill files, and the store's manifests
-
-    # The model reads a skill through its session link, inside B's container.
-    skill_md = f"{run['workdir']}/skills/pdf/SKILL.md"
-    assert tool(docker_client, run["run_id"], "read_file", path=skill_md)["result"]["content"].startswith("# pdf")
-    refused = tool(docker_client, run["run_id"], "write_file", path=skill_md, content="pwned")
-    assert refused["ok"] is False and refused["error"]["code"] == "read_only"
-
-    files, dirs, links = [], [], []
-    for name in ("pdf", "xlsx"):
-        for base in (layout.user_view(B, name), Path(run["workdir"]) / "skills" / name):
-            for root, dirnames, filenames in os.walk(base):
-                if Path(root) != Path(run["workdir"]) / "skills" / name:
-                    dirs.append(root)
-                files += [os.path.join(root, f) for f in filenames if not os.path.islink(os.path.join(root, f))]
-        links.append(str(layout.user_view(B, name)))
-    dirs += [str(layout.user_views_dir(B)), str(layout.user_view_versions_dir(B))]
-    assert len(files) == 2 * 5
-    # The attack of the skill views test, now as B's uid inside B's container, via `shell`.
-    own_dir = f"{run['workdir']}/attack-own"
-    assert tool(docker_client, run["run_id"], "write_file", path="attack.py", content=ATTACK)["ok"]
-    assert tool(docker_client, run["run_id"], "write_file", path="attack.json",
-                content=json.dumps([files, dirs, links, own_dir]))["ok"]  # fmt: skip
-    result = shell(
-        docker_client,
-        run["run_id"],
-        f"mkdir -p {own_dir} && test ! -e {layout.content_store} && python3 attack.py \"$(cat attack.json)\"",
-    )
-    assert result["exit_code"] == 0, result
-    report = json.loads(result["stdout"])
-    assert report["reads"] == len(files)  # the views are readable by their user
-    assert (Path(own_dir) / "control").read_text() == "ok"  # and the attacker ran with rights
-    assert [o for o in report["outcomes"] if o[2] == "succeeded"] == []
-    # EROFS: the read-only mount; EXDEV: no hard link out of it; EBUSY: a mount point
-    assert {o[2] for o in report["outcomes"]} <= {"EACCES", "EPERM", "EROFS", "EXDEV", "EBUSY"}
-    for path, digest in stored.items():
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
-        assert stat.S_IMODE(path.stat().st_mode) in (0o444, 0o555) and path.stat().st_uid == 0
+    write_skills(docker_service.layout)
+    attack_skill_views(docker_client, docker_service.layout, B)

@@ -6,50 +6,33 @@ counterpart: tests/orchestrator/sandboxes/docker/test_isolation.py)."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import stat
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 from kubernetes import client
 
-from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
+from tests.agent_env import serving
 from tests.api_calls import group_session, start_run, tool
-from tests.conftest import API_TOKEN
-from tests.mounts.skillstore.test_skill_views import ATTACK
 from tests.orchestrator.sandboxes.kubernetes.conftest import k8s_settings
 from tests.orchestrator.sandboxes.kubernetes.life_env import data_dir
+from tests.orchestrator.sandboxes.skill_attack import attack_skill_views, write_skills
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
 A, B = 17, 67
-SKILLS = {
-    "pdf": {"SKILL.md": "# pdf\n", "scripts/fill.py": "print(1)\n", "ref/a.md": "a" * 5000},
-    "xlsx": {"SKILL.md": "# xlsx\n", "x.txt": "x"},
-}
 
 
 @pytest.fixture(scope="module")
 def served(k8s_namespace: str, k8s_image: str, kube: client.CoreV1Api) -> Iterator[tuple[TestClient, OrchestratorService]]:
     with data_dir() as data:
         settings = k8s_settings(data, k8s_namespace, k8s_image)
-        # Two skills, there before the service starts (it scans them then).
-        for name, files in SKILLS.items():
-            for rel, text in files.items():
-                path = settings.layout.skill_source(name) / rel
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-        service = OrchestratorService(settings)
+        write_skills(settings.layout)  # there before the service starts (it scans them then)
         try:
-            with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as api:
-                yield api, service
+            with serving(settings) as both:
+                yield both
         finally:
-            service.close()
             kube.delete_collection_namespaced_pod(k8s_namespace, grace_period_seconds=0)
 
 
@@ -117,44 +100,4 @@ def test_skill_views_are_read_only_and_the_store_survives_an_attack_from_inside(
     served: tuple[TestClient, OrchestratorService],
 ) -> None:
     api, service = served
-    layout = service.layout
-    sid = group_session(api)
-    run = start_run(api, sid, trigger="group_message", speaker_user_id=B)
-    assert sorted(run["skills"]["available"]) == ["pdf", "xlsx"]
-    stored = {
-        path: hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in layout.content_store.rglob("*")
-        if path.is_file() and not path.is_symlink()
-    }
-    assert len(stored) >= 5
-
-    skill_md = f"{run['workdir']}/skills/pdf/SKILL.md"
-    assert tool(api, run["run_id"], "read_file", path=skill_md)["result"]["content"].startswith("# pdf")
-    refused = tool(api, run["run_id"], "write_file", path=skill_md, content="pwned")
-    assert refused["ok"] is False and refused["error"]["code"] == "read_only"
-
-    files, dirs, links = [], [], []
-    for name in ("pdf", "xlsx"):
-        for base in (layout.user_view(B, name), Path(run["workdir"]) / "skills" / name):
-            for root, dirnames, filenames in os.walk(base):
-                if Path(root) != Path(run["workdir"]) / "skills" / name:
-                    dirs.append(root)
-                files += [os.path.join(root, f) for f in filenames if not os.path.islink(os.path.join(root, f))]
-        links.append(str(layout.user_view(B, name)))
-    dirs += [str(layout.user_views_dir(B)), str(layout.user_view_versions_dir(B))]
-    assert len(files) == 2 * 5
-    # The skill views test's attack, as B's uid inside B's pod, via `shell`.
-    own_dir = f"{run['workdir']}/attack-own"
-    assert tool(api, run["run_id"], "write_file", path="attack.py", content=ATTACK)["ok"]
-    assert tool(api, run["run_id"], "write_file", path="attack.json", content=json.dumps([files, dirs, links, own_dir]))["ok"]
-    result = shell(api, run["run_id"], f"mkdir -p {own_dir} && test ! -e {layout.content_store} && python3 attack.py \"$(cat attack.json)\"")
-    assert result["exit_code"] == 0, result
-    report = json.loads(result["stdout"])
-    assert report["reads"] == len(files)  # the views are readable by their user
-    assert (Path(own_dir) / "control").read_text() == "ok"  # and the attacker ran with rights
-    assert [o for o in report["outcomes"] if o[2] == "succeeded"] == []
-    # EROFS: the read-only subPath mount; EXDEV: no hard link out of it; EBUSY: a mount point
-    assert {o[2] for o in report["outcomes"]} <= {"EACCES", "EPERM", "EROFS", "EXDEV", "EBUSY"}
-    for path, digest in stored.items():
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
-        assert stat.S_IMODE(path.stat().st_mode) in (0o444, 0o555) and path.stat().st_uid == 0
+    attack_skill_views(api, service.layout, B)
