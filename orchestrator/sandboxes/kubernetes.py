@@ -80,6 +80,11 @@ PARALLEL_STARTS = 4  # pod creations waited for at once
 API_TIMEOUT_S = 15.0  # one request to the API server
 POLL_S = 0.25  # how often a starting pod's status is read
 GONE_TIMEOUT_S = 60.0  # a deleted pod must be gone before its name is used again
+# Deleting a pod whose agent must not go on (stalled, failed to start, an unknown user's): the
+# shortest grace that still lets the kubelet confirm its containers are dead. With 0 the API
+# object goes at once while its container may still run, and a new pod of the same name could
+# run beside it on the same user's files.
+KILL_GRACE_S = 1
 
 
 def kube_configuration(settings: Settings) -> k8s.Configuration:
@@ -199,7 +204,7 @@ class KubernetesBackend:
                 user_id = user_of(metadata.get("labels"))
                 if user_id is None or not self.known_user(user_id):
                     log.warning("deleting the sandbox pod of an unknown user %s", kv(pod=metadata.get("name"), user=user_id))
-                    self._delete(str(metadata.get("name")), grace_s=0)
+                    self._delete(str(metadata.get("name")), grace_s=KILL_GRACE_S)
                     continue
                 observed = observed_pod(pod)
                 slot = self._slot(user_id)
@@ -336,7 +341,7 @@ class KubernetesBackend:
         if slot.stalled:
             log.warning("replacing a stalled sandbox pod %s", kv(user=user.user_id, pod=name))
             slot.forget_agent()
-            self._delete(name, grace_s=0)
+            self._delete(name, grace_s=KILL_GRACE_S)
             slot.stalled = False
         elif slot.forgotten:
             slot.forget_agent()
@@ -516,7 +521,7 @@ class KubernetesBackend:
             logs = ""
         log.error("sandbox pod failed to start %s", kv(user=slot.user_id, pod=name, why=why, logs=logs))
         try:  # nothing of it is worth keeping but its logs (above): the next call starts afresh
-            self._delete(name, grace_s=0)
+            self._delete(name, grace_s=KILL_GRACE_S)
         except (ApiException, HTTPError, OSError):
             pass
         slot.stopped = True
