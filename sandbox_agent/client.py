@@ -24,7 +24,9 @@ fields in the `X-Tool-Result` header), not as base64 in JSON.
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
+import io
 import json
 import select
 import socket
@@ -234,6 +236,35 @@ def _copy_body(raw: http.client.HTTPResponse, length: int, sink: BinaryIO) -> in
 
 
 
+class _DeadlineReader(io.RawIOBase):
+    """An answer's bytes off the socket, each read waiting only for what is left of the call's
+    deadline: a socket timeout alone bounds the wait between two bytes, which an agent that
+    sends one now and then never reaches (it would hold the caller's thread for good)."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the answer did not arrive before the call's deadline")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
+
+
+class _DeadlineResponse(http.client.HTTPResponse):
+    """http.client's answer, read through a `_DeadlineReader`."""
+
+    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(sock, *args, **kwargs)
+        self.fp.close()  # the plain file it made of the socket (the socket stays open)
+        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+
+
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(
         self, socket_path: str, connect_timeout_s: float, expected_peer_uid: int | None, connector: Connector | None = None
@@ -384,7 +415,8 @@ class AgentClient(_AgentClientBase):
             headers["Accept"] = accept
         try:
             assert conn.sock is not None
-            conn.sock.settimeout(timeout)
+            conn.sock.settimeout(timeout)  # sendall's is the whole send's
+            conn.response_class = functools.partial(_DeadlineResponse, deadline=time.monotonic() + timeout)
             conn.request(method, url, body=body, headers=headers)
             raw = conn.getresponse()
             length = answer_length(
