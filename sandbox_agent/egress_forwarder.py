@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import socket
+import stat
 import threading
 from pathlib import Path
 
@@ -104,23 +105,45 @@ def tool_configs(port: int, ca_file: str | None) -> dict[str, str]:
 
 def write_tool_configs(home: str, files: dict[str, str]) -> None:
     """As the sandbox's own uid, into its own HOME: no other user's file can be reached. A
-    file the user wrote without our mark is left alone (the environment still applies)."""
+    file the user wrote without our mark is left alone (the environment still applies), and
+    so is anything that is not a plain file: the user's own shell may have put a FIFO there,
+    whose open would block this agent's start for good (its pod never ready)."""
     for rel, content in files.items():
         path = Path(home) / rel
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                existing = path.read_text(errors="replace")[:4096]
-            except FileNotFoundError:
-                existing = None
+            existing = _own_config(path)
             if existing is not None and MANAGED_MARK not in existing:
                 log.info("keeping the user's own %s", path)
                 continue
             tmp = path.with_name(f".{path.name}.agent-tmp")
-            tmp.write_text(content)
+            tmp.unlink(missing_ok=True)  # whatever sits there, a FIFO too: a new file is made
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            with os.fdopen(fd, "w") as out:
+                out.write(content)
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("could not write %s: %s", path, exc)
+
+
+CONFIG_READ_MAX = 4096  # of an existing config file: enough to find our mark
+
+
+def _own_config(path: Path) -> str | None:
+    """The head of the config file at `path`, None when there is none; something that is not
+    a plain file (a FIFO, a device, a link) counts as the user's own, unread."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a symlink (ELOOP), or unreadable
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        return os.read(fd, CONFIG_READ_MAX).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
 
 
 def start_egress(config: EgressConfig, home: str) -> dict[str, str]:
