@@ -10,6 +10,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -136,4 +137,23 @@ def k8s_settings(data_dir: Path, namespace: str, image: str, **overrides: object
     return make_settings(data_dir, **values)
 
 
-__all__ = ["IMAGE", "create_namespace", "delete_namespace", "k8s_settings", "kube_configuration"]
+__all__ = ["IMAGE", "create_namespace", "delete_namespace", "k8s_settings", "kube_configuration", "served"]
+
+
+@contextmanager
+def served(kube: client.CoreV1Api, namespace: str, image: str, **overrides: object) -> Iterator[tuple[TestClient, OrchestratorService]]:
+    """A service on the cluster and its API as the bot, with a data dir of its own (for a
+    module-scoped fixture: one pod serves a module's tests); its pods deleted afterwards."""
+    TEST_BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="t-", dir=TEST_BASE))
+    os.chmod(base, 0o711)
+    data = base / "data"
+    data.mkdir()
+    service = OrchestratorService(k8s_settings(data, namespace, image, **overrides))
+    try:
+        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as test_client:
+            yield test_client, service
+    finally:
+        service.close()
+        kube.delete_collection_namespaced_pod(namespace, grace_period_seconds=0)
+        shutil.rmtree(base, ignore_errors=True)

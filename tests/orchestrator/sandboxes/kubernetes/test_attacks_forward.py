@@ -17,14 +17,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
-from fastapi.testclient import TestClient
 from kubernetes import client
 
-from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.sandboxes.kubernetes import KubernetesBackend
 from orchestrator.sandboxes.kubernetes_forward import PodPortForwarder
@@ -32,8 +29,7 @@ from orchestrator.sandboxes.kubernetes_spec import pod_name
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentTimedOut, AgentUnavailable
 from tests.api_calls import OWNER, group_session, start_run, tool
-from tests.conftest import API_TOKEN
-from tests.orchestrator.sandboxes.kubernetes.conftest import TEST_BASE, k8s_settings
+from tests.orchestrator.sandboxes.kubernetes.conftest import served
 
 pytestmark = [pytest.mark.k8s, pytest.mark.slow]
 
@@ -88,26 +84,14 @@ time.sleep(3600)
 @pytest.fixture(scope="module")
 def hostile_pod(kube: client.CoreV1Api, k8s_namespace: str, k8s_image: str) -> Iterator[tuple[OrchestratorService, str]]:
     """One user's real pod (made by its first call) whose sandbox runs the listeners above."""
-    TEST_BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
-    import shutil
-    import tempfile
-
-    base = Path(tempfile.mkdtemp(prefix="t-", dir=TEST_BASE))
-    base.chmod(0o711)
-    data = base / "data"
-    data.mkdir()
-    service = OrchestratorService(k8s_settings(data, k8s_namespace, k8s_image))
-    try:
-        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as api:
-            run = start_run(api, group_session(api), trigger="web")["run_id"]
-            assert tool(api, run, "write_file", path="hostile.py", content=HOSTILE)["ok"]
-            started = tool(api, run, "process_start", command="python3 hostile.py")
-            assert started["ok"], started
-            yield service, pod_name(backend_of(service).instance, OWNER)
-    finally:
-        service.close()
-        kube.delete_collection_namespaced_pod(k8s_namespace, grace_period_seconds=0)
-        shutil.rmtree(base, ignore_errors=True)
+    with served(kube, k8s_namespace, k8s_image) as (api, service):
+        run = start_run(api, group_session(api), trigger="web")["run_id"]
+        assert tool(api, run, "write_file", path="hostile.py", content=HOSTILE)["ok"]
+        started = tool(api, run, "process_start", command="python3 hostile.py")
+        assert started["ok"], started
+        pod = pod_name(backend_of(service).instance, OWNER)
+        wait_listening(forwarder(service, pod, FLOOD))  # the three listeners start together
+        yield service, pod
 
 
 def backend_of(service: OrchestratorService) -> KubernetesBackend:
@@ -144,8 +128,9 @@ def rss() -> int:
     return psutil.Process().memory_info().rss
 
 
-def forward_threads() -> int:
-    return sum(1 for t in threading.enumerate() if "port forward" in t.name.lower() or "port-forward" in t.name.lower())
+def forward_threads(port: int) -> set[threading.Thread]:
+    """The threads of port-forwards to `port` (the library's and ours name it)."""
+    return {t for t in threading.enumerate() if "port" in t.name.lower() and t.name.endswith(str(port))}
 
 
 def flooded(service: OrchestratorService) -> int:
@@ -158,9 +143,7 @@ def flooded(service: OrchestratorService) -> int:
 
 def test_a_flood_on_an_unread_connection_is_not_buffered_without_bound(hostile_pod: tuple[OrchestratorService, str]) -> None:
     service, pod = hostile_pod
-    connect = forwarder(service, pod, FLOOD)
-    wait_listening(connect)
-    sock = connect(5.0)
+    sock = forwarder(service, pod, FLOOD)(5.0)
     try:
         sock.sendall(b"GET /health HTTP/1.1\r\n\r\n")
         # The agent floods; the orchestrator reads nothing (an idle pooled connection). Once
@@ -179,21 +162,23 @@ def test_the_forward_ends_when_the_orchestrator_gives_up_on_an_agent_that_reads_
 ) -> None:
     service, pod = hostile_pod
     connect = forwarder(service, pod, SINK)
-    baseline = forward_threads()
+    baseline = forward_threads(SINK)
     body = b"x" * (64 << 20)  # a large write_file, say, to an agent that never reads it
     before = rss()
     sock = connect(5.0)
     sock.settimeout(3.0)
+    pushed = 0
     try:
-        sock.sendall(body)
+        while pushed < len(body):  # the forward pushes back, as a socket to a peer that does not read
+            pushed += sock.send(body[pushed : pushed + (1 << 20)])
     except TimeoutError:
-        pass  # the forward pushes back, as a socket to a peer that does not read
+        pass
     buffered = rss() - before
     sock.close()
     deadline = time.monotonic() + 15
-    while forward_threads() > baseline and time.monotonic() < deadline:
+    while (left := forward_threads(SINK) - baseline) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert forward_threads() == baseline, "a port-forward thread outlived its connection"
+    assert not left, f"a port-forward thread outlived its connection: {left}"
     assert buffered < 48 * 1024 * 1024, f"the forward took {buffered >> 20} MiB of a request nobody read"
 
 
