@@ -6,7 +6,8 @@ Modes: `huge` announces and streams a 300 MiB JSON answer; `unannounced` streams
 a Content-Length until the client hangs up; `overcap` answers a valid shell result whose
 stdout is 1 MiB (within the answer bound, over the output cap); `health` answers /health;
 `streamflood` answers a streamed shell with output events without end; `streamforged` with
-an output event of a stream that does not exist.
+an output event of a stream that does not exist; `trickle` answers a byte every 0.2 s (a header
+line without end), never long silent.
 """
 
 from __future__ import annotations
@@ -78,6 +79,10 @@ def _serve(conn: socket.socket, mode: str) -> None:
                 _stream(conn, f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {HUGE}\r\n\r\n".encode(), HUGE)
             elif mode == "unannounced":
                 _stream(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n", None)
+            elif mode == "trickle":
+                for byte in b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 60000:
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.2)
             elif mode in ("streamflood", "streamforged"):
                 _stream_events(conn, mode)
             elif mode == "overcap":

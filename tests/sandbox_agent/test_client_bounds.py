@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from sandbox_agent.client import AgentClient, AsyncAgentClient
-from sandbox_agent.errors import AgentToolError, AgentUnavailable
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 from sandbox_agent.tools.output import truncation_marker
 from tests.sandbox_agent.lying_agent import lying_agent
 
@@ -96,3 +96,25 @@ def test_a_streamed_shell_that_floods_or_forges_its_events_is_refused(traversabl
         assert (psutil.Process().memory_info().rss - rss_before) / 2**20 < 200
     else:
         assert isinstance(info.value, AgentUnavailable) and seen == []
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_trickled_answer_ends_at_the_calls_deadline(traversable_tmp: Path, kind: str) -> None:
+    """A byte now and then never trips a per-read timeout: the deadline is the whole call's (a
+    host tool's thread waiting on a trickle is a thread every user shares)."""
+    with lying_agent(traversable_tmp, "trickle") as path:
+        started = time.monotonic()
+        with pytest.raises(AgentTimedOut):
+            if kind == "sync":
+                with AgentClient(path, "t") as client:
+                    client.health(timeout_s=1.0)
+            else:
+                async def run() -> None:
+                    client = AsyncAgentClient(path, "t")
+                    try:
+                        await client.health(timeout_s=1.0)
+                    finally:
+                        client.close()
+
+                asyncio.run(run())
+        assert time.monotonic() - started < 3.0
