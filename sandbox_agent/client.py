@@ -288,6 +288,13 @@ class _UnixConnection(http.client.HTTPConnection):
             raise
         self.sock = sock
 
+    def within(self, timeout_s: float) -> None:
+        """The next request and its whole answer take at most `timeout_s` (sendall's timeout
+        is the whole send's; each read waits only for what is left)."""
+        assert self.sock is not None
+        self.sock.settimeout(timeout_s)
+        self.response_class = functools.partial(_DeadlineResponse, deadline=time.monotonic() + timeout_s)
+
     def closed_by_peer(self) -> bool:
         """An idle connection that is readable has been closed (or broken) by the agent."""
         if self.sock is None:
@@ -378,7 +385,7 @@ class AgentClient(_AgentClientBase):
             return True
         try:
             assert conn.sock is not None
-            conn.sock.settimeout(VERIFY_TIMEOUT_S)
+            conn.within(VERIFY_TIMEOUT_S)
             conn.request("GET", "/health", headers={"Authorization": self._authorization})
             raw = conn.getresponse()
             length = raw.getheader("Content-Length") or ""
@@ -415,8 +422,7 @@ class AgentClient(_AgentClientBase):
             headers["Accept"] = accept
         try:
             assert conn.sock is not None
-            conn.sock.settimeout(timeout)  # sendall's is the whole send's
-            conn.response_class = functools.partial(_DeadlineResponse, deadline=time.monotonic() + timeout)
+            conn.within(timeout)
             conn.request(method, url, body=body, headers=headers)
             raw = conn.getresponse()
             length = answer_length(
