@@ -85,6 +85,7 @@ GONE_TIMEOUT_S = 60.0  # a deleted pod must be gone before its name is used agai
 # object goes at once while its container may still run, and a new pod of the same name could
 # run beside it on the same user's files.
 KILL_GRACE_S = 1
+LOG_TAIL_MAX_BYTES = 16 * 1024  # of a failed pod's log (its last 20 lines), read on a failed start
 
 
 def kube_configuration(settings: Settings) -> k8s.Configuration:
@@ -515,7 +516,8 @@ class KubernetesBackend:
         try:
             # None, not "", for a pod that never got a node (an unschedulable one).
             logs = (self.core.read_namespaced_pod_log(
-                name, self.namespace, container=CONTAINER, tail_lines=20, _request_timeout=API_TIMEOUT_S
+                name, self.namespace, container=CONTAINER, tail_lines=20, limit_bytes=LOG_TAIL_MAX_BYTES,
+                _request_timeout=API_TIMEOUT_S,
             ) or "").strip()  # fmt: skip
         except (ApiException, HTTPError, OSError):
             logs = ""
