@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
 import docker
@@ -38,7 +38,6 @@ from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, 
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
 from orchestrator import metrics
 from orchestrator.sandboxes.base import (
-    CallCount,
     IdleAction,
     LiveAgent,
     SandboxStatus,
@@ -63,6 +62,7 @@ from orchestrator.sandboxes.docker_spec import (
     observed_from_attrs,
     user_of,
 )
+from orchestrator.sandboxes.slots import AgentSlot, SlotTable
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
 from orchestrator.log import kv
@@ -104,31 +104,12 @@ def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
 
 
 @dataclass
-class _Slot:
-    """One user's container as this orchestrator knows it. Guarded by `lock`."""
+class _Slot(AgentSlot):
+    """One user's container as this orchestrator knows it (`AgentSlot`: its agent, its calls)."""
 
-    user_id: int
-    lock: threading.Lock = field(default_factory=threading.Lock)
     container_id: str | None = None
-    plan_hash: str | None = None
     image_id: str | None = None
-    running_build: str | None = None
-    live: LiveAgent | None = None  # the clients of its agent (blocking: health, cancels)
-    # The calls in flight on the container, whichever client they went through: kept across
-    # reconnections to the same container.
-    count: CallCount = field(default_factory=CallCount)
     stopped: bool = False  # stopped by us (idle, or asked); the next call starts it again
-    # Set by `forget` without the lock (a plain flag): the next `ensure` acts on them.
-    stalled: bool = False  # its agent missed a call's deadline: the container is replaced
-    forgotten: bool = False  # its agent failed a call: the container is inspected again
-
-    def forget_agent(self) -> None:
-        if self.live is not None:
-            self.live.blocking.close()
-            self.live.calls.close()
-        self.live = None
-        self.running_build = None
-        self.forgotten = False
 
 
 def docker_time(text: str | None) -> str | None:
@@ -160,8 +141,7 @@ class DockerBackend:
         self.client = client or docker.from_env(timeout=60, max_pool_size=32)
         self.instance = instance_id(self.layout.root)
         self.limits = Limits(settings.sandbox_cpus, settings.sandbox_memory_mb, settings.sandbox_pids)
-        self._slots: dict[int, _Slot] = {}
-        self._slots_lock = threading.Lock()
+        self._slots: SlotTable[_Slot] = SlotTable(_Slot)
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
         self._answer_limits = answer_limits(settings)
         self._image: tuple[str, float] | None = None  # (id, when resolved)
@@ -173,11 +153,7 @@ class DockerBackend:
     # --- the backend's own lifecycle ------------------------------------------------------
     def close(self) -> None:
         """Drop the agents' clients; sandboxes keep running and are adopted by the next start."""
-        with self._slots_lock:
-            slots = list(self._slots.values())
-        for slot in slots:
-            with slot.lock:
-                slot.forget_agent()
+        self._slots.drop_agents()
         self.client.close()
         self._warden.close()  # thaws the paused ones: their agents' own switch bounds them
 
@@ -226,8 +202,7 @@ class DockerBackend:
         image = self._image
         if not self._adopted or image is None or time.monotonic() - image[1] >= IMAGE_RECHECK_S:
             return None
-        with self._slots_lock:
-            slot = self._slots.get(user.user_id)
+        slot = self._slots.get(user.user_id)
         if slot is None or not slot.lock.acquire(blocking=False):
             return None
         try:
@@ -246,8 +221,7 @@ class DockerBackend:
             slot.lock.release()
 
     def resume(self, user: SandboxUser) -> LiveAgent | None:
-        with self._slots_lock:
-            slot = self._slots.get(user.user_id)
+        slot = self._slots.get(user.user_id)
         if slot is None or not slot.count.paused:
             return None
         with slot.lock:
@@ -275,29 +249,10 @@ class DockerBackend:
         container.reload()
 
     def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
-        with self._slots_lock:
-            slot = self._slots.get(user_id)
-        if slot is None or (agent is not None and slot.live is not agent):
-            return  # already replaced: the new agent did not fail
-        # No lock: a start may hold the slot's for seconds. At worst a just-replaced agent is
-        # inspected once more by the next `ensure`.
-        slot.stalled = slot.stalled or stalled
-        slot.forgotten = True
+        self._slots.forget(user_id, agent=agent, stalled=stalled)
 
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
-        # Not under the slot's lock: a container start holds it for seconds. A call still
-        # starting its container has not reached the agent: the router's next cancel does.
-        with self._slots_lock:
-            slot = self._slots.get(user_id)
-        live = slot.live if slot is not None else None
-        if live is None:
-            return 0
-        try:
-            return live.blocking.cancel(run_id=run_id, session_id=session_id)
-        except AgentUnavailable as exc:
-            log.warning("sandbox did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
-            self.stop(user_id)
-            return 0
+        return self._slots.cancel_calls(user_id, run_id=run_id, session_id=session_id, stop=self.stop)
 
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)
@@ -552,8 +507,7 @@ class DockerBackend:
         (once): the first round after a start takes over the containers of the last run."""
         self.adopt()
         now = time.monotonic() if now is None else now
-        with self._slots_lock:
-            slots = list(self._slots.values())
+        slots = self._slots.all()
         stopped = []
         for slot in slots:
             if not slot.lock.acquire(blocking=False):
@@ -608,11 +562,7 @@ class DockerBackend:
 
     # --- Docker helpers -----------------------------------------------------------------------
     def _slot(self, user_id: int) -> _Slot:
-        with self._slots_lock:
-            slot = self._slots.get(user_id)
-            if slot is None:
-                slot = self._slots[user_id] = _Slot(user_id)
-            return slot
+        return self._slots.slot(user_id)
 
     def _find(self, slot: _Slot) -> Container | None:
         for key in (slot.container_id, container_name(self.instance, slot.user_id)):

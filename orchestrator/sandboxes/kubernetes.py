@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, 
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
 from orchestrator.sandboxes.base import (
-    CallCount,
     IdleAction,
     LiveAgent,
     SandboxStatus,
@@ -50,6 +49,7 @@ from orchestrator.sandboxes.base import (
 )
 from orchestrator.sandboxes.docker_spec import Limits, instance_id
 from orchestrator.sandboxes.kubernetes_forward import PodPortForwarder
+from orchestrator.sandboxes.slots import AgentSlot, SlotTable
 from orchestrator.sandboxes.kubernetes_spec import (
     ANNOTATION_BUILD,
     ANNOTATION_PLAN,
@@ -119,28 +119,12 @@ def cluster_problem(settings: Settings, timeout: float = 5.0) -> str | None:
 
 
 @dataclass
-class _Slot:
-    """One user's pod as this orchestrator knows it. Guarded by `lock`."""
+class _Slot(AgentSlot):
+    """One user's pod as this orchestrator knows it (`AgentSlot`: its agent, its calls)."""
 
-    user_id: int
-    lock: threading.Lock = field(default_factory=threading.Lock)
     pod_uid: str | None = None
-    plan_hash: str | None = None
     image: str | None = None
-    running_build: str | None = None
-    live: LiveAgent | None = None
-    count: CallCount = field(default_factory=CallCount)
     stopped: bool = True  # no pod of ours runs (never started, idle-stopped, or asked)
-    stalled: bool = False  # its agent missed a call's deadline: the pod is replaced
-    forgotten: bool = False  # its agent failed a call: the pod is read again
-
-    def forget_agent(self) -> None:
-        if self.live is not None:
-            self.live.blocking.close()
-            self.live.calls.close()
-        self.live = None
-        self.running_build = None
-        self.forgotten = False
 
 
 class KubernetesBackend:
@@ -170,8 +154,7 @@ class KubernetesBackend:
         self.requests = Requests(
             settings.k8s_cpu_request or settings.sandbox_cpus, settings.k8s_memory_request_mb or settings.sandbox_memory_mb
         )
-        self._slots: dict[int, _Slot] = {}
-        self._slots_lock = threading.Lock()
+        self._slots: SlotTable[_Slot] = SlotTable(_Slot)
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
         self._answer_limits = answer_limits(settings)
         self._adopted = False
@@ -184,11 +167,7 @@ class KubernetesBackend:
     # --- the backend's own lifecycle ------------------------------------------------------
     def close(self) -> None:
         """Drop the agents' clients; pods keep running and are adopted by the next start."""
-        with self._slots_lock:
-            slots = list(self._slots.values())
-        for slot in slots:
-            with slot.lock:
-                slot.forget_agent()
+        self._slots.drop_agents()
         self.api.close()
 
     def adopt(self) -> list[int]:
@@ -255,8 +234,7 @@ class KubernetesBackend:
     def warm(self, user: SandboxUser) -> LiveAgent | None:
         if not self._adopted:
             return None
-        with self._slots_lock:
-            slot = self._slots.get(user.user_id)
+        slot = self._slots.get(user.user_id)
         if slot is None or not slot.lock.acquire(blocking=False):
             return None
         try:
@@ -277,25 +255,10 @@ class KubernetesBackend:
         return None  # pods are never paused
 
     def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
-        with self._slots_lock:
-            slot = self._slots.get(user_id)
-        if slot is None or (agent is not None and slot.live is not agent):
-            return
-        slot.stalled = slot.stalled or stalled
-        slot.forgotten = True
+        self._slots.forget(user_id, agent=agent, stalled=stalled)
 
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
-        with self._slots_lock:
-            slot = self._slots.get(user_id)
-        live = slot.live if slot is not None else None
-        if live is None:
-            return 0
-        try:
-            return live.blocking.cancel(run_id=run_id, session_id=session_id)
-        except AgentUnavailable as exc:
-            log.warning("sandbox did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
-            self.stop(user_id)
-            return 0
+        return self._slots.cancel_calls(user_id, run_id=run_id, session_id=session_id, stop=self.stop)
 
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)
@@ -548,8 +511,7 @@ class KubernetesBackend:
             log.warning("the Kubernetes API does not answer; adoption waits %s", kv(error=_api_error(exc)))
             return []
         now = time.monotonic() if now is None else now
-        with self._slots_lock:
-            slots = list(self._slots.values())
+        slots = self._slots.all()
         stopped = []
         for slot in slots:
             if not slot.lock.acquire(blocking=False):
@@ -580,11 +542,7 @@ class KubernetesBackend:
 
     # --- API helpers ------------------------------------------------------------------------
     def _slot(self, user_id: int) -> _Slot:
-        with self._slots_lock:
-            slot = self._slots.get(user_id)
-            if slot is None:
-                slot = self._slots[user_id] = _Slot(user_id)
-            return slot
+        return self._slots.slot(user_id)
 
     def _read(self, name: str) -> dict[str, Any] | None:
         try:

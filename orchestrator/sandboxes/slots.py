@@ -1,0 +1,103 @@
+"""What a backend of long-lived sandboxes (docker containers, kubernetes pods) keeps per user:
+the slot of one user's sandbox (its agent's clients, its call count, the flags a failed call
+sets), and the table of them with the parts of the backend interface that only touch slots
+(`forget`, `cancel_calls`). Each backend adds what its platform needs to its own slot."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from orchestrator.log import kv
+from orchestrator.sandboxes.base import CallCount, LiveAgent
+from sandbox_agent.errors import AgentUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentSlot:
+    """One user's sandbox as this orchestrator knows it. Guarded by `lock`; `stalled` and
+    `forgotten` are set by `forget` without it (plain flags): the next `ensure` acts on them."""
+
+    user_id: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    plan_hash: str | None = None
+    running_build: str | None = None
+    live: LiveAgent | None = None  # the clients of its agent (blocking: health, cancels)
+    # The calls in flight on the sandbox, whichever client they went through: kept across
+    # reconnections to the same sandbox.
+    count: CallCount = field(default_factory=CallCount)
+    stalled: bool = False  # its agent missed a call's deadline: the sandbox is replaced
+    forgotten: bool = False  # its agent failed a call: the sandbox is inspected again
+
+    def forget_agent(self) -> None:
+        if self.live is not None:
+            self.live.blocking.close()
+            self.live.calls.close()
+        self.live = None
+        self.running_build = None
+        self.forgotten = False
+
+
+S = TypeVar("S", bound=AgentSlot)
+
+
+class SlotTable(Generic[S]):
+    """The slots by user, made on first use. Thread-safe; a slot's own state is under its lock."""
+
+    def __init__(self, make: Callable[[int], S]) -> None:
+        self._make = make
+        self._slots: dict[int, S] = {}
+        self._lock = threading.Lock()
+
+    def get(self, user_id: int) -> S | None:
+        with self._lock:
+            return self._slots.get(user_id)
+
+    def slot(self, user_id: int) -> S:
+        with self._lock:
+            slot = self._slots.get(user_id)
+            if slot is None:
+                slot = self._slots[user_id] = self._make(user_id)
+            return slot
+
+    def all(self) -> list[S]:
+        with self._lock:
+            return list(self._slots.values())
+
+    def drop_agents(self) -> None:
+        """At shutdown: close every agent's clients (the sandboxes keep running)."""
+        for slot in self.all():
+            with slot.lock:
+                slot.forget_agent()
+
+    def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
+        slot = self.get(user_id)
+        if slot is None or (agent is not None and slot.live is not agent):
+            return  # already replaced: the new agent did not fail
+        # No lock: a start may hold the slot's for seconds. At worst a just-replaced agent is
+        # inspected once more by the next `ensure`.
+        slot.stalled = slot.stalled or stalled
+        slot.forgotten = True
+
+    def cancel_calls(
+        self, user_id: int, *, run_id: str | None, session_id: str | None, stop: Callable[[int], None]
+    ) -> int:
+        """The backend's `cancel_calls`: asked of the live agent, never starting one. Not under
+        the slot's lock (a start holds it for seconds): a call still starting its sandbox has not
+        reached the agent, and the router's next cancel does. An agent that does not answer a
+        cancel is stopped (`stop`)."""
+        slot = self.get(user_id)
+        live = slot.live if slot is not None else None
+        if live is None:
+            return 0
+        try:
+            return live.blocking.cancel(run_id=run_id, session_id=session_id)
+        except AgentUnavailable as exc:
+            log.warning("sandbox did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
+            stop(user_id)
+            return 0
