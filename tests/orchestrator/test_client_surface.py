@@ -92,9 +92,10 @@ def test_the_async_client_runs_a_bot_loop(server) -> None:
 def test_a_tool_calls_http_timeout_follows_its_timeout_s(server) -> None:
     base, _ = server
     # A 1 s default timeout: before, a 3 s shell call timed out in the client while it ran on.
+    with OrchestratorClient(base, token=API_TOKEN) as setup:  # the set-up on a busy machine may take a second
+        session = setup.create_session(owner_user_id=OWNER, channel="web")
+        run = setup.start_run(session.session_id, trigger="web")
     with OrchestratorClient(base, token=API_TOKEN, timeout=1.0) as bot:
-        session = bot.create_session(owner_user_id=OWNER, channel="web")
-        run = bot.start_run(session.session_id, trigger="web")
         started = time.monotonic()
         result = bot.call_tool(run.run_id, "shell", {"command": "sleep 3; echo done", "timeout_s": 10})
         assert result.typed.stdout == "done\n" and time.monotonic() - started >= 3

@@ -81,7 +81,7 @@ def test_a_public_bind_without_tokens_exits_non_zero(tmp_path: Path) -> None:
 
 def test_a_bad_setting_is_one_line_naming_the_variable_and_its_values(tmp_path: Path) -> None:
     line = _one_line(_serve(_env(tmp_path / "data", ORCH_BACKEND="dockr")))
-    assert line == "orchestrator serve: invalid setting ORCH_BACKEND='dockr': it must be 'auto', 'docker' or 'process'"
+    assert line == "orchestrator serve: invalid setting ORCH_BACKEND='dockr': it must be 'auto', 'docker', 'process' or 'kubernetes'"
     line = _one_line(_serve(_env(tmp_path / "data", ORCH_IDLE_TIMEOUT_S="soon")))
     assert line.startswith("orchestrator serve: invalid setting ORCH_IDLE_TIMEOUT_S='soon': it must be a valid number")
     gc = subprocess.run(

@@ -27,7 +27,7 @@ from orchestrator.sandboxes.kubernetes import kube_configuration
 from orchestrator.service import OrchestratorService
 from sandbox_agent.client import REUSE_IDLE_S
 from tests.orchestrator.sandboxes.call_wording import died_mid_call
-from tests.orchestrator.sandboxes.kubernetes.conftest import k8s_image, k8s_namespace, k8s_settings, kube  # noqa: F401 - fixtures
+from tests.orchestrator.sandboxes.kubernetes.conftest import k8s_image, k8s_namespace, k8s_settings, kube, separate_uid_block  # noqa: F401 - fixtures
 from tests.orchestrator.sandboxes.kubernetes.life_env import data_dir, ended
 
 USER = 17
@@ -40,7 +40,7 @@ def k8s_protocol_service(k8s_namespace: str, k8s_image: str, kube: client.CoreV1
     with data_dir() as data:
         settings = k8s_settings(data, k8s_namespace, k8s_image)
         # A uid block of its own: the process cases' services start while this one lives.
-        service = OrchestratorService(k8s_settings(data, k8s_namespace, k8s_image, sandbox_uid_base=settings.sandbox_uid_base + 6_000_000))
+        service = OrchestratorService(k8s_settings(data, k8s_namespace, k8s_image, **separate_uid_block(settings, 1)))
         try:
             yield service
         finally:

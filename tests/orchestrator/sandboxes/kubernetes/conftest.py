@@ -120,6 +120,14 @@ def k8s_client(k8s_service: OrchestratorService) -> Iterator[TestClient]:
         yield test_client
 
 
+def separate_uid_block(settings: Settings, index: int = 0) -> dict[str, int]:
+    """Settings for a second service alive at the same time as the one of `settings` (their
+    uid blocks must not overlap on one host, whatever ORCH_MAX_USER_ID is): just above its
+    block, 100 000 users wide; `index` tells several such services apart."""
+    width = 100_000
+    return {"sandbox_uid_base": settings.sandbox_uid_base + settings.max_user_id + 1 + index * (width + 1), "max_user_id": width}
+
+
 def k8s_settings(data_dir: Path, namespace: str, image: str, **overrides: object) -> Settings:
     """Settings of a kubernetes backend in `namespace` of the test cluster: small sandboxes
     (the node has two cores; pods request what they limit), images loaded, not pulled."""

@@ -21,7 +21,7 @@ from orchestrator.sandboxes.base import SandboxUser
 from orchestrator.sandboxes.kubernetes_spec import network_policy
 from orchestrator.service import OrchestratorService
 from tests.agent_env import blocking_call
-from tests.orchestrator.sandboxes.kubernetes.conftest import k8s_settings, kube_configuration
+from tests.orchestrator.sandboxes.kubernetes.conftest import k8s_settings, kube_configuration, separate_uid_block
 from tests.orchestrator.sandboxes.kubernetes.life_env import (
     backend_of,
     data_dir,
@@ -151,8 +151,8 @@ def test_an_orchestrator_restart_adopts_the_same_pod_and_deletes_those_of_unknow
     k8s_data_dir: Path, k8s_namespace: str, k8s_image: str, kube: client.CoreV1Api
 ) -> None:
     # Its own uid block: the module's service holds the usual one meanwhile.
-    base = k8s_settings(k8s_data_dir, k8s_namespace, k8s_image).sandbox_uid_base + 5_000_000
-    settings = k8s_settings(k8s_data_dir, k8s_namespace, k8s_image, sandbox_uid_base=base)
+    block = separate_uid_block(k8s_settings(k8s_data_dir, k8s_namespace, k8s_image), 0)
+    settings = k8s_settings(k8s_data_dir, k8s_namespace, k8s_image, **block)
     first = OrchestratorService(settings)
     try:
         cwd = workdir(first, 17)
