@@ -35,7 +35,7 @@ from docker.models.containers import Container
 from orchestrator.clock import iso
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, sandbox_unavailable
-from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
+from orchestrator.sandboxes.agent_launch import prepare_agent_launch
 from orchestrator import metrics
 from orchestrator.sandboxes.base import (
     IdleAction,
@@ -62,13 +62,13 @@ from orchestrator.sandboxes.docker_spec import (
     observed_from_attrs,
     user_of,
 )
-from orchestrator.sandboxes.slots import AgentSlot, SlotTable
+from orchestrator.sandboxes.slots import AgentSlot, SlotTable, live_agent, reconnect
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
 from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
-from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
@@ -398,28 +398,11 @@ class DockerBackend:
         return bundle if self.settings.egress != "off" and bundle.is_file() else None
 
     def _reconnect(self, slot: _Slot, container: Container) -> bool:
-        """Talk to the agent already running in `container` with the token it was started with
-        (read from the root-owned secrets dir, never from the sandbox's socket dir). False when
-        there is no usable token or the socket's peer is not the user's own agent: the caller
-        replaces the container."""
-        token = read_agent_token(self.directories, slot.user_id)
-        if token is None:
-            log.warning("no usable agent token; replacing the sandbox %s", kv(user=slot.user_id))
+        """The agent already running in `container` (`slots.reconnect`); as root only over a
+        socket whose peer is the user's own uid. False: the caller replaces the container."""
+        if not reconnect(slot, self.directories, lambda token: self._agent_client(slot.user_id, token)):
             return False
-        agent = self._agent_client(slot.user_id, token)
-        try:
-            health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
-        except AgentUnavailable as exc:
-            log.warning("the adopted sandbox's agent does not answer %s", kv(user=slot.user_id, error=exc.message))
-            agent.close()
-            return False
-        if health.user_id not in (None, slot.user_id):
-            log.warning("the socket answers for another user %s", kv(user=slot.user_id, answered=health.user_id))
-            agent.close()
-            return False
-        slot.running_build, slot.container_id = health.build, container.id
-        slot.count.note_processes(health.processes)
-        slot.live = self._live(slot, agent, token)
+        slot.container_id = container.id
         return True
 
     def _peer_uid(self, user_id: int) -> int | None:
@@ -432,12 +415,6 @@ class DockerBackend:
             self.layout.socket_path(user_id), token, expected_peer_uid=self._peer_uid(user_id),
             answer_limits=self._answer_limits,
         )  # fmt: skip
-
-    def _live(self, slot: _Slot, agent: AgentClient, token: str) -> LiveAgent:
-        calls = AsyncAgentClient(
-            agent.socket_path, token, expected_peer_uid=agent.expected_peer_uid, answer_limits=self._answer_limits
-        )
-        return LiveAgent(slot.user_id, agent, calls, slot.count)
 
     def _remove_stalled(self, slot: _Slot) -> None:
         """A container whose agent missed a deadline (paused, stopped, hung) is removed, so the
@@ -461,7 +438,7 @@ class DockerBackend:
                 health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
                 if health.instance_id == instance:
                     slot.running_build = health.build
-                    slot.live = self._live(slot, agent, token)
+                    slot.live = live_agent(slot, agent, token)
                     return
             except AgentUnavailable:
                 pass

@@ -37,7 +37,7 @@ from orchestrator import metrics
 from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
-from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
+from orchestrator.sandboxes.agent_launch import prepare_agent_launch
 from orchestrator.sandboxes.base import (
     IdleAction,
     LiveAgent,
@@ -49,7 +49,7 @@ from orchestrator.sandboxes.base import (
 )
 from orchestrator.sandboxes.docker_spec import Limits, instance_id
 from orchestrator.sandboxes.kubernetes_forward import PodPortForwarder
-from orchestrator.sandboxes.slots import AgentSlot, SlotTable
+from orchestrator.sandboxes.slots import AgentSlot, SlotTable, live_agent, reconnect
 from orchestrator.sandboxes.kubernetes_spec import (
     ANNOTATION_BUILD,
     ANNOTATION_PLAN,
@@ -71,7 +71,7 @@ from orchestrator.sandboxes.kubernetes_spec import (
 )
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
-from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
@@ -412,36 +412,16 @@ class KubernetesBackend:
         return bundle
 
     def _reconnect(self, slot: _Slot, name: str, observed: ObservedPod) -> bool:
-        """Talk to the agent already running in the pod with the token it was started with
-        (read from the root-owned secrets dir). False when there is none usable, or its agent
-        does not answer as this user's: the caller replaces the pod."""
-        token = read_agent_token(self.directories, slot.user_id)
-        if token is None:
-            log.warning("no usable agent token; replacing the sandbox pod %s", kv(user=slot.user_id))
+        """The agent already running in the pod (`slots.reconnect`), through a forward to it.
+        False: the caller replaces the pod."""
+        if not reconnect(slot, self.directories, lambda token: self._agent_client(slot.user_id, name, token)):
             return False
-        agent = self._agent_client(slot.user_id, name, token)
-        try:
-            health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
-        except AgentUnavailable as exc:
-            log.warning("the adopted sandbox pod's agent does not answer %s", kv(user=slot.user_id, error=exc.message))
-            agent.close()
-            return False
-        if health.user_id not in (None, slot.user_id):
-            log.warning("the pod's agent answers for another user %s", kv(user=slot.user_id, answered=health.user_id))
-            agent.close()
-            return False
-        slot.running_build, slot.pod_uid = health.build, observed.uid
-        slot.count.note_processes(health.processes)
-        slot.live = self._live(slot, agent, token)
+        slot.pod_uid = observed.uid
         return True
 
     def _agent_client(self, user_id: int, name: str, token: str) -> AgentClient:
         forwarder = PodPortForwarder(self.configuration, self.namespace, name, self.settings.k8s_agent_port)
         return AgentClient(forwarder.where, token, connector=forwarder, answer_limits=self._answer_limits)
-
-    def _live(self, slot: _Slot, agent: AgentClient, token: str) -> LiveAgent:
-        calls = AsyncAgentClient(agent.socket_path, token, connector=agent.connector, answer_limits=self._answer_limits)
-        return LiveAgent(slot.user_id, agent, calls, slot.count)
 
     def _wait_ready(self, slot: _Slot, name: str, agent: AgentClient, instance: str, token: str) -> None:
         """Ready = our agent (the instance id we wrote) answers /health through the forward.
@@ -464,7 +444,7 @@ class KubernetesBackend:
                     health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
                     if health.instance_id == instance:
                         slot.running_build = health.build
-                        slot.live = self._live(slot, agent, token)
+                        slot.live = live_agent(slot, agent, token)
                         return
                 except AgentUnavailable as exc:
                     if "refused to port-forward" in exc.message or "rejected the orchestrator" in exc.message:

@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from orchestrator.log import kv
+from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S
+from orchestrator.sandboxes.agent_launch import read_agent_token
 from orchestrator.sandboxes.base import CallCount, LiveAgent
+from orchestrator.users.dirs import UserDirectories
+from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,43 @@ class AgentSlot:
         self.live = None
         self.running_build = None
         self.forgotten = False
+
+
+def live_agent(slot: AgentSlot, agent: AgentClient, token: str) -> LiveAgent:
+    """Both clients of one agent: the event loop's one reaches it as the blocking one does
+    (the same socket or connector, peer check and answer bounds), on the slot's call count."""
+    calls = AsyncAgentClient(
+        agent.socket_path, token, connector=agent.connector, expected_peer_uid=agent.expected_peer_uid,
+        answer_limits=agent.answer_limits,
+    )  # fmt: skip
+    return LiveAgent(slot.user_id, agent, calls, slot.count)
+
+
+def reconnect(slot: AgentSlot, directories: UserDirectories, client_for: Callable[[str], AgentClient]) -> bool:
+    """Talk to the agent already running in the user's sandbox (adopted after a restart, or
+    contact lost) with the token it was started with, read from the root-owned secrets dir,
+    never from a directory the sandbox can write. False, keeping nothing, when there is no
+    usable token or the agent does not answer as this user's: the caller replaces the sandbox.
+    Else the slot's agent is live again, with the BUILD and the processes it reports."""
+    token = read_agent_token(directories, slot.user_id)
+    if token is None:
+        log.warning("no usable agent token; replacing the sandbox %s", kv(user=slot.user_id))
+        return False
+    agent = client_for(token)
+    try:
+        health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
+    except AgentUnavailable as exc:
+        log.warning("the running sandbox's agent does not answer %s", kv(user=slot.user_id, error=exc.message))
+        agent.close()
+        return False
+    if health.user_id not in (None, slot.user_id):
+        log.warning("the sandbox's agent answers for another user %s", kv(user=slot.user_id, answered=health.user_id))
+        agent.close()
+        return False
+    slot.running_build = health.build
+    slot.count.note_processes(health.processes)
+    slot.live = live_agent(slot, agent, token)
+    return True
 
 
 S = TypeVar("S", bound=AgentSlot)
