@@ -286,8 +286,10 @@ class DiskQuotas:
                 else:
                     self._over.discard(uid)
             if usage.over_quota and not was_over:
-                log.error("disk quota exceeded: sandbox stopped, writes refused %s", kv(user=uid, usage=usage.summary()))
+                log.error("disk quota exceeded: writes refused, stopping the sandbox %s", kv(user=uid, usage=usage.summary()))
                 self.stop_sandbox(uid)
+                # Said once it is true: a stop takes seconds on a loaded host.
+                log.info("disk quota exceeded: sandbox stopped %s", kv(user=uid))
                 stopped.append(uid)
             elif was_over and not usage.over_quota:
                 log.info("disk quota: back under the limit %s", kv(user=uid, usage=usage.summary()))

@@ -351,6 +351,10 @@ def test_a_slow_big_upload_does_not_delay_other_callers(traversable_tmp: Path) -
     with serving(make_settings(data, upload_max_bytes=64 * 1024 * 1024, **UID_BLOCK)) as (client, service):
         run = member_run(client)
         other = start_run(client, client.post("/v1/sessions", json={"owner_user_id": OWNER, "channel": "web"}).json()["session_id"], trigger="web")
+        # The other user's sandbox is started first: its cold start (seconds on a loaded host)
+        # is not what this test measures, and it used to be the slowest "delay" seen.
+        warm = client.post(f"/v1/runs/{other['run_id']}/tools/shell", json={"arguments": {"command": "true"}})
+        assert warm.status_code == 200 and warm.json()["ok"], warm.text
         answers: dict = {}
         with live_server(create_app(service)) as url:
             auth = {"Authorization": f"Bearer {API_TOKEN}"}
@@ -365,16 +369,23 @@ def test_a_slow_big_upload_does_not_delay_other_callers(traversable_tmp: Path) -
                 with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
                     answers["upload"] = http.put(f"/v1/runs/{run['run_id']}/files/incoming/big.bin", content=body())
 
-            uploading = threading.Thread(target=upload)
-            uploading.start()
-            slowest = 0.0
+            def round_trip(http: httpx.Client) -> float:
+                started = time.monotonic()
+                assert http.get("/healthz").status_code == 200
+                called = http.post(f"/v1/runs/{other['run_id']}/tools/shell", json={"arguments": {"command": "true"}})
+                assert called.status_code == 200 and called.json()["ok"], called.text
+                return time.monotonic() - started
+
             with httpx.Client(base_url=url, headers=auth, timeout=30) as http:
+                # What a round trip costs on this host right now, with no upload: a loaded
+                # machine is slow for everyone, and that is not a delay behind the upload.
+                usual = max(round_trip(http) for _ in range(5))
+                uploading = threading.Thread(target=upload)
+                uploading.start()
+                slowest = 0.0
                 while uploading.is_alive():
-                    started = time.monotonic()
-                    assert http.get("/healthz").status_code == 200
-                    called = http.post(f"/v1/runs/{other['run_id']}/tools/shell", json={"arguments": {"command": "true"}})
-                    assert called.status_code == 200 and called.json()["ok"], called.text
-                    slowest = max(slowest, time.monotonic() - started)
+                    slowest = max(slowest, round_trip(http))
             uploading.join()
         assert answers["upload"].status_code == 201, answers["upload"].text
-        assert slowest < 1.0, f"another caller waited {slowest:.2f} s behind the upload"
+        allowed = max(1.0, 5 * usual)
+        assert slowest < allowed, f"another caller waited {slowest:.2f} s behind the upload (usual {usual:.2f} s)"
