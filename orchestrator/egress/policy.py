@@ -343,8 +343,14 @@ def parse_absolute_url(url: str) -> tuple[str, int, str]:
         raise InvalidTarget("credentials in the URL are not forwarded")
     if path.startswith("?"):
         path = "/" + path
-    has_port = "]:" in authority if authority.startswith("[") else ":" in authority
-    if not has_port:
-        return normalize_host(authority), 80, path
-    host, port = parse_authority(authority)
+    host, port = parse_http_authority(authority)
     return host, port, path
+
+
+def parse_http_authority(authority: str) -> tuple[str, int]:
+    """`host[:port]` of an http URL or a Host header -> (normalized host, port; 80 when none)."""
+    text = authority.strip()
+    has_port = "]:" in text if text.startswith("[") else ":" in text
+    if not has_port:
+        return normalize_host(text), 80
+    return parse_authority(text)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from orchestrator.log import kv
 from sandbox_agent.relay import RelayIdle, receive_connection, relay
 from orchestrator.egress.caps import CapExceeded, ConnectionMeter, UserCaps
+from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request
 from orchestrator.egress.policy import (
     Decision,
     HostPattern,
@@ -34,8 +35,6 @@ from orchestrator.egress.policy import (
 )
 
 log = logging.getLogger(__name__)
-
-HOP_BY_HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IpAddress]]]
 
@@ -82,7 +81,8 @@ class _Refused(Exception):
         self.status, self.verdict, self.reason, self.message = status, verdict, reason, message
 
 
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 411: "Length Required", 429: "Too Many Requests",
+                431: "Request Header Fields Too Large",
                 502: "Bad Gateway", 504: "Gateway Timeout"}  # fmt: skip
 
 
@@ -114,13 +114,6 @@ def parse_head(raw: bytes) -> RequestHead:
     except UnicodeDecodeError:
         raise InvalidTarget("the request line is not ASCII") from None
     return RequestHead(method.upper(), target, version, tuple(lines[1:]))
-
-
-def origin_request(head: RequestHead, path: str) -> bytes:
-    """The plain-HTTP request as the upstream should see it: origin-form, no proxy headers,
-    one request per connection (so a second request cannot ride to another host)."""
-    kept = [line for line in head.header_lines if line.split(b":", 1)[0].strip().lower() not in HOP_BY_HOP]
-    return b"\r\n".join([f"{head.method} {path} {head.version}".encode(), *kept, b"Connection: close", b"", b""])
 
 
 async def read_head(conn: socket.socket, already: bytes, *, max_bytes: int) -> tuple[bytes, bytes]:
@@ -223,11 +216,14 @@ class EgressProxy:
                 method = head.method
                 if method == "CONNECT":
                     host, port = parse_authority(head.target)
-                    path = ""
+                    plain = None
                 else:
                     host, port, path = parse_absolute_url(head.target)
+                    plain = plan_plain_request(head.method, head.version, head.header_lines, host, port, path)
             except InvalidTarget as exc:
                 raise _Refused(400, "bad_request", "bad_target", f"Bad proxy request: {exc}.") from None
+            except PlainRequestRefused as exc:
+                raise _Refused(exc.status, "bad_request", exc.code, str(exc)) from None
             allow = self._allow_for(user_id)
             decision = decide_host(host, port, allow)
             if not decision.allowed:
@@ -242,17 +238,16 @@ class EgressProxy:
             if not decision.allowed:
                 raise _Refused(403, decision.verdict.value, decision.reason, refusal_message(host, port, user_id, allow, decision))
             upstream, address = await self._connect(host, port, usable)
+            on_bytes = lambda n, up: meter.charge(n, upstream=up)  # noqa: E731
             if method == "CONNECT":
                 await loop.sock_sendall(conn, b"HTTP/1.1 200 Connection established\r\n\r\n")
-                first = rest
-            else:
-                first = origin_request(head, path) + rest
-            if first:
-                meter.charge(len(first), upstream=True)
-                await loop.sock_sendall(upstream, first)
-            stopped = await relay(
-                conn, upstream, on_bytes=lambda n, up: meter.charge(n, upstream=up), idle_s=self._timeouts.idle_s
-            )
+                if rest:
+                    meter.charge(len(rest), upstream=True)
+                    await loop.sock_sendall(upstream, rest)
+                stopped = await relay(conn, upstream, on_bytes=on_bytes, idle_s=self._timeouts.idle_s)
+            else:  # one request, one answer: nothing after the request's body reaches the upstream
+                assert plain is not None
+                stopped = await exchange(conn, upstream, plain, rest, on_bytes=on_bytes, idle_s=self._timeouts.idle_s)
             if meter.cut is not None:
                 verdict, reason = "cut", meter.cut.code
                 log.warning("egress connection cut %s", kv(user=user_id, host=host, code=meter.cut.code, why=str(meter.cut)))

@@ -47,8 +47,11 @@ if mode == "connect":
         print(json.dumps({"status": status, "body": body.decode(errors="replace"), "head": head.decode(errors="replace")}))
         sys.exit(0)
     s.sendall(f"GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+elif mode == "raw":  # argv[2] is the request bytes, base64: sent as they are
+    import base64
+    s.sendall(base64.b64decode(target))
 else:
-    s.sendall(f"GET http://{target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    s.sendall(f"GET http://{target} HTTP/1.1\r\nHost: {target.partition('/')[0]}\r\n\r\n".encode())
 data = b""
 while True:
     try:
@@ -65,6 +68,7 @@ print(json.dumps({"status": status, "body": body[:2000].decode(errors="replace")
 
 
 def command(mode: str, target: str, *more: str) -> str:
-    """`mode`: "get" (plain-HTTP proxy request), "connect" (a tunnel, then a GET inside it) or
-    "flood" (200 tunnels at once, held open for `more[0]` seconds)."""
+    """`mode`: "get" (plain-HTTP proxy request), "connect" (a tunnel, then a GET inside it),
+    "raw" (`target` is the base64 of bytes sent as they are) or "flood" (200 tunnels at once,
+    held open for `more[0]` seconds)."""
     return " ".join(["python3", "-c", shlex.quote(SCRIPT), mode, shlex.quote(target), *map(shlex.quote, more)])

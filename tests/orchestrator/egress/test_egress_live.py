@@ -368,3 +368,61 @@ def test_a_flood_of_refused_connections_cannot_flood_the_audit(loopback_allowed:
     put_rules(client, 77, allow=[f"127.0.0.1:{upstream}"])
     assert through_proxy(client, web_run(client, 77), "get", f"127.0.0.1:{upstream}/hello")["status"] == 200
     assert egress_rows(service, 77, "127.0.0.1")
+
+
+def raw_request(client: TestClient, run_id: str, data: bytes) -> dict:
+    import base64
+
+    return through_proxy(client, run_id, "raw", base64.b64encode(data).decode())
+
+
+def test_a_pipelined_second_request_never_reaches_the_upstream(loopback_allowed: Served) -> None:
+    # One request per connection: a second request pipelined behind the first (here with a
+    # forged Host, which a virtual-hosting upstream would route elsewhere) reached the upstream.
+    import time
+
+    from tests.orchestrator.egress.upstream import counting_upstream
+
+    client, service = loopback_allowed
+    with counting_upstream() as (port, counter):
+        target = f"127.0.0.1:{port}"
+        put_rules(client, 78, allow=[target])
+        run_id = web_run(client, 78)
+        pipelined = (
+            f"GET http://{target}/first HTTP/1.1\r\nHost: {target}\r\n\r\n"
+            f"GET /second HTTP/1.1\r\nHost: metadata.internal.example\r\n\r\n"
+        ).encode()
+        got = raw_request(client, run_id, pipelined)
+        assert got["status"] == 200 and got["body"] == HELLO.decode(), got
+        time.sleep(1.0)  # the upstream counts when its connection ends
+        assert counter.requests == [("GET /first HTTP/1.1", target)], counter.requests
+    [row] = egress_rows(service, 78, "127.0.0.1")
+    assert (row.detail["verdict"], row.detail["port"]) == ("allowed", port)
+
+
+def test_a_host_header_naming_another_host_is_refused(loopback_allowed: Served) -> None:
+    import time
+
+    from tests.orchestrator.egress.upstream import counting_upstream
+
+    client, service = loopback_allowed
+    with counting_upstream() as (port, counter):
+        target = f"127.0.0.1:{port}"
+        put_rules(client, 79, allow=[target])
+        run_id = web_run(client, 79)
+        forged = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.1\r\nHost: pypi.org\r\n\r\n".encode())
+        assert forged["status"] == 400, forged
+        assert "X-Egress-Refusal: host_mismatch" in forged["head"], forged
+        assert f"the Host header (pypi.org) does not name the request's target ({target})" in forged["body"], forged
+        two = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\nHost: {target}\r\n\r\n".encode())
+        assert two["status"] == 400 and "X-Egress-Refusal: host_mismatch" in two["head"], two
+        # The same host in another spelling, and an HTTP/1.0 request without one, are served.
+        spelled = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        assert spelled["status"] == 200, spelled
+        bare = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.0\r\n\r\n".encode())
+        assert bare["status"] == 200, bare
+        time.sleep(1.0)
+        assert [host for _line, host in counter.requests] == [target, target], counter.requests
+    rows = egress_rows(service, 79, "127.0.0.1")
+    verdicts = sorted((r.detail["verdict"], r.detail["reason"]) for r in rows)
+    assert verdicts == [("allowed", "ok"), ("allowed", "ok"), ("bad_request", "host_mismatch"), ("bad_request", "host_mismatch")], verdicts
