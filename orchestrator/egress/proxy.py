@@ -9,7 +9,6 @@ a CONNECT tunnel carries the client's own TLS session to the upstream.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import time
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 
 from orchestrator.log import kv
 from sandbox_agent.relay import RelayIdle, receive_connection, relay
-from orchestrator.egress.caps import CapExceeded, ConnectionMeter, UserCaps
+from orchestrator.egress.caps import CapExceeded, ConnectionMeter, LookupGate, UserCaps
 from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request
 from orchestrator.egress.policy import (
     Decision,
@@ -65,16 +64,6 @@ class ConnectionRecord:
     duration_ms: int
 
 
-async def system_resolver(host: str, port: int) -> Sequence[IpAddress]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    seen: list[IpAddress] = []
-    for _family, _type, _proto, _name, sockaddr in infos:
-        address = ipaddress.ip_address(sockaddr[0])
-        if address not in seen:
-            seen.append(address)
-    return seen
-
-
 class _Refused(Exception):
     def __init__(self, status: int, verdict: str, reason: str, message: str) -> None:
         super().__init__(message)
@@ -82,8 +71,8 @@ class _Refused(Exception):
 
 
 _STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 411: "Length Required", 429: "Too Many Requests",
-                431: "Request Header Fields Too Large",
-                502: "Bad Gateway", 504: "Gateway Timeout"}  # fmt: skip
+                431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable",
+                504: "Gateway Timeout"}  # fmt: skip
 
 
 def refusal_response(status: int, code: str, message: str) -> bytes:
@@ -165,7 +154,8 @@ class EgressProxy:
         report: Callable[[ConnectionRecord], None],
         allow_loopback: bool,
         timeouts: ProxyTimeouts = ProxyTimeouts(),
-        resolver: Resolver = system_resolver,
+        resolver: Resolver,
+        lookups: LookupGate,
         head_max_bytes: int = 16 * 1024,
     ) -> None:
         self._allow_for = allow_for
@@ -174,6 +164,7 @@ class EgressProxy:
         self._allow_loopback = allow_loopback
         self._timeouts = timeouts
         self._resolver = resolver
+        self._lookups = lookups
         self._head_max = head_max_bytes
 
     async def handle(
@@ -233,7 +224,7 @@ class EgressProxy:
             except CapExceeded as exc:
                 raise _Refused(429, "cap", exc.code, f"Egress to {host}:{port} refused: {exc}.") from None
             admitted = True
-            addresses = await self._resolve(host, port)
+            addresses = await self._resolve(user_id, host, port)
             usable, decision = decide_addresses(addresses, allow_loopback=self._allow_loopback)
             if not decision.allowed:
                 raise _Refused(403, decision.verdict.value, decision.reason, refusal_message(host, port, user_id, allow, decision))
@@ -286,14 +277,25 @@ class EgressProxy:
                 if sock is not None:
                     sock.close()
 
-    async def _resolve(self, host: str, port: int) -> Sequence[IpAddress]:
+    async def _resolve(self, user_id: int, host: str, port: int) -> Sequence[IpAddress]:
         literal = literal_address(host)
         if literal is not None:
             return [literal]
         try:
+            self._lookups.admit(user_id)
+        except CapExceeded as exc:
+            status = 503 if exc.code == "dns_lookups_busy" else 429
+            raise _Refused(status, "cap", exc.code, f"Egress to {host}:{port} refused: {exc}.") from None
+        try:
             found = await asyncio.wait_for(self._resolver(host, port), self._timeouts.resolve_s)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except asyncio.TimeoutError:
+            raise _Refused(
+                502, "upstream_failed", "dns", f"Egress to {host}:{port}: the name did not resolve within {self._timeouts.resolve_s:g} s."
+            ) from None
+        except OSError as exc:
             raise _Refused(502, "upstream_failed", "dns", f"Egress to {host}:{port}: the name does not resolve ({exc}).") from None
+        finally:
+            self._lookups.release(user_id)  # a lookup given up on frees its slot at once
         if not found:
             raise _Refused(502, "upstream_failed", "dns", f"Egress to {host}:{port}: the name has no address.")
         return found

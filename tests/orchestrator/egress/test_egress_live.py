@@ -23,6 +23,7 @@ from orchestrator.service import OrchestratorService
 from tests.api_calls import tool
 from tests.metrics_text import sample_value, scrape
 from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers, make_settings
+from tests.orchestrator.egress.dns_server import DnsServer, loopback_dns
 from tests.orchestrator.egress.sandbox_client import command
 from tests.orchestrator.egress.upstream import HELLO, loopback_upstream
 from tests.orchestrator.sandboxes.test_process_network import web_run
@@ -426,3 +427,86 @@ def test_a_host_header_naming_another_host_is_refused(loopback_allowed: Served) 
     rows = egress_rows(service, 79, "127.0.0.1")
     verdicts = sorted((r.detail["verdict"], r.detail["reason"]) for r in rows)
     assert verdicts == [("allowed", "ok"), ("allowed", "ok"), ("bad_request", "host_mismatch"), ("bad_request", "host_mismatch")], verdicts
+
+
+DNS_TIMEOUT_S = 3.0
+LOOKUPS_PER_USER = 8
+
+
+@pytest.fixture(scope="module")
+def slow_dns() -> Iterator[DnsServer]:
+    """Our DNS server on loopback: `fast.example.test` answers 127.0.0.1 at once, `slow-*`
+    names never answer (a slowly resolving name under an allowed wildcard)."""
+    with loopback_dns({"fast.example.test": "127.0.0.1"}, lambda name: name.startswith("slow-"), None) as dns:
+        yield dns
+
+
+@pytest.fixture(scope="module")
+def resolving_via_loopback_dns(slow_dns: DnsServer) -> Iterator[Served]:
+    with served(
+        **uid_slice(3),
+        egress_allow_loopback=True,
+        egress_dns_servers=f"127.0.0.1:{slow_dns.port}",
+        egress_dns_timeout_s=DNS_TIMEOUT_S,
+        egress_dns_lookups_per_user=LOOKUPS_PER_USER,
+        egress_dns_lookups=3 * LOOKUPS_PER_USER,
+    ) as pair:
+        yield pair
+
+
+def test_one_users_slow_lookups_never_delay_another_users_connect(
+    resolving_via_loopback_dns: Served, slow_dns: DnsServer, upstream: int
+) -> None:
+    # 64 CONNECTs to slowly resolving names under *.pythonhosted.org (a default pattern) held
+    # the lookup threads everyone shared: another user's pypi.org failed with reason=dns.
+    import threading
+    import time
+
+    client, service = resolving_via_loopback_dns
+    assert service.egress is not None
+    fast = f"fast.example.test:{upstream}"
+    for user_id in (80, 81):
+        put_rules(client, user_id, allow=[fast])
+    run_a, run_b = web_run(client, 80), web_run(client, 81)
+    assert through_proxy(client, run_b, "connect", f"{fast}/hello")["status"] == 200  # B's sandbox is up
+    flood: dict = {}
+
+    def run_flood() -> None:
+        flood["answer"] = tool(
+            client, run_a, "shell", command=command("flood", "slow-{}.pythonhosted.org:443", "0", "64"), timeout_s=60
+        )
+
+    thread = threading.Thread(target=run_flood)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while service.egress.lookups.in_flight.get(80, 0) < LOOKUPS_PER_USER:
+        assert time.monotonic() < deadline, "the flood never filled 80's lookups"
+        time.sleep(0.02)
+    started = time.monotonic()
+    other = through_proxy(client, run_b, "connect", f"{fast}/hello")
+    other_s = time.monotonic() - started
+    assert service.egress.lookups.in_flight.get(80) == LOOKUPS_PER_USER  # still held meanwhile
+    thread.join(60)
+    assert other["status"] == 200 and other["body"] == HELLO.decode(), other
+    assert other_s < 1.5, other_s  # a shell call's round trip, not a lookup timeout
+
+    answer = flood["answer"]
+    assert answer["ok"] and answer["result"]["exit_code"] == 0, answer
+    result = json.loads(answer["result"]["stdout"])
+    assert result["statuses"] == {"429": 64 - LOOKUPS_PER_USER, "502": LOOKUPS_PER_USER}, result
+    assert any(f"name lookups in flight (at most {LOOKUPS_PER_USER}, ORCH_EGRESS_DNS_LOOKUPS_PER_USER)" in b for b in result["bodies"]), result
+    assert any(f"did not resolve within {DNS_TIMEOUT_S:g} s" in b for b in result["bodies"]), result
+    assert DNS_TIMEOUT_S - 0.5 < result["slowest_s"]["502"] < DNS_TIMEOUT_S + 2, result
+
+    # The timed-out lookups gave their slots back: A resolves again at once.
+    assert service.egress.lookups.in_flight == {} and service.egress.lookups.in_flight_total == 0
+    started = time.monotonic()
+    again = through_proxy(client, run_a, "connect", f"{fast}/hello")
+    assert again["status"] == 200 and time.monotonic() - started < 1.5, again
+    assert sum(n for name, n in slow_dns.questions.items() if name.startswith("slow-")) <= 2 * LOOKUPS_PER_USER
+
+    service.egress.flush_audit()
+    rows = [r for r in audit.entries(service.store, action="egress_connection", limit=1000) if r.runtime_user_id == 80]
+    verdicts = sorted((r.detail["verdict"], r.detail["reason"]) for r in rows if r.detail["host"].startswith("slow-"))
+    assert verdicts.count(("cap", "dns_lookups_per_user")) == 64 - LOOKUPS_PER_USER, verdicts
+    assert verdicts.count(("upstream_failed", "dns")) == LOOKUPS_PER_USER, verdicts
