@@ -75,6 +75,18 @@ def in_process_of_its_own(code: str, *args: str) -> tuple[subprocess.Popen, int]
     return proc, int(proc.stdout.readline())
 
 
+def read_head(sock: socket.socket) -> bytes:
+    """A request or response head, byte by byte (nothing after it is taken), or what came
+    before the peer closed."""
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        byte = sock.recv(1)
+        if not byte:
+            break
+        head += byte
+    return head
+
+
 def upstream_server() -> int:
     """A raw HTTP upstream: `GET /N` answers N bytes as fast as the kernel takes them."""
     server = socket.socket()
@@ -83,12 +95,9 @@ def upstream_server() -> int:
 
     def serve(conn: socket.socket) -> None:
         with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                head += chunk
+            head = read_head(conn)
+            if not head.endswith(b"\r\n\r\n"):
+                return
             target = head.split(b" ")[1].lstrip(b"/").decode()
             size, _, rate = target.partition("@")  # /N or /N@MiB-per-second (a paced upstream)
             n = int(size or 0)
@@ -142,9 +151,7 @@ def start_proxy(socket_path: str, upstream: int) -> None:
 def read_response(sock: socket.socket) -> int:
     buf = bytearray(1 << 20)
     view = memoryview(buf)
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(1)
+    head = read_head(sock)
     length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
     got = 0
     while got < length:
@@ -158,9 +165,7 @@ def read_response(sock: socket.socket) -> int:
 def tunnel(port: int, upstream: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(1)
+    head = read_head(sock)
     assert head.startswith(b"HTTP/1.1 200"), head
     return sock
 
@@ -259,12 +264,7 @@ def connect_status(path: str, target: str, timeout_s: float = 30.0) -> int:
         sock.settimeout(timeout_s)
         sock.connect(path)
         sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = sock.recv(1024)
-            if not chunk:
-                break
-            head += chunk
+        head = read_head(sock)
         return int(head.split(b" ")[1]) if head else 0
 
 

@@ -25,7 +25,7 @@ from tests.metrics_text import sample_value, scrape
 from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers, make_settings
 from tests.orchestrator.egress.dns_server import DnsServer, loopback_dns
 from tests.orchestrator.egress.sandbox_client import command
-from tests.orchestrator.egress.upstream import HELLO, loopback_upstream
+from tests.orchestrator.egress.upstream import HELLO, RequestCounter, counting_upstream, loopback_upstream
 from tests.orchestrator.sandboxes.test_process_network import web_run
 
 AS_ROOT = os.geteuid() == 0
@@ -377,18 +377,23 @@ def raw_request(client: TestClient, run_id: str, data: bytes) -> dict:
     return through_proxy(client, run_id, "raw", base64.b64encode(data).decode())
 
 
+@contextmanager
+def counting_target(client: TestClient, user_id: int) -> Iterator[tuple[str, RequestCounter, str]]:
+    """A request-counting upstream on loopback that `user_id` may reach: (its host:port, what
+    it counted, a run of the user's)."""
+    with counting_upstream() as (port, counter):
+        target = f"127.0.0.1:{port}"
+        put_rules(client, user_id, allow=[target])
+        yield target, counter, web_run(client, user_id)
+
+
 def test_a_pipelined_second_request_never_reaches_the_upstream(loopback_allowed: Served) -> None:
     # One request per connection: a second request pipelined behind the first (here with a
     # forged Host, which a virtual-hosting upstream would route elsewhere) reached the upstream.
     import time
 
-    from tests.orchestrator.egress.upstream import counting_upstream
-
     client, service = loopback_allowed
-    with counting_upstream() as (port, counter):
-        target = f"127.0.0.1:{port}"
-        put_rules(client, 78, allow=[target])
-        run_id = web_run(client, 78)
+    with counting_target(client, 78) as (target, counter, run_id):
         pipelined = (
             f"GET http://{target}/first HTTP/1.1\r\nHost: {target}\r\n\r\n"
             f"GET /second HTTP/1.1\r\nHost: metadata.internal.example\r\n\r\n"
@@ -398,19 +403,15 @@ def test_a_pipelined_second_request_never_reaches_the_upstream(loopback_allowed:
         time.sleep(1.0)  # the upstream counts when its connection ends
         assert counter.requests == [("GET /first HTTP/1.1", target)], counter.requests
     [row] = egress_rows(service, 78, "127.0.0.1")
-    assert (row.detail["verdict"], row.detail["port"]) == ("allowed", port)
+    assert (row.detail["verdict"], row.detail["port"]) == ("allowed", int(target.rsplit(":", 1)[1]))
 
 
 def test_a_host_header_naming_another_host_is_refused(loopback_allowed: Served) -> None:
     import time
 
-    from tests.orchestrator.egress.upstream import counting_upstream
-
     client, service = loopback_allowed
-    with counting_upstream() as (port, counter):
-        target = f"127.0.0.1:{port}"
-        put_rules(client, 79, allow=[target])
-        run_id = web_run(client, 79)
+    with counting_target(client, 79) as (target, counter, run_id):
+        port = int(target.rsplit(":", 1)[1])
         forged = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.1\r\nHost: pypi.org\r\n\r\n".encode())
         assert forged["status"] == 400, forged
         assert "X-Egress-Refusal: host_mismatch" in forged["head"], forged
