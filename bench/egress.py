@@ -1,9 +1,11 @@
 """Egress proxy figures (docs/egress.md): a large download from a loopback upstream through
 the whole way out (in-sandbox forwarder on TCP -> the user's Unix socket -> the proxy -> the
-upstream) against the same download directly, in one run, and the latency a CONNECT adds.
+upstream) against the same download directly, in one run, and the latency a CONNECT adds;
+then (`--part dns`) another user's CONNECT latency while one user floods slowly resolving
+names, with lookups in a shared thread pool (as before) and on c-ares with the lookup caps.
 
-usage: .venv/bin/python bench/egress.py [--mib 256] [--connects 300]
-Prints `name: value unit` lines. Only 127.0.0.1 is contacted.
+usage: .venv/bin/python bench/egress.py [--part all|throughput|dns] [--mib 256] [--connects 300]
+Prints `name: value unit` lines. Only 127.0.0.1 is contacted (names: a DNS server of ours).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.egress.caps import CapLimits, UserCaps  # noqa: E402
+from orchestrator.egress.caps import CapLimits, LookupGate, UserCaps  # noqa: E402
 from orchestrator.egress.policy import parse_patterns  # noqa: E402
-from orchestrator.egress.proxy import EgressProxy, serve_unix  # noqa: E402
+from orchestrator.egress.proxy import EgressProxy, ProxyTimeouts, Resolver, serve_unix  # noqa: E402
+from orchestrator.egress.resolver import AresResolver  # noqa: E402
+from tests.orchestrator.egress.dns_server import loopback_dns  # noqa: E402
 
 BLOCK = b"x" * (1 << 20)
 
@@ -71,6 +75,18 @@ def in_process_of_its_own(code: str, *args: str) -> tuple[subprocess.Popen, int]
     return proc, int(proc.stdout.readline())
 
 
+def read_head(sock: socket.socket) -> bytes:
+    """A request or response head, byte by byte (nothing after it is taken), or what came
+    before the peer closed."""
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        byte = sock.recv(1)
+        if not byte:
+            break
+        head += byte
+    return head
+
+
 def upstream_server() -> int:
     """A raw HTTP upstream: `GET /N` answers N bytes as fast as the kernel takes them."""
     server = socket.socket()
@@ -79,12 +95,9 @@ def upstream_server() -> int:
 
     def serve(conn: socket.socket) -> None:
         with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    return
-                head += chunk
+            head = read_head(conn)
+            if not head.endswith(b"\r\n\r\n"):
+                return
             target = head.split(b" ")[1].lstrip(b"/").decode()
             size, _, rate = target.partition("@")  # /N or /N@MiB-per-second (a paced upstream)
             n = int(size or 0)
@@ -116,6 +129,8 @@ def start_proxy(socket_path: str, upstream: int) -> None:
         caps_for=lambda _uid: caps,
         report=lambda _record: None,
         allow_loopback=True,
+        resolver=AresResolver(),  # never asked: the target is an address
+        lookups=LookupGate(per_user=16, total=256),
     )
     ready = threading.Event()
 
@@ -136,9 +151,7 @@ def start_proxy(socket_path: str, upstream: int) -> None:
 def read_response(sock: socket.socket) -> int:
     buf = bytearray(1 << 20)
     view = memoryview(buf)
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(1)
+    head = read_head(sock)
     length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
     got = 0
     while got < length:
@@ -152,9 +165,7 @@ def read_response(sock: socket.socket) -> int:
 def tunnel(port: int, upstream: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(f"CONNECT 127.0.0.1:{upstream} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += sock.recv(1)
+    head = read_head(sock)
     assert head.startswith(b"HTTP/1.1 200"), head
     return sock
 
@@ -174,9 +185,143 @@ def download_mib_s(sock: socket.socket, size: int, rate: int | None = None) -> t
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--part", choices=("all", "throughput", "dns"), default="all")
     parser.add_argument("--mib", type=int, default=256)
     parser.add_argument("--connects", type=int, default=300)
+    parser.add_argument("--dns-seconds", type=float, default=8.0, help="how long user B connects during the flood")
     args = parser.parse_args()
+    if args.part in ("all", "throughput"):
+        measure_throughput(args)
+    if args.part in ("all", "dns"):
+        measure_dns_flood(args)
+
+
+# --- one user's slow lookups against another user's CONNECT ---------------------------------
+
+DNS_TIMEOUT_S = 3.0
+FLOOD = 64  # user A's CONNECTs to slow names kept in flight
+
+
+def pool_resolver(dns_port: int) -> Resolver:
+    """How lookups ran before: a blocking lookup (here a stub asking our DNS server, as
+    getaddrinfo asks the host's) in the loop's default executor, shared by every user."""
+    import ipaddress
+    import struct
+
+    def lookup(host: str) -> list:
+        question = b"".join(bytes([len(label)]) + label.encode() for label in host.split(".")) + b"\0"
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+            udp.settimeout(DNS_TIMEOUT_S)
+            udp.sendto(struct.pack("!HHHHHH", 1, 0x0100, 1, 0, 0, 0) + question + struct.pack("!HH", 1, 1), ("127.0.0.1", dns_port))
+            try:
+                reply = udp.recv(512)
+            except TimeoutError:
+                raise OSError("Temporary failure in name resolution") from None
+        return [ipaddress.ip_address(reply[-4:])]
+
+    async def resolve(host: str, port: int) -> list:
+        return await asyncio.get_running_loop().run_in_executor(None, lookup, host)
+
+    return resolve
+
+
+def proxy_for_two_users(tmp: str, name: str, upstream: int, resolver: Resolver, lookups: LookupGate) -> dict[int, str]:
+    """The real proxy on a loop of its own, one Unix socket per user (1: the flood, 2: the other)."""
+    limits = CapLimits(max_connections=10_000, bytes_per_connection=1 << 40, bytes_per_day=1 << 50)
+    caps = {1: UserCaps(limits), 2: UserCaps(limits)}
+    proxy = EgressProxy(
+        allow_for=lambda _uid: parse_patterns(["*.pythonhosted.org", f"fast.example.test:{upstream}"]),
+        caps_for=caps.__getitem__,
+        report=lambda _record: None,
+        allow_loopback=True,
+        timeouts=ProxyTimeouts(resolve_s=DNS_TIMEOUT_S),
+        resolver=resolver,
+        lookups=lookups,
+    )
+    paths = {uid: f"{tmp}/{name}-{uid}.sock" for uid in caps}
+    ready = threading.Event()
+
+    def run() -> None:
+        async def main() -> None:
+            tasks = []
+            for uid, path in paths.items():
+                listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                listening.bind(path)
+                listening.listen(512)
+                tasks.append(serve_unix(listening, lambda conn, uid=uid: proxy.handle(uid, conn)))
+            ready.set()
+            await asyncio.gather(*tasks)
+
+        asyncio.run(main())
+
+    threading.Thread(target=run, daemon=True).start()
+    ready.wait(10)
+    return paths
+
+
+def connect_status(path: str, target: str, timeout_s: float = 30.0) -> int:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        sock.connect(path)
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        head = read_head(sock)
+        return int(head.split(b" ")[1]) if head else 0
+
+
+def other_users_connects(paths: dict[int, str], upstream: int, seconds: float) -> tuple[list[float], list[int], int]:
+    """User 1 keeps FLOOD CONNECTs to never-answering names in flight; meanwhile user 2
+    connects to a name that answers at once, one after another: (latencies, statuses, flood)."""
+    stop = threading.Event()
+    flooded = [0]
+
+    def flood(worker: int) -> None:
+        i = 0
+        while not stop.is_set():
+            connect_status(paths[1], f"slow-{worker}-{i}.pythonhosted.org:443")
+            flooded[0] += 1
+            i += 1
+
+    workers = [threading.Thread(target=flood, args=(w,), daemon=True) for w in range(FLOOD)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.5)  # the flood's lookups are in flight
+    latencies, statuses = [], []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        start = time.perf_counter()
+        statuses.append(connect_status(paths[2], f"fast.example.test:{upstream}"))
+        latencies.append(time.perf_counter() - start)
+    stop.set()
+    for worker in workers:
+        worker.join(DNS_TIMEOUT_S * 3)
+    return latencies, statuses, flooded[0]
+
+
+def measure_dns_flood(args: argparse.Namespace) -> None:
+    upstream = upstream_server()
+    slow = lambda name: name.startswith("slow-")  # noqa: E731
+    with loopback_dns({"fast.example.test": "127.0.0.1"}, slow, None) as dns, tempfile.TemporaryDirectory() as tmp:
+        setups = {
+            "before_thread_pool": (pool_resolver(dns.port), LookupGate(per_user=1 << 30, total=1 << 31)),
+            "after_c_ares": (AresResolver([f"127.0.0.1:{dns.port}"], timeout_s=DNS_TIMEOUT_S), LookupGate(per_user=16, total=256)),
+        }
+        for name, (resolver, lookups) in setups.items():
+            paths = proxy_for_two_users(tmp, name, upstream, resolver, lookups)
+            quiet = []
+            for _ in range(20):
+                start = time.perf_counter()
+                assert connect_status(paths[2], f"fast.example.test:{upstream}") == 200
+                quiet.append(time.perf_counter() - start)
+            latencies, statuses, flooded = other_users_connects(paths, upstream, args.dns_seconds)
+            ok = statuses.count(200)
+            print(f"dns_{name}_other_user_connect_quiet_median: {statistics.median(quiet) * 1000:.1f} ms")
+            print(f"dns_{name}_other_user_connect_during_flood_median: {statistics.median(latencies) * 1000:.1f} ms")
+            print(f"dns_{name}_other_user_connect_during_flood_max: {max(latencies) * 1000:.1f} ms")
+            print(f"dns_{name}_other_user_connects_ok: {ok}/{len(statuses)} count")
+            print(f"dns_{name}_flood_connects_answered: {flooded} count")
+
+
+def measure_throughput(args: argparse.Namespace) -> None:
     size = args.mib << 20
     upstream_proc, upstream = in_process_of_its_own(UPSTREAM)
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from mounts.ids import MAX_USER_ID
 from mounts.layout import DataLayout
 from orchestrator.egress.policy import DEFAULT_ALLOW as DEFAULT_EGRESS_ALLOW, parse_patterns, split_allow_setting
+from orchestrator.egress.resolver import parse_dns_servers
 from orchestrator.identity import DEFAULT_IDENTITY_MODE, IdentityMode, parse_identity_mode
 from orchestrator.users.group_gids import GidRange
 from orchestrator.startup_checks import IdRange
@@ -223,6 +224,22 @@ class Settings(BaseSettings):
         "pip and npm there are told to trust (TLS to the registries may be re-signed by a local CA).",
     )
     egress_connect_timeout_s: float = Field(10.0, gt=0, description="Time the egress proxy waits for an upstream.")
+    egress_dns_servers: str = Field(
+        "",
+        description="Name servers the egress proxy asks (`ip` or `ip:port`, separated by commas); empty: the host's "
+        "(/etc/resolv.conf, after /etc/hosts).",
+    )
+    egress_dns_timeout_s: float = Field(
+        10.0, gt=0, description="How long the egress proxy waits for a name lookup before it answers 502 (reason dns)."
+    )
+    egress_dns_lookups_per_user: int = Field(
+        16, gt=0, description="Name lookups one user's egress connections may have in flight at once; more are answered 429."
+    )
+    egress_dns_lookups: int = Field(
+        256,
+        gt=0,
+        description="Name lookups in flight for all users together (above the per-user cap); more are answered 503.",
+    )
     sandbox_cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox.")
     sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit per sandbox (MiB).")
     sandbox_pids: int = Field(512, gt=0, description="Process limit per sandbox.")
@@ -329,6 +346,21 @@ class Settings(BaseSettings):
     def _egress_patterns(cls, value: str) -> str:
         parse_patterns(split_allow_setting(value))  # InvalidPattern is a ValueError: one clear line
         return value
+
+    @field_validator("egress_dns_servers")
+    @classmethod
+    def _egress_dns_servers(cls, value: str) -> str:
+        parse_dns_servers(value)
+        return value
+
+    @model_validator(mode="after")
+    def _egress_dns_caps(self) -> Settings:
+        if self.egress_dns_lookups <= self.egress_dns_lookups_per_user:
+            raise ValueError(
+                f"ORCH_EGRESS_DNS_LOOKUPS ({self.egress_dns_lookups}) must be above ORCH_EGRESS_DNS_LOOKUPS_PER_USER "
+                f"({self.egress_dns_lookups_per_user}): one user must not take every lookup slot"
+            )
+        return self
 
     @model_validator(mode="after")
     def _id_ranges_apart(self) -> Settings:

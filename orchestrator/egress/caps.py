@@ -97,3 +97,41 @@ class ConnectionMeter:
                 f"the sandbox passed its {caps.limits.bytes_per_day} bytes of egress for today (UTC); the connection was cut",
             )
             raise self.cut
+
+
+@dataclass
+class LookupGate:
+    """Name lookups in flight, per user and in total (the proxy's loop alone touches it). A
+    lookup past either cap is refused at once, not queued: a queue would let one user's slow
+    names delay the lookups behind them."""
+
+    per_user: int
+    total: int
+    in_flight: dict[int, int] = field(default_factory=dict)
+    in_flight_total: int = 0
+
+    def admit(self, user_id: int) -> None:
+        """Count a lookup of `user_id` in, or raise CapExceeded (nothing counted then)."""
+        mine = self.in_flight.get(user_id, 0)
+        if mine >= self.per_user:
+            raise CapExceeded(
+                "dns_lookups_per_user",
+                f"this sandbox already has {mine} name lookups in flight (at most {self.per_user}, "
+                "ORCH_EGRESS_DNS_LOOKUPS_PER_USER); wait for some to finish and retry",
+            )
+        if self.in_flight_total >= self.total:
+            raise CapExceeded(
+                "dns_lookups_busy",
+                f"the proxy has {self.in_flight_total} name lookups in flight for all sandboxes (at most {self.total}, "
+                "ORCH_EGRESS_DNS_LOOKUPS); retry in a moment",
+            )
+        self.in_flight[user_id] = mine + 1
+        self.in_flight_total += 1
+
+    def release(self, user_id: int) -> None:
+        left = self.in_flight.get(user_id, 0) - 1
+        if left > 0:
+            self.in_flight[user_id] = left
+        else:
+            self.in_flight.pop(user_id, None)
+        self.in_flight_total = max(0, self.in_flight_total - 1)

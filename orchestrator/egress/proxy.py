@@ -9,7 +9,6 @@ a CONNECT tunnel carries the client's own TLS session to the upstream.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import socket
 import time
@@ -18,7 +17,8 @@ from dataclasses import dataclass
 
 from orchestrator.log import kv
 from sandbox_agent.relay import RelayIdle, receive_connection, relay
-from orchestrator.egress.caps import CapExceeded, ConnectionMeter, UserCaps
+from orchestrator.egress.caps import CapExceeded, ConnectionMeter, LookupGate, UserCaps
+from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request
 from orchestrator.egress.policy import (
     Decision,
     HostPattern,
@@ -34,8 +34,6 @@ from orchestrator.egress.policy import (
 )
 
 log = logging.getLogger(__name__)
-
-HOP_BY_HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IpAddress]]]
 
@@ -66,24 +64,15 @@ class ConnectionRecord:
     duration_ms: int
 
 
-async def system_resolver(host: str, port: int) -> Sequence[IpAddress]:
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    seen: list[IpAddress] = []
-    for _family, _type, _proto, _name, sockaddr in infos:
-        address = ipaddress.ip_address(sockaddr[0])
-        if address not in seen:
-            seen.append(address)
-    return seen
-
-
 class _Refused(Exception):
     def __init__(self, status: int, verdict: str, reason: str, message: str) -> None:
         super().__init__(message)
         self.status, self.verdict, self.reason, self.message = status, verdict, reason, message
 
 
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 429: "Too Many Requests", 431: "Request Header Fields Too Large",
-                502: "Bad Gateway", 504: "Gateway Timeout"}  # fmt: skip
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 411: "Length Required", 429: "Too Many Requests",
+                431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable",
+                504: "Gateway Timeout"}  # fmt: skip
 
 
 def refusal_response(status: int, code: str, message: str) -> bytes:
@@ -114,13 +103,6 @@ def parse_head(raw: bytes) -> RequestHead:
     except UnicodeDecodeError:
         raise InvalidTarget("the request line is not ASCII") from None
     return RequestHead(method.upper(), target, version, tuple(lines[1:]))
-
-
-def origin_request(head: RequestHead, path: str) -> bytes:
-    """The plain-HTTP request as the upstream should see it: origin-form, no proxy headers,
-    one request per connection (so a second request cannot ride to another host)."""
-    kept = [line for line in head.header_lines if line.split(b":", 1)[0].strip().lower() not in HOP_BY_HOP]
-    return b"\r\n".join([f"{head.method} {path} {head.version}".encode(), *kept, b"Connection: close", b"", b""])
 
 
 async def read_head(conn: socket.socket, already: bytes, *, max_bytes: int) -> tuple[bytes, bytes]:
@@ -172,7 +154,8 @@ class EgressProxy:
         report: Callable[[ConnectionRecord], None],
         allow_loopback: bool,
         timeouts: ProxyTimeouts = ProxyTimeouts(),
-        resolver: Resolver = system_resolver,
+        resolver: Resolver,
+        lookups: LookupGate,
         head_max_bytes: int = 16 * 1024,
     ) -> None:
         self._allow_for = allow_for
@@ -181,6 +164,7 @@ class EgressProxy:
         self._allow_loopback = allow_loopback
         self._timeouts = timeouts
         self._resolver = resolver
+        self._lookups = lookups
         self._head_max = head_max_bytes
 
     async def handle(
@@ -223,11 +207,14 @@ class EgressProxy:
                 method = head.method
                 if method == "CONNECT":
                     host, port = parse_authority(head.target)
-                    path = ""
+                    plain = None
                 else:
                     host, port, path = parse_absolute_url(head.target)
+                    plain = plan_plain_request(head.method, head.version, head.header_lines, host, port, path)
             except InvalidTarget as exc:
                 raise _Refused(400, "bad_request", "bad_target", f"Bad proxy request: {exc}.") from None
+            except PlainRequestRefused as exc:
+                raise _Refused(exc.status, "bad_request", exc.code, str(exc)) from None
             allow = self._allow_for(user_id)
             decision = decide_host(host, port, allow)
             if not decision.allowed:
@@ -237,22 +224,21 @@ class EgressProxy:
             except CapExceeded as exc:
                 raise _Refused(429, "cap", exc.code, f"Egress to {host}:{port} refused: {exc}.") from None
             admitted = True
-            addresses = await self._resolve(host, port)
+            addresses = await self._resolve(user_id, host, port)
             usable, decision = decide_addresses(addresses, allow_loopback=self._allow_loopback)
             if not decision.allowed:
                 raise _Refused(403, decision.verdict.value, decision.reason, refusal_message(host, port, user_id, allow, decision))
             upstream, address = await self._connect(host, port, usable)
+            on_bytes = lambda n, up: meter.charge(n, upstream=up)  # noqa: E731
             if method == "CONNECT":
                 await loop.sock_sendall(conn, b"HTTP/1.1 200 Connection established\r\n\r\n")
-                first = rest
-            else:
-                first = origin_request(head, path) + rest
-            if first:
-                meter.charge(len(first), upstream=True)
-                await loop.sock_sendall(upstream, first)
-            stopped = await relay(
-                conn, upstream, on_bytes=lambda n, up: meter.charge(n, upstream=up), idle_s=self._timeouts.idle_s
-            )
+                if rest:
+                    meter.charge(len(rest), upstream=True)
+                    await loop.sock_sendall(upstream, rest)
+                stopped = await relay(conn, upstream, on_bytes=on_bytes, idle_s=self._timeouts.idle_s)
+            else:  # one request, one answer: nothing after the request's body reaches the upstream
+                assert plain is not None
+                stopped = await exchange(conn, upstream, plain, rest, on_bytes=on_bytes, idle_s=self._timeouts.idle_s)
             if meter.cut is not None:
                 verdict, reason = "cut", meter.cut.code
                 log.warning("egress connection cut %s", kv(user=user_id, host=host, code=meter.cut.code, why=str(meter.cut)))
@@ -291,14 +277,25 @@ class EgressProxy:
                 if sock is not None:
                     sock.close()
 
-    async def _resolve(self, host: str, port: int) -> Sequence[IpAddress]:
+    async def _resolve(self, user_id: int, host: str, port: int) -> Sequence[IpAddress]:
         literal = literal_address(host)
         if literal is not None:
             return [literal]
         try:
+            self._lookups.admit(user_id)
+        except CapExceeded as exc:
+            status = 503 if exc.code == "dns_lookups_busy" else 429
+            raise _Refused(status, "cap", exc.code, f"Egress to {host}:{port} refused: {exc}.") from None
+        try:
             found = await asyncio.wait_for(self._resolver(host, port), self._timeouts.resolve_s)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except asyncio.TimeoutError:
+            raise _Refused(
+                502, "upstream_failed", "dns", f"Egress to {host}:{port}: the name did not resolve within {self._timeouts.resolve_s:g} s."
+            ) from None
+        except OSError as exc:
             raise _Refused(502, "upstream_failed", "dns", f"Egress to {host}:{port}: the name does not resolve ({exc}).") from None
+        finally:
+            self._lookups.release(user_id)  # a lookup given up on frees its slot at once
         if not found:
             raise _Refused(502, "upstream_failed", "dns", f"Egress to {host}:{port}: the name has no address.")
         return found

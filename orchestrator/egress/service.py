@@ -30,9 +30,10 @@ from mounts.fs.tree_removal import remove_tree_at
 from mounts.layout import EGRESS_SOCKET_FILE, EGRESS_STAGING_DIR, DataLayout
 from orchestrator import audit, metrics
 from orchestrator.egress.audit_budget import AuditBudget
-from orchestrator.egress.caps import CapLimits, UserCaps
+from orchestrator.egress.caps import CapLimits, LookupGate, UserCaps
 from orchestrator.egress.policy import parse_patterns, split_allow_setting
 from orchestrator.egress.proxy import ConnectionRecord, EgressProxy, ProxyTimeouts, serve_unix
+from orchestrator.egress.resolver import AresResolver, parse_dns_servers
 from orchestrator.egress.rules import EgressRules
 from orchestrator.log import kv
 from orchestrator.settings import Settings
@@ -80,12 +81,16 @@ class EgressService:
         self._audit_queue: queue.Queue[ConnectionRecord | dict[str, object] | None] = queue.Queue(AUDIT_BACKLOG)
         self._audit_thread: threading.Thread | None = None
         self._dropped = 0
+        self._resolver = AresResolver(parse_dns_servers(settings.egress_dns_servers), timeout_s=settings.egress_dns_timeout_s)
+        self.lookups = LookupGate(per_user=settings.egress_dns_lookups_per_user, total=settings.egress_dns_lookups)
         self.proxy = EgressProxy(
             allow_for=self.rules.allow_for,
             caps_for=self._caps_of,
             report=self._report,
             allow_loopback=settings.egress_allow_loopback,
-            timeouts=ProxyTimeouts(connect_s=settings.egress_connect_timeout_s),
+            timeouts=ProxyTimeouts(connect_s=settings.egress_connect_timeout_s, resolve_s=settings.egress_dns_timeout_s),
+            resolver=self._resolver,
+            lookups=self.lookups,
             head_max_bytes=HEAD_MAX_BYTES,
         )
 
@@ -332,6 +337,7 @@ class EgressService:
     def close(self) -> None:
         loop = self._loop
         if loop is None:
+            self._resolver.close()
             return
         listeners, self._listeners = dict(self._listeners), {}
 
@@ -352,6 +358,7 @@ class EgressService:
         loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None:
             self._thread.join(5)
+        self._resolver.close()
         self._audit_queue.put(None)
         if self._audit_thread is not None:
             self._audit_thread.join(5)

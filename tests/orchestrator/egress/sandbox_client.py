@@ -23,19 +23,21 @@ def read_head(s):
         head += chunk
     return head, int(head.split(b" ")[1]) if head else 0
 
-if mode == "flood":  # 200 CONNECTs at once, held open for argv[3] seconds
-    socks, statuses, bodies = [], collections.Counter(), set()
-    for _ in range(200):
+if mode == "flood":  # argv[4] (200) CONNECTs at once to target.format(i), held open for argv[3] seconds
+    socks, statuses, bodies, slowest = [], collections.Counter(), set(), collections.defaultdict(float)
+    started = time.monotonic()
+    for i in range(int(sys.argv[4]) if len(sys.argv) > 4 else 200):
         s = forwarder()
-        s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        s.sendall(f"CONNECT {target.format(i)} HTTP/1.1\r\nHost: {target.format(i)}\r\n\r\n".encode())
         socks.append(s)
     for s in socks:
         _, status = read_head(s)
         statuses[status] += 1
+        slowest[status] = max(slowest[status], time.monotonic() - started)
         if status != 200:
             bodies.add(s.recv(4096).decode(errors="replace").strip())
     time.sleep(float(sys.argv[3]))
-    print(json.dumps({"statuses": statuses, "bodies": sorted(bodies)}))
+    print(json.dumps({"statuses": statuses, "bodies": sorted(bodies), "slowest_s": slowest}))
     sys.exit(0)
 s = forwarder()
 if mode == "connect":
@@ -47,8 +49,11 @@ if mode == "connect":
         print(json.dumps({"status": status, "body": body.decode(errors="replace"), "head": head.decode(errors="replace")}))
         sys.exit(0)
     s.sendall(f"GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+elif mode == "raw":  # argv[2] is the request bytes, base64: sent as they are
+    import base64
+    s.sendall(base64.b64decode(target))
 else:
-    s.sendall(f"GET http://{target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    s.sendall(f"GET http://{target} HTTP/1.1\r\nHost: {target.partition('/')[0]}\r\n\r\n".encode())
 data = b""
 while True:
     try:
@@ -65,6 +70,7 @@ print(json.dumps({"status": status, "body": body[:2000].decode(errors="replace")
 
 
 def command(mode: str, target: str, *more: str) -> str:
-    """`mode`: "get" (plain-HTTP proxy request), "connect" (a tunnel, then a GET inside it) or
-    "flood" (200 tunnels at once, held open for `more[0]` seconds)."""
+    """`mode`: "get" (plain-HTTP proxy request), "connect" (a tunnel, then a GET inside it),
+    "raw" (`target` is the base64 of bytes sent as they are) or "flood" (`more[1]`, default 200,
+    tunnels at once to `target.format(i)`, held open for `more[0]` seconds)."""
     return " ".join(["python3", "-c", shlex.quote(SCRIPT), mode, shlex.quote(target), *map(shlex.quote, more)])

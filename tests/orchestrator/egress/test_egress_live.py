@@ -23,8 +23,9 @@ from orchestrator.service import OrchestratorService
 from tests.api_calls import tool
 from tests.metrics_text import sample_value, scrape
 from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers, make_settings
+from tests.orchestrator.egress.dns_server import DnsServer, loopback_dns
 from tests.orchestrator.egress.sandbox_client import command
-from tests.orchestrator.egress.upstream import HELLO, loopback_upstream
+from tests.orchestrator.egress.upstream import HELLO, RequestCounter, counting_upstream, loopback_upstream
 from tests.orchestrator.sandboxes.test_process_network import web_run
 
 AS_ROOT = os.geteuid() == 0
@@ -368,3 +369,145 @@ def test_a_flood_of_refused_connections_cannot_flood_the_audit(loopback_allowed:
     put_rules(client, 77, allow=[f"127.0.0.1:{upstream}"])
     assert through_proxy(client, web_run(client, 77), "get", f"127.0.0.1:{upstream}/hello")["status"] == 200
     assert egress_rows(service, 77, "127.0.0.1")
+
+
+def raw_request(client: TestClient, run_id: str, data: bytes) -> dict:
+    import base64
+
+    return through_proxy(client, run_id, "raw", base64.b64encode(data).decode())
+
+
+@contextmanager
+def counting_target(client: TestClient, user_id: int) -> Iterator[tuple[str, RequestCounter, str]]:
+    """A request-counting upstream on loopback that `user_id` may reach: (its host:port, what
+    it counted, a run of the user's)."""
+    with counting_upstream() as (port, counter):
+        target = f"127.0.0.1:{port}"
+        put_rules(client, user_id, allow=[target])
+        yield target, counter, web_run(client, user_id)
+
+
+def test_a_pipelined_second_request_never_reaches_the_upstream(loopback_allowed: Served) -> None:
+    # One request per connection: a second request pipelined behind the first (here with a
+    # forged Host, which a virtual-hosting upstream would route elsewhere) reached the upstream.
+    import time
+
+    client, service = loopback_allowed
+    with counting_target(client, 78) as (target, counter, run_id):
+        pipelined = (
+            f"GET http://{target}/first HTTP/1.1\r\nHost: {target}\r\n\r\n"
+            f"GET /second HTTP/1.1\r\nHost: metadata.internal.example\r\n\r\n"
+        ).encode()
+        got = raw_request(client, run_id, pipelined)
+        assert got["status"] == 200 and got["body"] == HELLO.decode(), got
+        time.sleep(1.0)  # the upstream counts when its connection ends
+        assert counter.requests == [("GET /first HTTP/1.1", target)], counter.requests
+    [row] = egress_rows(service, 78, "127.0.0.1")
+    assert (row.detail["verdict"], row.detail["port"]) == ("allowed", int(target.rsplit(":", 1)[1]))
+
+
+def test_a_host_header_naming_another_host_is_refused(loopback_allowed: Served) -> None:
+    import time
+
+    client, service = loopback_allowed
+    with counting_target(client, 79) as (target, counter, run_id):
+        port = int(target.rsplit(":", 1)[1])
+        forged = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.1\r\nHost: pypi.org\r\n\r\n".encode())
+        assert forged["status"] == 400, forged
+        assert "X-Egress-Refusal: host_mismatch" in forged["head"], forged
+        assert f"the Host header (pypi.org) does not name the request's target ({target})" in forged["body"], forged
+        two = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.1\r\nHost: {target}\r\nHost: {target}\r\n\r\n".encode())
+        assert two["status"] == 400 and "X-Egress-Refusal: host_mismatch" in two["head"], two
+        # The same host in another spelling, and an HTTP/1.0 request without one, are served.
+        spelled = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        assert spelled["status"] == 200, spelled
+        bare = raw_request(client, run_id, f"GET http://{target}/x HTTP/1.0\r\n\r\n".encode())
+        assert bare["status"] == 200, bare
+        time.sleep(1.0)
+        assert [host for _line, host in counter.requests] == [target, target], counter.requests
+    rows = egress_rows(service, 79, "127.0.0.1")
+    verdicts = sorted((r.detail["verdict"], r.detail["reason"]) for r in rows)
+    assert verdicts == [("allowed", "ok"), ("allowed", "ok"), ("bad_request", "host_mismatch"), ("bad_request", "host_mismatch")], verdicts
+
+
+DNS_TIMEOUT_S = 3.0
+LOOKUPS_PER_USER = 8
+
+
+@pytest.fixture(scope="module")
+def slow_dns() -> Iterator[DnsServer]:
+    """Our DNS server on loopback: `fast.example.test` answers 127.0.0.1 at once, `slow-*`
+    names never answer (a slowly resolving name under an allowed wildcard)."""
+    with loopback_dns({"fast.example.test": "127.0.0.1"}, lambda name: name.startswith("slow-"), None) as dns:
+        yield dns
+
+
+@pytest.fixture(scope="module")
+def resolving_via_loopback_dns(slow_dns: DnsServer) -> Iterator[Served]:
+    with served(
+        **uid_slice(3),
+        egress_allow_loopback=True,
+        egress_dns_servers=f"127.0.0.1:{slow_dns.port}",
+        egress_dns_timeout_s=DNS_TIMEOUT_S,
+        egress_dns_lookups_per_user=LOOKUPS_PER_USER,
+        egress_dns_lookups=3 * LOOKUPS_PER_USER,
+    ) as pair:
+        yield pair
+
+
+def test_one_users_slow_lookups_never_delay_another_users_connect(
+    resolving_via_loopback_dns: Served, slow_dns: DnsServer, upstream: int
+) -> None:
+    # 64 CONNECTs to slowly resolving names under *.pythonhosted.org (a default pattern) held
+    # the lookup threads everyone shared: another user's pypi.org failed with reason=dns.
+    import threading
+    import time
+
+    client, service = resolving_via_loopback_dns
+    assert service.egress is not None
+    fast = f"fast.example.test:{upstream}"
+    for user_id in (80, 81):
+        put_rules(client, user_id, allow=[fast])
+    run_a, run_b = web_run(client, 80), web_run(client, 81)
+    assert through_proxy(client, run_b, "connect", f"{fast}/hello")["status"] == 200  # B's sandbox is up
+    flood: dict = {}
+
+    def run_flood() -> None:
+        flood["answer"] = tool(
+            client, run_a, "shell", command=command("flood", "slow-{}.pythonhosted.org:443", "0", "64"), timeout_s=60
+        )
+
+    thread = threading.Thread(target=run_flood)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while service.egress.lookups.in_flight.get(80, 0) < LOOKUPS_PER_USER:
+        assert time.monotonic() < deadline, "the flood never filled 80's lookups"
+        time.sleep(0.02)
+    started = time.monotonic()
+    other = through_proxy(client, run_b, "connect", f"{fast}/hello")
+    other_s = time.monotonic() - started
+    assert service.egress.lookups.in_flight.get(80) == LOOKUPS_PER_USER  # still held meanwhile
+    thread.join(60)
+    assert other["status"] == 200 and other["body"] == HELLO.decode(), other
+    assert other_s < 1.5, other_s  # a shell call's round trip, not a lookup timeout
+
+    answer = flood["answer"]
+    assert answer["ok"] and answer["result"]["exit_code"] == 0, answer
+    result = json.loads(answer["result"]["stdout"])
+    assert result["statuses"] == {"429": 64 - LOOKUPS_PER_USER, "502": LOOKUPS_PER_USER}, result
+    assert any(f"name lookups in flight (at most {LOOKUPS_PER_USER}, ORCH_EGRESS_DNS_LOOKUPS_PER_USER)" in b for b in result["bodies"]), result
+    assert any(f"did not resolve within {DNS_TIMEOUT_S:g} s" in b for b in result["bodies"]), result
+    assert DNS_TIMEOUT_S - 0.5 < result["slowest_s"]["502"] < DNS_TIMEOUT_S + 2, result
+
+    # The timed-out lookups gave their slots back: A resolves again at once.
+    assert service.egress.lookups.in_flight == {} and service.egress.lookups.in_flight_total == 0
+    started = time.monotonic()
+    again = through_proxy(client, run_a, "connect", f"{fast}/hello")
+    assert again["status"] == 200 and time.monotonic() - started < 1.5, again
+    assert sum(n for name, n in slow_dns.questions.items() if name.startswith("slow-")) <= 2 * LOOKUPS_PER_USER
+
+    service.egress.flush_audit()
+    rows = [r for r in audit.entries(service.store, action="egress_connection", limit=1000) if r.runtime_user_id == 80]
+    verdicts = sorted((r.detail["verdict"], r.detail["reason"]) for r in rows if r.detail["host"].startswith("slow-"))
+    assert verdicts.count(("cap", "dns_lookups_per_user")) == 64 - LOOKUPS_PER_USER, verdicts
+    assert verdicts.count(("upstream_failed", "dns")) == LOOKUPS_PER_USER, verdicts

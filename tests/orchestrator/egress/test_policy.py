@@ -56,6 +56,42 @@ DEFAULTS = parse_patterns(DEFAULT_ALLOW)
         ("::ffff:10.0.0.1", "private"),  # v4-mapped: the v4 address decides
         ("::ffff:169.254.169.254", "link_local"),
         ("::ffff:127.0.0.1", "loopback"),
+        # The red team's list: each was allowed before the registries were written out whole.
+        ("::7f00:1", "loopback"),  # IPv4-compatible 127.0.0.1
+        ("::a9fe:a9fe", "link_local"),  # IPv4-compatible 169.254.169.254
+        ("64:ff9b::a9fe:a9fe", "link_local"),  # NAT64 of the metadata address
+        ("64:ff9b::a00:1", "private"),  # NAT64 of 10.0.0.1
+        ("64:ff9b:1::1", "nat64_local"),
+        ("64:ff9b:1:ffff::9765:df", "nat64_local"),
+        ("2002:a9fe:a9fe::", "link_local"),  # 6to4 of the metadata address
+        ("2002:9765:df::1", "6to4"),  # 6to4 of a public address: the relay is never trusted
+        ("2001::1", "unspecified"),  # Teredo whose server is 0.0.0.0
+        ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "teredo"),  # a real-looking Teredo address
+        ("2001:0:a9fe:a9fe::1", "link_local"),  # Teredo whose server is the metadata address
+        ("2001:0:4136:e378::f5ff:fffe", "private"),  # Teredo whose (obfuscated) client is 10.0.0.1
+        ("::ffff:0:a00:1", "private"),  # IPv4-translated 10.0.0.1
+        ("::ffff:0:9765:df", "ipv4_translated"),
+        ("::9765:df", "ipv4_compatible"),
+        ("fec0::1", "site_local"),
+        ("feff::1", "site_local"),
+        ("192.0.0.1", "ietf_protocol"),
+        ("192.0.0.9", "ietf_protocol"),  # globally reachable anycast, but in the refused block
+        ("192.0.0.170", "ietf_protocol"),
+        ("198.18.0.1", "benchmarking"),
+        ("198.19.255.254", "benchmarking"),
+        ("192.88.99.1", "6to4_relay"),
+        ("0.1.2.3", "unspecified"),
+        ("100::1", "discard"),
+        ("100:0:0:1::1", "dummy_prefix"),
+        ("2001:2::1", "ietf_protocol"),  # benchmarking, inside 2001::/23
+        ("2001:10::1", "ietf_protocol"),  # ORCHID
+        ("2001:1::1", "ietf_protocol"),
+        ("5f00::1", "segment_routing"),
+        ("4000::1", "reserved"),  # not global unicast (2000::/3)
+        ("::2", "unspecified"),  # IPv4-compatible 0.0.0.2
+        ("::ffff:ffff:ffff", "reserved"),  # ::ffff:255.255.255.255
+        ("8000::1", "reserved"),
+        ("64:ff9b::7f00:1", "loopback"),  # NAT64 of 127.0.0.1
     ],
 )
 def test_forbidden_ranges_are_refused(address: str, reason: str) -> None:
@@ -65,7 +101,17 @@ def test_forbidden_ranges_are_refused(address: str, reason: str) -> None:
     assert usable == () and decision.verdict is Verdict.ADDRESS_FORBIDDEN and decision.reason == reason
 
 
-@pytest.mark.parametrize("address", ["203.0.113.80", "198.51.100.7", "192.0.2.1", "151.101.0.223", "2606:4700::1111"])
+REACHABLE = [
+    "203.0.113.80", "198.51.100.7", "192.0.2.1",  # documentation ranges, kept on purpose
+    "2001:db8::1", "3fff::1",
+    "151.101.0.223", "2a04:4e42::223", "2606:4700::1111", "8.8.8.8", "1.1.1.1", "100.128.0.1",
+    "172.32.0.1", "192.0.1.255", "192.0.3.0", "198.20.0.1", "223.255.255.254", "2001:200::1",
+    "64:ff9b::9765:df",  # NAT64 of 151.101.0.223: where a DNS64 network puts public names
+    "::ffff:151.101.0.223",
+]
+
+
+@pytest.mark.parametrize("address", REACHABLE)
 def test_public_and_documentation_addresses_stay_reachable(address: str) -> None:
     # 203.0.113.x is where the registries resolve on this machine: non-global for `ipaddress`,
     # but not one of the forbidden ranges.
@@ -79,6 +125,25 @@ def test_allow_loopback_opens_loopback_only() -> None:
     assert forbidden_range(ipaddress.ip_address("::1"), allow_loopback=True) is None
     assert forbidden_range(ipaddress.ip_address("10.0.0.1"), allow_loopback=True) == "private"
     assert forbidden_range(ipaddress.ip_address("169.254.169.254"), allow_loopback=True) == "link_local"
+    # Loopback through a translation or tunnel form is never the proxy's own loopback.
+    for tunnelled in ("::7f00:1", "64:ff9b::7f00:1", "2002:7f00:1::"):
+        assert forbidden_range(ipaddress.ip_address(tunnelled), allow_loopback=True) is not None, tunnelled
+
+
+def test_the_registries_refuse_whatever_python_calls_non_global() -> None:
+    # A cross-check, not the source: every address `ipaddress` calls non-global is refused,
+    # except the documentation ranges this proxy keeps on purpose (docs/egress.md).
+    from orchestrator.egress.policy import SPECIAL_PURPOSE
+
+    documentation = [ipaddress.ip_network(n) for n in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32", "3fff::/20")]
+    samples = [net.network_address for net, _reason in SPECIAL_PURPOSE]
+    samples += [net.broadcast_address for net, _reason in SPECIAL_PURPOSE]
+    for ip in samples:
+        if ip.is_global or any(ip in net for net in documentation if net.version == ip.version):
+            continue
+        assert forbidden_range(ip, allow_loopback=False) is not None, ip
+    for address in REACHABLE:
+        assert forbidden_range(ipaddress.ip_address(address), allow_loopback=False) is None, address
 
 
 def test_only_the_checked_addresses_are_handed_on() -> None:

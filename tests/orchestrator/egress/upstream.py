@@ -53,3 +53,75 @@ def loopback_upstream() -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+class RequestCounter:
+    """What a request-counting upstream saw: every request line and its Host header, across
+    all connections, read as raw bytes (so a request the proxy let through after the first is
+    counted even when the upstream would not have answered it)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str]] = []  # (request line, Host header)
+        self._lock = threading.Lock()
+
+    def add(self, line: str, host: str) -> None:
+        with self._lock:
+            self.requests.append((line, host))
+
+
+def _count_requests(data: bytes, counter: RequestCounter) -> None:
+    for block in data.split(b"\r\n\r\n"):
+        lines = block.split(b"\r\n")
+        if not lines[0].split(b" ")[-1].startswith(b"HTTP/1."):
+            continue
+        host = next((h.split(b":", 1)[1].strip() for h in lines[1:] if h.lower().startswith(b"host:")), b"")
+        counter.add(lines[0].decode(errors="replace"), host.decode(errors="replace"))
+
+
+@contextmanager
+def counting_upstream(linger_s: float = 0.5) -> Iterator[tuple[int, RequestCounter]]:
+    """An upstream on 127.0.0.1 that answers the first request of a connection with HELLO and
+    then keeps reading for `linger_s` (as a lenient server that pipelines regardless of
+    `Connection: close` would), counting every request head that arrives."""
+    import socket
+
+    counter = RequestCounter()
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(linger_s)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(HELLO), HELLO))
+            try:
+                while chunk := conn.recv(65536):
+                    data += chunk
+            except OSError:
+                pass
+            _count_requests(data, counter)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], counter
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
