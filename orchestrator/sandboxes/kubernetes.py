@@ -401,6 +401,7 @@ class KubernetesBackend:
             config_path=self.layout.agent_config_path(user.user_id),
             ca_bundle=self._ca_bundle(),
             tolerations=[t.manifest() for t in self.settings.k8s_tolerations],
+            runtime_class=self.settings.k8s_runtime_class,
         )
 
     def _ca_bundle(self) -> Path | None:

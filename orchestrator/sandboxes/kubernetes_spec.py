@@ -102,6 +102,7 @@ def pod_manifest(
     config_path: Path,
     ca_bundle: Path | None = None,
     tolerations: Sequence[Mapping[str, str]] = (),
+    runtime_class: str | None = None,
 ) -> dict[str, Any]:
     """The pod of `plan.user_id`: the plan's mounts as subPaths of the data volume at the same
     paths (tmp at /tmp), read-only where the plan says; the user's own uid and groups, no
@@ -194,6 +195,8 @@ def pod_manifest(
                 }
             ],
             **({"tolerations": [dict(t) for t in tolerations]} if tolerations else {}),
+            # e.g. gVisor's RuntimeClass: a user-space kernel between the sandbox and the node's.
+            **({"runtimeClassName": runtime_class} if runtime_class else {}),
             "containers": [container],
             "volumes": volumes,
         },

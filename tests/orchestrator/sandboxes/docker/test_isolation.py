@@ -25,7 +25,7 @@ def shell(client: TestClient, run_id: str, command: str) -> dict:
 
 @pytest.mark.parametrize("sandbox_runtime", RUNTIMES)
 def test_b_cannot_see_as_runtime_uploads_or_home_and_there_is_no_network(
-    docker_client: TestClient, docker_service: OrchestratorService
+    docker_client: TestClient, docker_service: OrchestratorService, sandbox_runtime: str
 ) -> None:
     layout = docker_service.layout
     sid = group_session(docker_client)
@@ -60,6 +60,12 @@ def test_b_cannot_see_as_runtime_uploads_or_home_and_there_is_no_network(
     )
     result = shell(docker_client, b_run["run_id"], f"python3 -c \"{probe}\"")
     assert result["stdout"].splitlines() == ["['lo']", "refused 111"]
+
+    # the containers ran under the runtime asked for, and /healthz says which kernel that is
+    backend = docker_service.sandboxes.backends["docker"]
+    assert {c.attrs["HostConfig"]["Runtime"] for c in backend._managed_containers()} == {sandbox_runtime}  # type: ignore[attr-defined]
+    boundary = docker_client.get("/healthz").json()["kernel_boundary"]["docker"]
+    assert boundary == {"kernel": "gvisor" if sandbox_runtime == "runsc" else "host", "runtime": sandbox_runtime}
 
 
 @pytest.mark.parametrize("sandbox_runtime", RUNTIMES)
