@@ -342,7 +342,10 @@ class DockerBackend:
             started = time.monotonic()
             release = self.deployment.ensure()
             try:
-                launch = prepare_agent_launch(self.settings, self.directories, user, in_sandbox=True, parent_pid=None)
+                launch = prepare_agent_launch(
+                    self.settings, self.directories, user, in_sandbox=True, parent_pid=None,
+                    host_kernel=self.settings.sandbox_runtime == "runc",
+                )  # fmt: skip
             except (OSError, RuntimeError, UnsafeDirectory) as exc:
                 raise sandbox_unavailable(user.user_id, f"preparing it failed: {exc}") from exc
             try:

@@ -358,6 +358,7 @@ class KubernetesBackend:
                     self.settings, self.directories, user, in_sandbox=True, parent_pid=None,
                     listen_port=self.settings.k8s_agent_port,
                     egress_reachable=self.data.claim is None,  # the egress socket is the node's own
+                    host_kernel=self.settings.k8s_runtime_class is None,  # e.g. gVisor's: no fd passing
                 )  # fmt: skip
             except (OSError, RuntimeError, UnsafeDirectory) as exc:
                 raise sandbox_unavailable(user.user_id, f"preparing it failed: {exc}") from exc
