@@ -300,7 +300,9 @@ class KubernetesBackend:
 
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
-        desired = DesiredPod(user.plan.plan_hash, self.settings.sandbox_image, self.deployment.build)
+        desired = DesiredPod(
+            user.plan.plan_hash, self.settings.sandbox_image, self.deployment.build, self.settings.k8s_runtime_class
+        )
         name = pod_name(self.instance, user.user_id)
         if slot.stalled:
             log.warning("replacing a stalled sandbox pod %s", kv(user=user.user_id, pod=name))
