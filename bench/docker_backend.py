@@ -8,7 +8,13 @@
 3. Load: 50 sessions of 50 different users (50 containers) x 20 tool calls in parallel
    through the API: errors, p50, p99.
 
-Run: .venv/bin/python bench/docker_backend.py   (builds or reuses the image first)
+`runtimes`: runc and runsc (gVisor) side by side through a real `orchestrator serve` each:
+the first call of a new user (the container's cold start), a warm `read_file`, a `shell`
+echo, 20,000 stat calls timed inside the sandbox, and a `pip install` of one small wheel
+through the egress proxy (it reaches the package registry). Needs runsc registered with
+dockerd (deploy/docker/register-runsc); ORCH_SANDBOX_UID_BASE / ORCH_MAX_USER_ID are passed on.
+
+Run: .venv/bin/python bench/docker_backend.py [runtimes]   (builds or reuses the image first)
 """
 
 from __future__ import annotations
@@ -143,18 +149,89 @@ def through_the_api(data_dir: Path, image: str, engine: docker.DockerClient) -> 
             print(f"# error: {error}")
 
 
+RUNTIME_COLD_USERS = 3
+RUNTIME_WARM_CALLS = 200
+RUNTIME_SHELL_CALLS = 30
+RUNTIME_PIP_INSTALLS = 2
+STAT_LOOP = (
+    "python3 -c \"import os, time; t = time.perf_counter(); [os.stat('/tmp') for _ in range(20000)]; "
+    "print(round(1000 * (time.perf_counter() - t)))\""
+)
+
+
+def one_runtime(runtime: str, data_dir: Path, image: str) -> dict[str, float]:
+    settings = {"ORCH_DATA_DIR": str(data_dir), "ORCH_BACKEND": "docker", "ORCH_SANDBOX_IMAGE": image,
+                "ORCH_SANDBOX_RUNTIME": runtime}  # fmt: skip
+    for name in ("ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID"):  # the caller's uid block, if any
+        if name in os.environ:
+            settings[name] = os.environ[name]
+    with orchestrator_server(settings) as server:
+        if server.health["kernel_boundary"]["docker"]["runtime"] != runtime:
+            raise SystemExit(f"the server did not take ORCH_SANDBOX_RUNTIME={runtime}: {server.health}")
+        call = server.result
+        cold = []
+        for user_id in range(1, RUNTIME_COLD_USERS + 1):
+            run = server.new_run(user_id)
+            t0 = time.perf_counter()
+            call(run["run_id"], "write_file", path="small.txt", content="hello\n" * 10)
+            cold.append(time.perf_counter() - t0)
+        for _ in range(20):
+            call(run["run_id"], "read_file", path="small.txt")
+        reads = []
+        for _ in range(RUNTIME_WARM_CALLS):
+            t0 = time.perf_counter()
+            call(run["run_id"], "read_file", path="small.txt")
+            reads.append((time.perf_counter() - t0) * 1000)
+        shells = []
+        for _ in range(RUNTIME_SHELL_CALLS):
+            t0 = time.perf_counter()
+            call(run["run_id"], "shell", command="echo hi")
+            shells.append((time.perf_counter() - t0) * 1000)
+        stat_ms = float(call(run["run_id"], "shell", command=STAT_LOOP)["stdout"])
+        pips = []
+        for i in range(RUNTIME_PIP_INSTALLS):
+            command = f"pip install --no-cache-dir --target /tmp/pip-bench-{i} six 2>&1 | tail -1"
+            t0 = time.perf_counter()
+            out = call(run["run_id"], "shell", command=command, timeout_s=240)
+            pips.append(time.perf_counter() - t0)
+            if "Successfully installed six" not in out["stdout"]:
+                raise RuntimeError(f"pip install failed under {runtime}: {out}")
+    return {
+        "cold_start_median_s": statistics.median(cold),
+        "read_file_median_ms": statistics.median(reads),
+        "shell_echo_median_ms": statistics.median(shells),
+        "stat_20000_ms": stat_ms,
+        "pip_install_six_median_s": statistics.median(pips),
+    }
+
+
+def runtimes(base: Path, image: str) -> None:
+    results = {runtime: one_runtime(runtime, base / runtime / "data", image) for runtime in ("runc", "runsc")}
+    for key in results["runc"]:
+        name, unit = key.rsplit("_", 1)
+        runc, runsc = results["runc"][key], results["runsc"][key]
+        print(f"runc_{name}: {runc:.3f} {unit}")
+        print(f"runsc_{name}: {runsc:.3f} {unit}")
+        print(f"runsc_vs_runc_{name}: {runsc / runc:.1f} x")
+
+
 def main() -> None:
     BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
     base = Path(tempfile.mkdtemp(dir=BASE, prefix="run-"))
     os.chmod(base, 0o711)
     engine = docker.from_env(timeout=300)
     cold_dir, api_dir = base / "cold" / "data", base / "api" / "data"
+    compare = sys.argv[1:] == ["runtimes"]
+    data_dirs = [base / "runc" / "data", base / "runsc" / "data"] if compare else [cold_dir, api_dir]
     try:
         image = image_ref(engine)
-        cold_starts(cold_dir, image)
-        through_the_api(api_dir, image, engine)
+        if compare:
+            runtimes(base, image)
+        else:
+            cold_starts(cold_dir, image)
+            through_the_api(api_dir, image, engine)
     finally:
-        for data_dir in (cold_dir, api_dir):
+        for data_dir in data_dirs:
             remove_containers(engine, data_dir)
         engine.close()
         shutil.rmtree(base, ignore_errors=True)

@@ -158,7 +158,11 @@ class OrchestratorService:
             self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
         self.egress: EgressService | None = None
         if settings.egress != "off":
-            self.egress = EgressService(settings, self.directories, self.store)
+            docker_backend = backends.get("docker")
+            self.egress = EgressService(
+                settings, self.directories, self.store,
+                peer_container=docker_backend.peer_container if isinstance(docker_backend, DockerBackend) else lambda _: None,
+            )  # fmt: skip
             self.sandboxes.call_hooks.append(self.egress.before_call)
         self.runs = RunService(
             settings=settings,

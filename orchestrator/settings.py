@@ -92,6 +92,12 @@ class Settings(BaseSettings):
         description='Tolerations of sandbox pods, a JSON list such as [{"key": "sandboxes", "value": "true", '
         '"effect": "NoSchedule"}]: lets them onto nodes tainted for sandboxes (docs/kubernetes-scale.md).',
     )
+    k8s_runtime_class: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",  # a RuntimeClass name (a DNS subdomain)
+        description="`runtimeClassName` of sandbox pods (e.g. `gvisor`, a RuntimeClass the cluster defines); "
+        "unset: the cluster's default runtime.",
+    )
     settings_file: Path | None = Field(
         None, description="Optional dotenv file with the same keys; watched for identity-mode changes."
     )
@@ -195,6 +201,12 @@ class Settings(BaseSettings):
     )
     sandbox_image: str = Field("sandbox-orchestrator/sandbox:latest", description="Docker image of sandboxes.")
     sandbox_network: str = Field("none", description="Docker network of sandboxes.")
+    sandbox_runtime: Literal["runc", "runsc"] = Field(
+        "runc",
+        description="OCI runtime of docker sandboxes: `runc` (namespaces on the host's kernel) or `runsc` "
+        "(gVisor: a user-space kernel between the sandbox and the host's; registered with dockerd as `runsc`, "
+        "deploy/docker/register-runsc; docs/security.md).",
+    )
     egress: Literal["off", "allowlist"] = Field(
         "allowlist",
         description="`allowlist`: sandboxes reach only ORCH_EGRESS_ALLOW (plus per-user changes) through the "

@@ -12,8 +12,8 @@ Two transports share one protocol (requests built and answers judged by the same
   keep-alive pool (an httpx client spent 0.70 ms of CPU per small call, httpcore 0.39 ms,
   `http.client` 0.22 ms: docs/performance.md). Thread-safe.
 
-Both distrust the agent: with `expected_peer_uid` every new connection's peer (SO_PEERCRED)
-must be that uid, and an answer is read only up to a bound derived from the agent's limits
+Both distrust the agent: with `expected_peer` every new connection's peer must show that
+sandbox's uid or container (`sandbox_agent.peer`), and an answer is read only up to a bound derived from the agent's limits
 (`AnswerLimits`): its Content-Length is read first and a larger (or unannounced) body is
 refused without being read; text fields longer than the output cap are cut again here.
 
@@ -30,7 +30,6 @@ import io
 import json
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -42,6 +41,7 @@ from pydantic import ValidationError
 
 from sandbox_agent.answer_limits import DEFAULT_ANSWER_LIMITS, HEADER_MAX_BYTES, AnswerLimits, cap_text_fields
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.peer import ExpectedPeer, check_socket_peer
 from sandbox_agent.wire import RAW_RESULT_HEADER, CallContext, Health, ReadBytesResult
 
 OCTET_STREAM = "application/octet-stream"
@@ -64,7 +64,6 @@ NEW_CONNECTION = float("inf")
 MAX_IDLE_CONNECTIONS = 8
 CANCEL_PATH = "/v1/calls/cancel"
 HEALTH_MAX_BYTES = 64 * 1024  # a /health answer is some 200 bytes
-_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # The asyncio stream's buffer: its reading pauses at twice this, and a smaller one made a
 # 1 MiB read_bytes 45 % slower than http.client (a pause and resume every 128 KiB).
 STREAM_BUFFER_BYTES = 2 * 1024 * 1024
@@ -79,21 +78,13 @@ STREAM_BUFFER_BYTES = 2 * 1024 * 1024
 Connector = Callable[[float], socket.socket]
 
 
-def peer_uid(sock: socket.socket) -> int:
-    _, uid, _ = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-    return uid
-
-
-def check_peer(sock: socket.socket, expected_uid: int | None, socket_path: str) -> None:
-    """Refuse a connection whose listener is not the sandbox's uid (nothing was sent yet)."""
-    if expected_uid is None:
+def check_peer(sock: socket.socket, expected: ExpectedPeer | None, socket_path: str) -> None:
+    """Refuse a connection whose listener is not the sandbox's (nothing was sent yet)."""
+    if expected is None:
         return
-    uid = peer_uid(sock)
-    if uid != expected_uid:
-        raise AgentUnavailable(
-            f"the listener on {socket_path} runs as uid {uid}, not the sandbox uid {expected_uid}: refused",
-            delivered=False,
-        )
+    problem = check_socket_peer(sock, expected)
+    if problem is not None:
+        raise AgentUnavailable(f"the listener on {socket_path} is not the sandbox's: {problem}: refused", delivered=False)
 
 
 @dataclass(frozen=True)
@@ -267,11 +258,15 @@ class _DeadlineResponse(http.client.HTTPResponse):
 
 class _UnixConnection(http.client.HTTPConnection):
     def __init__(
-        self, socket_path: str, connect_timeout_s: float, expected_peer_uid: int | None, connector: Connector | None = None
+        self,
+        socket_path: str,
+        connect_timeout_s: float,
+        expected_peer: ExpectedPeer | None,
+        connector: Connector | None = None,
     ) -> None:
         super().__init__("sandbox-agent", timeout=connect_timeout_s)
         self._socket_path = socket_path
-        self._expected_peer_uid = expected_peer_uid
+        self._expected_peer = expected_peer
         self._connector = connector
 
     def connect(self) -> None:
@@ -282,7 +277,7 @@ class _UnixConnection(http.client.HTTPConnection):
         try:
             sock.settimeout(self.timeout)
             sock.connect(self._socket_path)
-            check_peer(sock, self._expected_peer_uid, self._socket_path)
+            check_peer(sock, self._expected_peer, self._socket_path)
         except BaseException:
             sock.close()
             raise
@@ -315,14 +310,14 @@ class _AgentClientBase:
         token: str,
         *,
         connector: Connector | None = None,
-        expected_peer_uid: int | None = None,
+        expected_peer: ExpectedPeer | None = None,
         answer_limits: AnswerLimits = DEFAULT_ANSWER_LIMITS,
         timeout_s: float = 660.0,
         connect_timeout_s: float = 5.0,
     ) -> None:
         self.socket_path = str(socket_path)  # with a connector: where the agent is, for messages
         self.connector = connector
-        self.expected_peer_uid = expected_peer_uid
+        self.expected_peer = expected_peer
         self.answer_limits = answer_limits
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
@@ -365,7 +360,7 @@ class AgentClient(_AgentClientBase):
             if now - since <= REUSE_IDLE_S and not conn.closed_by_peer() and self._still_answers(conn, now - since):
                 return conn, True
             conn.close()
-        conn = _UnixConnection(self.socket_path, connect_timeout_s, self.expected_peer_uid, self.connector)
+        conn = _UnixConnection(self.socket_path, connect_timeout_s, self.expected_peer, self.connector)
         try:
             conn.connect()
         except OSError as exc:  # refused, no socket, timeout, permission
@@ -664,7 +659,7 @@ class AsyncAgentClient(_AgentClientBase):
             raise AgentUnavailable(f"agent socket {self.socket_path} does not answer: {exc!r}", delivered=False) from exc
         stream = _Stream(reader, writer, loop)
         try:
-            check_peer(writer.get_extra_info("socket"), self.expected_peer_uid, self.socket_path)
+            check_peer(writer.get_extra_info("socket"), self.expected_peer, self.socket_path)
         except BaseException:
             writer.close()
             raise

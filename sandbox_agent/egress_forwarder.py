@@ -15,7 +15,7 @@ import stat
 import threading
 from pathlib import Path
 
-from sandbox_agent.relay import send_connection
+from sandbox_agent.relay import relay, send_connection
 from sandbox_agent.wire import EgressConfig
 
 log = logging.getLogger("sandbox_agent.egress")
@@ -72,7 +72,10 @@ class Forwarder:
                 head = f"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/plain\r\nConnection: close\r\nContent-Length: {len(body)}\r\n\r\n"
                 await loop.sock_sendall(conn, head.encode() + body)
                 return
-            send_connection(upstream, conn)  # the proxy relays it from here on
+            if self.config.hand_over:
+                send_connection(upstream, conn)  # the proxy relays it from here on
+            else:  # the proxy reads the client's bytes from the Unix connection itself
+                await relay(conn, upstream)
         except OSError:
             pass
         finally:

@@ -394,6 +394,9 @@ class EgressConfig(BaseModel):
     socket_path: str
     port: int = Field(..., ge=0, lt=65536)
     ca_file: str | None = None  # the CA bundle pip and npm are told to trust
+    # Pass each accepted connection to the proxy (SCM_RIGHTS) instead of relaying its bytes.
+    # False under gVisor: a socket of its own network stack is no descriptor of the host's.
+    hand_over: bool = True
 
 
 class AgentConfig(BaseModel):

@@ -1,6 +1,8 @@
 """Shared fixtures. Tests marked `docker` skip without an engine, except when
-ORCH_REQUIRE_DOCKER=1 (CI): then a missing engine is a failure. Tests marked `k8s` likewise
-skip without a cluster (tests/kube_cluster.py), except when ORCH_REQUIRE_K8S=1.
+ORCH_REQUIRE_DOCKER=1 (CI): then a missing engine is a failure. Those also marked `runsc` (the
+gVisor runs) skip without `runsc` registered with the engine, except when ORCH_REQUIRE_RUNSC=1.
+Tests marked `k8s` likewise skip without a cluster (tests/kube_cluster.py), except when
+ORCH_REQUIRE_K8S=1.
 
 Every test dir lives under TEST_ROOT, not /tmp: the service refuses a data dir inside a
 directory others can write (orchestrator/startup_checks.py), and agents' sandbox uids must
@@ -77,6 +79,23 @@ def docker_engine_problem() -> str | None:
         return f"no Docker engine answers: {exc}"
 
 
+@lru_cache(maxsize=1)
+def runsc_problem() -> str | None:
+    """None when the engine runs containers under gVisor (`runsc` registered with dockerd:
+    deploy/docker/register-runsc), else why not."""
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        try:
+            runtimes = client.info().get("Runtimes") or {}
+        finally:
+            client.close()
+    except Exception as exc:
+        return f"no Docker engine answers: {exc}"
+    return None if "runsc" in runtimes else "runsc is not a runtime of the Docker engine (deploy/docker/register-runsc)"
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("k8s") is not None:
         from tests.kube_cluster import cluster_problem
@@ -89,17 +108,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("docker") is None:
         return
     problem = docker_engine_problem()
-    if problem is None:
+    if problem is not None:
+        if os.environ.get("ORCH_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"ORCH_REQUIRE_DOCKER=1 but {problem}", pytrace=False)
+        pytest.skip(problem)
+    if item.get_closest_marker("runsc") is None:
         return
-    if os.environ.get("ORCH_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"ORCH_REQUIRE_DOCKER=1 but {problem}", pytrace=False)
-    pytest.skip(problem)
+    problem = runsc_problem()
+    if problem is not None:
+        if os.environ.get("ORCH_REQUIRE_RUNSC") == "1":
+            pytest.fail(f"ORCH_REQUIRE_RUNSC=1 but {problem}", pytrace=False)
+        pytest.skip(problem)
 
 
 # The uid registry dir too: a test run may keep its block in a registry of its own.
 KEPT_ENV = frozenset(
     {"ORCH_REQUIRE_DOCKER", "ORCH_SANDBOX_UID_BASE", "ORCH_MAX_USER_ID", "ORCH_UID_REGISTRY_DIR", "ORCH_DISK_QUOTA",
-     "ORCH_REQUIRE_LOOP", "ORCH_REQUIRE_K8S", "ORCH_TEST_KUBECONFIG"}
+     "ORCH_REQUIRE_LOOP", "ORCH_REQUIRE_K8S", "ORCH_TEST_KUBECONFIG", "ORCH_REQUIRE_RUNSC"}
 )
 
 

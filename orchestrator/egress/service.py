@@ -3,7 +3,8 @@ a user's flood of connections never queues behind, or in front of, the HTTP API'
 listening Unix socket per user in that user's socket directory, and the audit trail.
 
 The runtime user of a connection is the listener it arrived on, and the peer must be that
-user's sandbox uid (SO_PEERCRED), so nothing a sandbox sends decides whose policy applies.
+user's sandbox (its uid, SO_PEERCRED; or under gVisor its container: `sandbox_agent.peer`), so
+nothing a sandbox sends decides whose policy applies.
 
 A listener is made when the user's sandbox is first called (the router's call hook) and made
 again when its socket was removed or replaced (the socket directory is the sandbox's own).
@@ -20,9 +21,9 @@ import queue
 import secrets
 import socket
 import stat
-import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mounts.fs.nofollow import closing_fd, open_dir_at, open_root
@@ -39,6 +40,7 @@ from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.state_store import StateStore
 from orchestrator.users.dirs import UserDirectories
+from sandbox_agent.peer import ExpectedPeer, check_socket_peer, peer_credentials
 from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
@@ -47,7 +49,6 @@ HEAD_MAX_BYTES = 16 * 1024
 RECHECK_S = 2.0  # how often a call re-checks that the user's socket is still ours
 AUDIT_BACKLOG = 10_000
 UNADMITTED_EXTRA = 256  # sockets a user may hold beyond its connection cap (heads on their way)
-_PEERCRED = struct.Struct("3i")
 
 
 @dataclass
@@ -58,8 +59,17 @@ class _Listener:
 
 
 class EgressService:
-    def __init__(self, settings: Settings, directories: UserDirectories, store: StateStore) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        directories: UserDirectories,
+        store: StateStore,
+        *,
+        peer_container: Callable[[int], str | None] = lambda user_id: None,
+    ) -> None:
         self.settings = settings
+        # The user's gVisor container, whose gofer (uid 0) connects for its sandbox (docker.py).
+        self.peer_container = peer_container
         self.layout: DataLayout = directories.layout
         self.directories = directories
         self.store = store
@@ -247,11 +257,12 @@ class EgressService:
             self._held[user_id] -= 1
 
     async def _serve_connection(self, user_id: int, expected_uid: int, conn: socket.socket) -> None:
-        try:
-            _, peer_uid, _ = _PEERCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
-        except OSError:
-            peer_uid = -1
-        if peer_uid != expected_uid:
+        expected = ExpectedPeer(uid=expected_uid, container_id=self.peer_container(user_id))
+        if check_socket_peer(conn, expected) is not None:
+            try:
+                peer_uid = peer_credentials(conn).uid
+            except OSError:
+                peer_uid = -1
             # Not this user's sandbox (only root and the uid itself can enter the directory).
             # Reported before the close: whoever sees the close finds the row on its way.
             self._report(

@@ -22,6 +22,7 @@ from orchestrator.http.models import (
 from orchestrator.http.params import chat_id_param, group_channel_param, project_id_param, user_id_param
 from orchestrator.runs.identity_switch import IdentityModeState
 from orchestrator.service import OrchestratorService
+from orchestrator.sandboxes.kernel_boundary import kernel_boundaries
 from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.sandboxes.uid_blocks import UidBlock
 from orchestrator.users.repository import KEEP, Keep
@@ -56,6 +57,8 @@ async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         # Which disk-quota mechanism is in force (docs/disk-quotas.md) and the host watermark.
         "disk_quota": service.disk_quotas.health().__dict__,
         "egress": _egress_status(service),
+        # Per backend: the host's kernel, or gVisor's between the sandbox and it (docs/security.md).
+        "kernel_boundary": kernel_boundaries(service.settings, service.sandboxes.backends),
         # The kubernetes backend's API server and namespace; null when it is not registered.
         "kubernetes": _kubernetes_status(service),
     }

@@ -102,9 +102,12 @@ def shell_environment(layout: DataLayout, user_id: int) -> dict[str, str]:
     }
 
 
-def egress_config(settings: Settings, layout: DataLayout, user_id: int, *, private_network: bool) -> EgressConfig | None:
+def egress_config(
+    settings: Settings, layout: DataLayout, user_id: int, *, private_network: bool, hand_over: bool = True
+) -> EgressConfig | None:
     """Where the sandbox's forwarder listens and relays to; None with egress off. On the host's
-    network (the bare process backend) a fixed port would collide between users: any free one."""
+    network (the bare process backend) a fixed port would collide between users: any free one.
+    `hand_over`: the sandbox's sockets are the host kernel's, so connections can be passed."""
     if settings.egress == "off":
         return None
     ca = settings.egress_ca_bundle
@@ -112,6 +115,7 @@ def egress_config(settings: Settings, layout: DataLayout, user_id: int, *, priva
         socket_path=str(layout.egress_socket_path(user_id)),
         port=settings.egress_forwarder_port if private_network else 0,
         ca_file=str(ca) if ca.is_file() else None,
+        hand_over=hand_over,
     )
 
 
@@ -125,11 +129,12 @@ def prepare_agent_launch(
     private_network: bool = True,
     listen_port: int | None = None,
     egress_reachable: bool = True,
+    host_kernel: bool = True,
 ) -> AgentLaunch:
     """Write the user's agent config and a fresh token; the caller starts the agent.
     `listen_port`: the agent also listens on that port of its loopback (a pod's);
     `egress_reachable`: the sandbox can reach the host's egress socket (not from a pod on
-    another node)."""
+    another node); `host_kernel`: its sockets are the host's (not under gVisor)."""
     layout = directories.layout
     user_id = user.user_id
     directories.ensure_sandbox_dirs(user.plan, sandbox_start=True)
@@ -156,7 +161,11 @@ def prepare_agent_launch(
         # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.
         max_processes=settings.sandbox_pids if sandbox_uid is not None else None,
         sweep_uid=sandbox_uid is not None,  # a uid of its own: every process of it is this sandbox's
-        egress=egress_config(settings, layout, user_id, private_network=private_network) if egress_reachable else None,
+        egress=(
+            egress_config(settings, layout, user_id, private_network=private_network, hand_over=host_kernel)
+            if egress_reachable
+            else None
+        ),
         # Later than the orchestrator's own idle stop, so normally that one acts; this bounds a
         # sandbox whose orchestrator vanished (docs/lifecycle.md).
         idle_exit_s=settings.idle_timeout_s + settings.dead_man_margin_s,

@@ -70,6 +70,7 @@ from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
+from sandbox_agent.peer import ExpectedPeer
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,16 @@ class _Slot(AgentSlot):
     container_id: str | None = None
     image_id: str | None = None
     stopped: bool = False  # stopped by us (idle, or asked); the next call starts it again
+
+
+def sandbox_peer(runtime: str, sandbox_uid: int, container_id: str) -> ExpectedPeer:
+    """Pure: what shows that a socket's peer is the user's sandbox. Under runc its agent is a
+    host process of the sandbox's uid. Under runsc every socket the sandbox has on the host is
+    its gofer's, a root process in the container's cgroup: the container is the fact (uid 0
+    would also be dockerd's, another sandbox's gofer's or any root daemon's)."""
+    if runtime == "runsc":
+        return ExpectedPeer(container_id=container_id)
+    return ExpectedPeer(uid=sandbox_uid)
 
 
 def docker_time(text: str | None) -> str | None:
@@ -284,7 +295,9 @@ class DockerBackend:
 
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
-        desired = Desired(user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build)
+        desired = Desired(
+            user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build, self.settings.sandbox_runtime
+        )
         if slot.count.paused:
             self._thaw_locked(slot)  # e.g. the retry of a call: then judged like any other
         if slot.stalled:
@@ -329,7 +342,10 @@ class DockerBackend:
             started = time.monotonic()
             release = self.deployment.ensure()
             try:
-                launch = prepare_agent_launch(self.settings, self.directories, user, in_sandbox=True, parent_pid=None)
+                launch = prepare_agent_launch(
+                    self.settings, self.directories, user, in_sandbox=True, parent_pid=None,
+                    host_kernel=self.settings.sandbox_runtime == "runc",
+                )  # fmt: skip
             except (OSError, RuntimeError, UnsafeDirectory) as exc:
                 raise sandbox_unavailable(user.user_id, f"preparing it failed: {exc}") from exc
             try:
@@ -350,7 +366,7 @@ class DockerBackend:
             slot.plan_hash = desired.plan_hash
             slot.image_id = desired.image_id
             slot.stopped = False
-            agent = self._agent_client(user.user_id, launch.token)
+            agent = self._agent_client(user.user_id, launch.token, container.id)
             self._wait_ready(slot, container, agent, launch.config.instance_id, launch.token)
             log.info(
                 "sandbox ready %s",
@@ -381,6 +397,7 @@ class DockerBackend:
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),
             ca_bundle=self._ca_bundle(),
+            runtime=self.settings.sandbox_runtime,
         )
         try:
             return self.client.containers.create(**spec.create_kwargs())
@@ -400,20 +417,26 @@ class DockerBackend:
     def _reconnect(self, slot: _Slot, container: Container) -> bool:
         """The agent already running in `container` (`slots.reconnect`); as root only over a
         socket whose peer is the user's own uid. False: the caller replaces the container."""
-        if not reconnect(slot, self.directories, lambda token: self._agent_client(slot.user_id, token)):
+        if not reconnect(slot, self.directories, lambda token: self._agent_client(slot.user_id, token, container.id)):
             return False
         slot.container_id = container.id
         return True
 
-    def _peer_uid(self, user_id: int) -> int | None:
-        return self.directories.sandbox_uid(user_id) if self.directories.chown else None
+    def peer_container(self, user_id: int) -> str | None:
+        """The container whose processes are the user's sandbox at the other end of a socket
+        when the uid says nothing (runsc: `sandbox_peer`); None under runc. For the egress
+        proxy, which also takes the sandbox's uid (a user on the process backend)."""
+        slot = self._slots.get(user_id)
+        return slot.container_id if slot is not None and self.settings.sandbox_runtime == "runsc" else None
 
-    def _agent_client(self, user_id: int, token: str) -> AgentClient:
+    def _agent_client(self, user_id: int, token: str, container_id: str) -> AgentClient:
         """The client of the user's agent; as root it only talks to a socket served by the
-        user's own sandbox uid (SO_PEERCRED), whatever the socket's path leads to."""
+        user's own sandbox (`sandbox_peer`), whatever the socket's path leads to."""
+        peer = None
+        if self.directories.chown:
+            peer = sandbox_peer(self.settings.sandbox_runtime, self.directories.sandbox_uid(user_id), container_id)
         return AgentClient(
-            self.layout.socket_path(user_id), token, expected_peer_uid=self._peer_uid(user_id),
-            answer_limits=self._answer_limits,
+            self.layout.socket_path(user_id), token, expected_peer=peer, answer_limits=self._answer_limits
         )  # fmt: skip
 
     def _remove_stalled(self, slot: _Slot) -> None:

@@ -66,6 +66,7 @@ class ContainerSpec:
     network: str
     limits: Limits
     hostname: str
+    runtime: str = "runc"  # the OCI runtime dockerd runs it with (`runsc`: gVisor)
     group_add: tuple[int, ...] = ()
     tmpfs: Mapping[str, str] = field(default_factory=lambda: dict(TMPFS))
 
@@ -94,6 +95,7 @@ class ContainerSpec:
             "tmpfs": dict(self.tmpfs),
             "init": True,  # reaps the zombies a user's shell commands leave behind
             "detach": True,
+            "runtime": self.runtime,
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "2"}),
         }
 
@@ -114,6 +116,7 @@ def container_spec(
     home_dir: Path,
     config_path: Path,
     ca_bundle: Path | None = None,
+    runtime: str = "runc",
 ) -> ContainerSpec:
     """The container of `plan.user_id`: the plan's mounts at the same paths (tmp at /tmp),
     running as the user's own uid (plus the shared group of `share/` and the gid of each of
@@ -151,6 +154,7 @@ def container_spec(
         network=network,
         limits=limits,
         hostname=f"sandbox-{plan.user_id}",
+        runtime=runtime,
     )
 
 
@@ -178,6 +182,7 @@ class Observed:
     exit_code: int
     plan_hash: str | None
     image_id: str | None
+    runtime: str = "runc"
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,7 @@ class Desired:
     plan_hash: str
     image_id: str
     agent_build: str
+    runtime: str = "runc"  # ORCH_SANDBOX_RUNTIME: a container of another runtime is outdated
 
 
 def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
@@ -192,7 +198,11 @@ def decide(observed: Observed | None, desired: Desired, *, running_build: str | 
     calls are in flight, which an outdated container finishes before it is replaced."""
     if observed is None:
         return Action.CREATE
-    outdated = observed.plan_hash != desired.plan_hash or observed.image_id != desired.image_id
+    outdated = (
+        observed.plan_hash != desired.plan_hash
+        or observed.image_id != desired.image_id
+        or observed.runtime != desired.runtime
+    )
     if not observed.running:
         # A SIGTERM exit is our own idle stop (`docker stop`); anything else is a kill (137),
         # an OOM kill or a crash, and a fresh container is the safe answer.
@@ -210,6 +220,7 @@ def observed_from_attrs(attrs: Mapping[str, object]) -> Observed:
     """An `Observed` from `docker inspect` output (container.attrs)."""
     state = attrs.get("State") or {}
     config = attrs.get("Config") or {}
+    host_config = attrs.get("HostConfig") or {}
     labels = (config.get("Labels") if isinstance(config, Mapping) else None) or {}
     assert isinstance(state, Mapping) and isinstance(labels, Mapping)
     return Observed(
@@ -218,6 +229,7 @@ def observed_from_attrs(attrs: Mapping[str, object]) -> Observed:
         exit_code=int(state.get("ExitCode") or 0),  # type: ignore[call-overload]
         plan_hash=labels.get(LABEL_PLAN),
         image_id=labels.get(LABEL_IMAGE),
+        runtime=str(host_config.get("Runtime") or "runc") if isinstance(host_config, Mapping) else "runc",
     )
 
 

@@ -300,7 +300,9 @@ class KubernetesBackend:
 
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
-        desired = DesiredPod(user.plan.plan_hash, self.settings.sandbox_image, self.deployment.build)
+        desired = DesiredPod(
+            user.plan.plan_hash, self.settings.sandbox_image, self.deployment.build, self.settings.k8s_runtime_class
+        )
         name = pod_name(self.instance, user.user_id)
         if slot.stalled:
             log.warning("replacing a stalled sandbox pod %s", kv(user=user.user_id, pod=name))
@@ -358,6 +360,7 @@ class KubernetesBackend:
                     self.settings, self.directories, user, in_sandbox=True, parent_pid=None,
                     listen_port=self.settings.k8s_agent_port,
                     egress_reachable=self.data.claim is None,  # the egress socket is the node's own
+                    host_kernel=self.settings.k8s_runtime_class is None,  # e.g. gVisor's: no fd passing
                 )  # fmt: skip
             except (OSError, RuntimeError, UnsafeDirectory) as exc:
                 raise sandbox_unavailable(user.user_id, f"preparing it failed: {exc}") from exc
@@ -401,6 +404,7 @@ class KubernetesBackend:
             config_path=self.layout.agent_config_path(user.user_id),
             ca_bundle=self._ca_bundle(),
             tolerations=[t.manifest() for t in self.settings.k8s_tolerations],
+            runtime_class=self.settings.k8s_runtime_class,
         )
 
     def _ca_bundle(self) -> Path | None:

@@ -102,6 +102,7 @@ def pod_manifest(
     config_path: Path,
     ca_bundle: Path | None = None,
     tolerations: Sequence[Mapping[str, str]] = (),
+    runtime_class: str | None = None,
 ) -> dict[str, Any]:
     """The pod of `plan.user_id`: the plan's mounts as subPaths of the data volume at the same
     paths (tmp at /tmp), read-only where the plan says; the user's own uid and groups, no
@@ -194,6 +195,8 @@ def pod_manifest(
                 }
             ],
             **({"tolerations": [dict(t) for t in tolerations]} if tolerations else {}),
+            # e.g. gVisor's RuntimeClass: a user-space kernel between the sandbox and the node's.
+            **({"runtimeClassName": runtime_class} if runtime_class else {}),
             "containers": [container],
             "volumes": volumes,
         },
@@ -238,6 +241,7 @@ class ObservedPod:
     plan_hash: str | None
     image: str | None
     node: str | None = None
+    runtime_class: str | None = None  # spec.runtimeClassName
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,7 @@ class DesiredPod:
     plan_hash: str
     image: str
     agent_build: str
+    runtime_class: str | None = None  # ORCH_K8S_RUNTIME_CLASS: a pod of another class is outdated
 
 
 def decide_pod(observed: ObservedPod | None, desired: DesiredPod, *, running_build: str | None, busy: bool) -> PodAction:
@@ -256,7 +261,11 @@ def decide_pod(observed: ObservedPod | None, desired: DesiredPod, *, running_bui
         return PodAction.CREATE
     if observed.deleting or observed.phase in ("Succeeded", "Failed", "Unknown"):
         return PodAction.RECREATE
-    outdated = observed.plan_hash != desired.plan_hash or observed.image != desired.image
+    outdated = (
+        observed.plan_hash != desired.plan_hash
+        or observed.image != desired.image
+        or observed.runtime_class != desired.runtime_class
+    )
     drifted = running_build is not None and running_build != desired.agent_build
     if outdated or drifted:
         return PodAction.USE if busy and observed.container_running else PodAction.RECREATE
@@ -278,6 +287,7 @@ def observed_pod(pod: Mapping[str, Any]) -> ObservedPod:
         plan_hash=annotations.get(ANNOTATION_PLAN),
         image=annotations.get(ANNOTATION_IMAGE),
         node=(pod.get("spec") or {}).get("nodeName"),
+        runtime_class=(pod.get("spec") or {}).get("runtimeClassName"),
     )
 
 

@@ -57,6 +57,7 @@ from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentUnavailable
+from sandbox_agent.peer import ExpectedPeer
 
 log = logging.getLogger(__name__)
 
@@ -302,6 +303,7 @@ class ProcessBackend:
         except OSError as exc:
             raise sandbox_unavailable(user_id, f"starting it failed: {exc}") from exc
         started = time.monotonic()
+        peer = ExpectedPeer(uid=run_as) if run_as is not None else None
         agent = _Agent(
             user_id=user_id,
             proc=proc,
@@ -310,10 +312,10 @@ class ProcessBackend:
             live=LiveAgent(
                 user_id,
                 AgentClient(
-                    launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
+                    launch.socket_path, launch.token, expected_peer=peer, answer_limits=self._answer_limits
                 ),
                 AsyncAgentClient(
-                    launch.socket_path, launch.token, expected_peer_uid=run_as, answer_limits=self._answer_limits
+                    launch.socket_path, launch.token, expected_peer=peer, answer_limits=self._answer_limits
                 ),
             ),
             plan_hash=user.plan.plan_hash,

@@ -51,7 +51,7 @@ def live_agent(slot: AgentSlot, agent: AgentClient, token: str) -> LiveAgent:
     """Both clients of one agent: the event loop's one reaches it as the blocking one does
     (the same socket or connector, peer check and answer bounds), on the slot's call count."""
     calls = AsyncAgentClient(
-        agent.socket_path, token, connector=agent.connector, expected_peer_uid=agent.expected_peer_uid,
+        agent.socket_path, token, connector=agent.connector, expected_peer=agent.expected_peer,
         answer_limits=agent.answer_limits,
     )  # fmt: skip
     return LiveAgent(slot.user_id, agent, calls, slot.count)

@@ -13,6 +13,7 @@ import pytest
 
 from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.peer import ExpectedPeer
 from sandbox_agent.tools.output import truncation_marker
 from tests.sandbox_agent.lying_agent import lying_agent
 
@@ -67,10 +68,10 @@ def test_item6_text_over_the_output_cap_is_cut_again_on_the_host(traversable_tmp
 def test_a_listener_of_another_uid_is_refused_before_anything_is_sent(traversable_tmp: Path, kind: str) -> None:
     with lying_agent(traversable_tmp, "health", uid=OTHER_UID) as path:
         with pytest.raises(AgentUnavailable) as info:
-            call_with(kind, path, "read_file", expected_peer_uid=SANDBOX_UID)
+            call_with(kind, path, "read_file", expected_peer=ExpectedPeer(uid=SANDBOX_UID))
         assert info.value.delivered is False
         assert str(OTHER_UID) in info.value.message and str(SANDBOX_UID) in info.value.message
-        with AgentClient(path, "t", expected_peer_uid=OTHER_UID) as client:  # the right uid: served
+        with AgentClient(path, "t", expected_peer=ExpectedPeer(uid=OTHER_UID)) as client:  # the right uid: served
             assert client.health(timeout_s=5).build == "x"
 
 

@@ -32,7 +32,7 @@ from orchestrator.sandboxes.docker_spec import (
 LAYOUT = DataLayout(Path("/srv/orch/data"))
 
 
-def spec_for(user_id: int = 7, groups=()):  # type: ignore[no-untyped-def]
+def spec_for(user_id: int = 7, groups=(), **overrides):  # type: ignore[no-untyped-def]
     plan = plan_mounts(LAYOUT, user_id, groups)
     return plan, container_spec(
         instance="abc123",
@@ -48,6 +48,7 @@ def spec_for(user_id: int = 7, groups=()):  # type: ignore[no-untyped-def]
         agent_dir=LAYOUT.agent_dir,
         home_dir=LAYOUT.home_dir(user_id),
         config_path=LAYOUT.socket_dir(user_id) / "agent.json",
+        **overrides,
     )
 
 
@@ -85,6 +86,11 @@ def test_container_runs_as_the_users_uid_hardened_and_offline() -> None:
     assert kwargs["name"] == container_name("abc123", 7) == "orch-abc123-user-7"
 
 
+def test_the_container_runs_under_the_configured_oci_runtime() -> None:
+    assert spec_for()[1].create_kwargs()["runtime"] == "runc"
+    assert spec_for(runtime="runsc")[1].create_kwargs()["runtime"] == "runsc"
+
+
 def test_labels_name_user_plan_image_and_build_and_no_secret_travels_in_env_or_argv() -> None:
     plan, spec = spec_for()
     assert spec.labels[LABEL_USER] == "7" and spec.labels[LABEL_PLAN] == plan.plan_hash
@@ -103,8 +109,10 @@ def test_instance_id_separates_data_directories() -> None:
 DESIRED = Desired(plan_hash="p1", image_id="i1", agent_build="b1")
 
 
-def observed(*, running: bool = True, exit_code: int = 0, plan: str = "p1", image: str = "i1") -> Observed:
-    return Observed("cid", running, exit_code, plan, image)
+def observed(
+    *, running: bool = True, exit_code: int = 0, plan: str = "p1", image: str = "i1", runtime: str = "runc"
+) -> Observed:
+    return Observed("cid", running, exit_code, plan, image, runtime)
 
 
 @pytest.mark.parametrize(
@@ -115,6 +123,9 @@ def observed(*, running: bool = True, exit_code: int = 0, plan: str = "p1", imag
         (observed(), None, False, Action.USE),
         (observed(plan="p0"), "b1", False, Action.RECREATE),
         (observed(image="i0"), "b1", False, Action.RECREATE),
+        (observed(runtime="runsc"), "b1", False, Action.RECREATE),  # ORCH_SANDBOX_RUNTIME changed
+        (observed(runtime="runsc"), "b1", True, Action.USE),
+        (observed(running=False, runtime="runsc"), None, False, Action.RECREATE),
         (observed(plan="p0"), "b1", True, Action.USE),  # busy: finish the calls first
         (observed(), "b0", False, Action.RESTART_AGENT),
         (observed(), "b0", True, Action.USE),
@@ -135,6 +146,7 @@ def test_observed_from_inspect_output() -> None:
         "State": {"Running": False, "Restarting": False, "ExitCode": 137},
         "Config": {"Labels": {LABEL_PLAN: "p", LABEL_IMAGE: "i", LABEL_USER: "9"}},
     }
-    assert observed_from_attrs(attrs) == Observed("c1", False, 137, "p", "i")
+    assert observed_from_attrs(attrs) == Observed("c1", False, 137, "p", "i", "runc")
+    assert observed_from_attrs({**attrs, "HostConfig": {"Runtime": "runsc"}}).runtime == "runsc"
     assert user_of(attrs["Config"]["Labels"]) == 9  # type: ignore[index]
     assert user_of({LABEL_USER: "../1"}) is None and user_of({}) is None and user_of({LABEL_USER: "0"}) is None

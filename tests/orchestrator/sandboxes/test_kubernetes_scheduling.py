@@ -57,3 +57,17 @@ def test_tolerations_from_the_settings_reach_the_pod(monkeypatch: pytest.MonkeyP
 def test_a_bad_toleration_is_refused(bad: dict) -> None:
     with pytest.raises(ValidationError):
         K8sToleration.model_validate(bad)
+
+
+def test_the_runtime_class_from_the_settings_reaches_the_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert "runtimeClassName" not in manifest()["spec"]  # unset: the cluster's default runtime
+    monkeypatch.setenv("ORCH_K8S_RUNTIME_CLASS", "gvisor")
+    settings = Settings()
+    assert manifest(runtime_class=settings.k8s_runtime_class)["spec"]["runtimeClassName"] == "gvisor"
+
+
+@pytest.mark.parametrize("bad", ["gVisor", "run sc", "-gvisor", ""])
+def test_a_bad_runtime_class_is_refused(monkeypatch: pytest.MonkeyPatch, bad: str) -> None:
+    monkeypatch.setenv("ORCH_K8S_RUNTIME_CLASS", bad)
+    with pytest.raises(ValidationError):
+        Settings()

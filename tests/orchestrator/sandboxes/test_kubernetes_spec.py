@@ -188,8 +188,11 @@ def test_the_network_policy_denies_all_ingress_and_egress_of_this_instances_sand
 DESIRED = DesiredPod(plan_hash="p1", image="i1", agent_build="b1")
 
 
-def pod(*, phase: str = "Running", running: bool = True, deleting: bool = False, plan: str = "p1", image: str = "i1") -> ObservedPod:
-    return ObservedPod("uid-1", phase, deleting, running, plan, image)
+def pod(
+    *, phase: str = "Running", running: bool = True, deleting: bool = False, plan: str = "p1", image: str = "i1",
+    runtime_class: str | None = None,
+) -> ObservedPod:
+    return ObservedPod("uid-1", phase, deleting, running, plan, image, runtime_class=runtime_class)
 
 
 @pytest.mark.parametrize(
@@ -203,6 +206,8 @@ def pod(*, phase: str = "Running", running: bool = True, deleting: bool = False,
         (pod(running=False), None, False, PodAction.WAIT),  # running, its container not yet
         (pod(plan="p0"), "b1", False, PodAction.RECREATE),  # the plan changed: idle, so now
         (pod(image="i0"), "b1", False, PodAction.RECREATE),
+        (pod(runtime_class="gvisor"), "b1", False, PodAction.RECREATE),  # ORCH_K8S_RUNTIME_CLASS changed
+        (pod(runtime_class="gvisor"), "b1", True, PodAction.USE),
         (pod(), "b0", False, PodAction.RECREATE),  # the agent's BUILD drifted: no restart in place
         (pod(plan="p0"), "b1", True, PodAction.USE),  # busy: its calls finish first
         (pod(), "b0", True, PodAction.USE),
@@ -249,6 +254,7 @@ def test_observed_pod_from_the_api_json() -> None:
     # Another container's state says nothing of the sandbox's; no status at all is Unknown.
     assert observed_pod(api_pod(state={"running": {}}, name="sidecar")).container_running is False
     assert observed_pod({"metadata": {}}) == ObservedPod("", "Unknown", False, False, None, None, None)
+    assert observed_pod({**running, "spec": {"runtimeClassName": "gvisor"}}).runtime_class == "gvisor"
     assert user_of({LABEL_USER: "7"}) == 7
     assert user_of({LABEL_USER: "../1"}) is None and user_of({LABEL_USER: "0"}) is None and user_of(None) is None
 

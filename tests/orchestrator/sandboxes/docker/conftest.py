@@ -64,9 +64,20 @@ def docker_settings(data_dir: Path, image: str, **overrides: object) -> Settings
     return make_settings(data_dir, **values)
 
 
+# The OCI runtimes a test runs its sandboxes under when it takes `sandbox_runtime` by
+# `@pytest.mark.parametrize("sandbox_runtime", RUNTIMES)`: runc, and gVisor (marked `runsc`).
+RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
+
+
 @pytest.fixture
-def docker_service(docker_data_dir: Path, sandbox_image: str) -> Iterator[OrchestratorService]:
-    service = OrchestratorService(docker_settings(docker_data_dir, sandbox_image))
+def sandbox_runtime() -> str:
+    """ORCH_SANDBOX_RUNTIME of `docker_service`: runc unless a test parametrizes it (RUNTIMES)."""
+    return "runc"
+
+
+@pytest.fixture
+def docker_service(docker_data_dir: Path, sandbox_image: str, sandbox_runtime: str) -> Iterator[OrchestratorService]:
+    service = OrchestratorService(docker_settings(docker_data_dir, sandbox_image, sandbox_runtime=sandbox_runtime))
     try:
         yield service
     finally:

@@ -12,6 +12,7 @@ from orchestrator import audit
 from orchestrator.service import OrchestratorService
 from tests.api_calls import tool
 from tests.conftest import admin_headers
+from tests.orchestrator.sandboxes.docker.conftest import RUNTIMES
 from tests.orchestrator.sandboxes.test_process_network import web_run
 
 pytestmark = pytest.mark.docker
@@ -29,6 +30,7 @@ def shell(client: TestClient, run_id: str, command: str) -> dict:
     return answer["result"]
 
 
+@pytest.mark.parametrize("sandbox_runtime", RUNTIMES)  # under gVisor: its gofer is the proxy's peer
 def test_pip_installs_into_deps_through_the_proxy_and_npm_reaches_its_registry(
     docker_client: TestClient, docker_service: OrchestratorService
 ) -> None:

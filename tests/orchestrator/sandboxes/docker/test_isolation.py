@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.service import OrchestratorService
 from tests.api_calls import group_session, start_run, tool
+from tests.orchestrator.sandboxes.docker.conftest import RUNTIMES
 from tests.orchestrator.sandboxes.skill_attack import attack_skill_views, write_skills
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -22,8 +23,9 @@ def shell(client: TestClient, run_id: str, command: str) -> dict:
     return answer["result"]
 
 
+@pytest.mark.parametrize("sandbox_runtime", RUNTIMES)
 def test_b_cannot_see_as_runtime_uploads_or_home_and_there_is_no_network(
-    docker_client: TestClient, docker_service: OrchestratorService
+    docker_client: TestClient, docker_service: OrchestratorService, sandbox_runtime: str
 ) -> None:
     layout = docker_service.layout
     sid = group_session(docker_client)
@@ -44,7 +46,9 @@ def test_b_cannot_see_as_runtime_uploads_or_home_and_there_is_no_network(
         assert "No such file or directory" in result["stderr"], place
         assert "A's" not in result["stdout"] and "png" not in result["stdout"]
     # B's own places are there and B's own
-    mine = shell(docker_client, b_run["run_id"], f"id -u; stat -c %u {layout.home_dir(B)} {b_run['upload_dir']} /tmp")
+    # (Python's stat: coreutils' `stat` fails under Debian's gVisor build, docs/docker.md)
+    owners = "python3 -c 'import os, sys; print(*(os.stat(p).st_uid for p in sys.argv[1:]))'"
+    mine = shell(docker_client, b_run["run_id"], f"id -u; {owners} {layout.home_dir(B)} {b_run['upload_dir']} /tmp")
     assert mine["stdout"].split() == [str(docker_service.settings.sandbox_uid_base + B)] * 4
 
     # no network: only the loopback interface, and the host's loopback services are not reachable
@@ -57,7 +61,14 @@ def test_b_cannot_see_as_runtime_uploads_or_home_and_there_is_no_network(
     result = shell(docker_client, b_run["run_id"], f"python3 -c \"{probe}\"")
     assert result["stdout"].splitlines() == ["['lo']", "refused 111"]
 
+    # the containers ran under the runtime asked for, and /healthz says which kernel that is
+    backend = docker_service.sandboxes.backends["docker"]
+    assert {c.attrs["HostConfig"]["Runtime"] for c in backend._managed_containers()} == {sandbox_runtime}  # type: ignore[attr-defined]
+    boundary = docker_client.get("/healthz").json()["kernel_boundary"]["docker"]
+    assert boundary == {"kernel": "gvisor" if sandbox_runtime == "runsc" else "host", "runtime": sandbox_runtime}
 
+
+@pytest.mark.parametrize("sandbox_runtime", RUNTIMES)
 def test_skill_views_are_read_only_and_the_store_survives_an_attack_from_inside(
     docker_client: TestClient, docker_service: OrchestratorService
 ) -> None:
