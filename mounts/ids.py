@@ -18,11 +18,21 @@ _CHAT_ID = re.compile(r"[A-Za-z0-9_@:=+-][A-Za-z0-9._@:=+-]{0,127}")
 _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 _FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _TOKEN = re.compile(r"[0-9a-f]{8,64}")
+# A chat platform's name (`slack`, `feishu_group`, a company's own) and a person's id on it.
+# External ids are opaque: bounded, printable, no `/`, NUL or whitespace, and never part of a path.
+_PLATFORM = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+MAX_EXTERNAL_ID_CHARS = 128
+_EXTERNAL_ID = re.compile(r"[!-.0-~]{1,128}")  # printable ASCII (0x21-0x7e) but '/'
 # The same rules as anchored JSON Schema patterns, so the OpenAPI document states them.
 SESSION_ID_PATTERN = r"^(?!\.\.?$)" + _SESSION_ID.pattern + "$"
 PROJECT_ID_PATTERN = r"^(?!\.\.?$)" + _PROJECT_ID.pattern + "$"
 NAME_PATTERN = "^" + _NAME.pattern + "$"
 CHAT_ID_PATTERN = "^" + _CHAT_ID.pattern + "$"
+PLATFORM_PATTERN = "^" + _PLATFORM.pattern + "$"
+EXTERNAL_ID_PATTERN = r"^(?!\.\.?$)" + "[!-.0-~]{1,128}$"
+# `{platform}:{external id}` where a user id may stand (a path segment, X-Acting-User).
+PERSON_PATTERN = r"^[a-z][a-z0-9_-]{0,31}:(?!\.\.?$)[!-.0-~]{1,128}$"
+PERSON_MAX_CHARS = 32 + 1 + 128
 MAX_PATH_COMPONENT_BYTES = 255  # NAME_MAX
 MAX_RELATIVE_PATH_BYTES = 1024
 MAX_RELATIVE_PATH_DEPTH = 32
@@ -84,6 +94,29 @@ def chat_id(value: object, field: str = "chat_id") -> str:
     if not _CHAT_ID.fullmatch(text):
         raise InvalidIdentifier(
             field, f"{field} must be 1-128 characters of A-Z a-z 0-9 . _ @ : = + - not starting with '.'"
+        )
+    return text
+
+
+def platform(value: object, field: str = "platform") -> str:
+    """A chat platform or channel name: `slack`, `feishu_group`, `acme-chat`."""
+    text = _require_str(field, value)
+    if not _PLATFORM.fullmatch(text):
+        raise InvalidIdentifier(
+            field, f"{field} must be 1-32 characters of a-z 0-9 _ - starting with a letter (e.g. slack, feishu)"
+        )
+    return text
+
+
+def external_id(value: object, field: str = "external_id") -> str:
+    """A person's id on a chat platform (Slack's `U024BE7LH`, Feishu's `ou_...`): opaque text
+    that only ever names a row, never a path. Printable ASCII without `/` or spaces: every
+    platform's ids fit, and the rule is exactly the documented pattern."""
+    text = _require_str(field, value)
+    if not _EXTERNAL_ID.fullmatch(text) or text in (".", ".."):  # dots: a URL path would fold them
+        raise InvalidIdentifier(
+            field,
+            f"{field} must be 1-{MAX_EXTERNAL_ID_CHARS} printable ASCII characters without '/' or spaces, not '.' or '..'",
         )
     return text
 

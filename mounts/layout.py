@@ -15,7 +15,8 @@ from pathlib import Path
 
 from mounts import ids
 
-RUNTIME_SUBDIRS = ("skills", "shell-output", "user-messages", "incoming")
+RUNTIME_SUBDIRS = ("skills", "shell-output", "user-messages", "incoming", "outputs")
+OUTPUTS_SUBDIR = "outputs"  # in a session runtime dir: a run's results (charts, reports)
 COMPACTION_SUBDIR = "compaction"  # archives are the owner's: only the owner's runtime dir has one
 TOKEN_FILE = "token"  # in agent_secrets_dir
 AGENT_CONFIG_FILE = "agent.json"  # in agent_secrets_dir

@@ -54,6 +54,7 @@ from orchestrator.tools.host_tools import HostTools, register_host_tools
 from orchestrator.tools.registry import ToolRegistry
 from orchestrator.users.dirs import UserDirectories
 from orchestrator.deliveries.url_fetch import UrlFetcher
+from orchestrator.users.identities import IdentityRepository
 from orchestrator.users.repository import UserRepository
 from orchestrator.sandboxes import uid_registry
 from orchestrator.sandboxes.docker_spec import instance_id
@@ -101,6 +102,7 @@ class OrchestratorService:
         self.store = StateStore(self.layout.state_db)
         self.store.open()
         self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
+        self.identities = IdentityRepository(self.store, self.users)
         self.projects = ProjectRepository(self.store)
         self.session_repo = SessionRepository(self.store)
         self.chat = ChatStore(self.layout, transcript_turns=settings.transcript_turns)

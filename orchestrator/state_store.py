@@ -177,6 +177,23 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX tool_call_results_by_expiry ON tool_call_results (expires_at);
     """,
+    # 8: people named by a chat platform's id, each mapped once to a user id of ours
+    # (orchestrator/users/identities.py); ids are allocated from the top of the range down
+    """
+    CREATE TABLE identities (
+        platform      TEXT NOT NULL,
+        external_id   TEXT NOT NULL,
+        user_id       INTEGER NOT NULL,
+        display_name  TEXT,
+        created_at    TEXT NOT NULL,
+        PRIMARY KEY (platform, external_id)
+    );
+    CREATE INDEX identities_by_user ON identities (user_id);
+    CREATE TABLE identity_allocation (
+        id            INTEGER PRIMARY KEY CHECK (id = 1),
+        next_user_id  INTEGER NOT NULL
+    );
+    """,
 )
 
 

@@ -24,6 +24,50 @@ class Group(Model):
     chat_id: str
 
 
+class Person(Model):
+    """A person as their chat platform names them: `Person(platform="slack", id="U024BE7LH")`.
+    Wherever the client takes a user id, a `Person` (or a `("slack", "U024BE7LH")` tuple) may
+    stand instead (docs/bots.md, "Platform identities")."""
+
+    platform: str
+    id: str
+
+    def header_value(self) -> str:
+        return f"{self.platform}:{self.id}"
+
+
+# Our integer user id, or a person by platform identity.
+UserRef = int | Person | tuple[str, str]
+
+
+def user_ref_text(user: UserRef) -> str:
+    """How a user reference travels in a path segment or `X-Acting-User`."""
+    if isinstance(user, tuple):
+        user = Person(platform=user[0], id=user[1])
+    return user.header_value() if isinstance(user, Person) else str(int(user))
+
+
+def person_body(user: UserRef | None) -> dict[str, str] | None:
+    if user is None or isinstance(user, int):
+        return None
+    person = user if isinstance(user, Person) else Person(platform=user[0], id=user[1])
+    return {"platform": person.platform, "id": person.id}
+
+
+class Identity(Model):
+    """A platform identity and the user id it names (`PUT /v1/identities/{platform}/{id}`)."""
+
+    user_id: int
+    platform: str
+    external_id: str
+    display_name: str | None = None
+
+
+class IdentityPage(Model):
+    identities: list[Identity]
+    next_after: str | None
+
+
 class Health(Model):
     status: str
     version: str
@@ -81,6 +125,7 @@ class User(Model):
     display_name: str | None
     backend: str | None
     groups: list[Group]
+    identities: list[Person] = []
 
 
 class ProjectSettings(Model):
@@ -92,6 +137,7 @@ class ProjectSettings(Model):
 class Session(Model):
     session_id: str
     owner_user_id: int
+    owner_identity: Person | None = None
     project_id: str | None
     channel: str
     group: Group | None
@@ -159,8 +205,12 @@ class RunContext(Model):
     execution_user_id: int | None
     runtime_user_id: int
     identity_mode: str
+    owner_identity: Person | None = None
+    speaker_identity: Person | None = None
     workdir: str
     upload_dir: str
+    outputs_dir: str | None = None
+    group_workspace: str | None = None
     skills: RunSkills
     archive_hint_enabled: bool
     memory_user_id: int
@@ -175,6 +225,8 @@ class Run(Model):
     execution_user_id: int | None
     runtime_user_id: int
     identity_mode: str
+    owner_identity: Person | None = None
+    speaker_identity: Person | None = None
     status: str
     started_at: str
     ended_at: str | None

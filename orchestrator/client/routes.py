@@ -49,7 +49,12 @@ from orchestrator.client.models import (
     ToolResult,
     User,
     UserDisk,
+    UserRef,
+    Identity,
+    IdentityPage,
     _skill_body,
+    person_body,
+    user_ref_text,
 )
 from orchestrator.identity import IdentityMode, Trigger
 
@@ -103,7 +108,7 @@ class Request(Generic[T]):
     json: Any = None
     content: bytes | None = None  # a raw body (an upload), instead of `json`
     params: Mapping[str, Any] | None = None
-    acting_user: int | None = None
+    acting_user: UserRef | None = None
     admin: bool = False
     auth: bool = True
     timeout_s: float | None = None
@@ -124,7 +129,7 @@ class Call(Generic[T]):
         if r.admin:
             headers.update(admin_headers)
         if r.acting_user is not None:
-            headers["X-Acting-User"] = str(r.acting_user)
+            headers["X-Acting-User"] = user_ref_text(r.acting_user)
         timeout = httpx.Timeout(r.timeout_s) if r.timeout_s is not None else httpx.USE_CLIENT_DEFAULT
         built = http.build_request(
             self.method, self.path, json=r.json, content=r.content, params=r.params, headers=headers, timeout=timeout
@@ -219,20 +224,43 @@ class ClientMethods:
         return Request(_json_of(Health))
 
     @route("PUT", "/v1/users/{user_id}")
-    def put_user(self, user_id: int, *, display_name: str | None = None, backend: str | None = None) -> Request[User]:
+    def put_user(self, user_id: UserRef, *, display_name: str | None = None, backend: str | None = None) -> Request[User]:
         """`backend` (an override) needs the admin token; never below the server's isolation floor."""
         body = _without_none({"display_name": display_name, "backend": backend})
-        return Request(_json_of(User), {"user_id": user_id}, json=body, admin=backend is not None)
+        return Request(_json_of(User), {"user_id": user_ref_text(user_id)}, json=body, admin=backend is not None)
 
     @route("GET", "/v1/users/{user_id}")
-    def get_user(self, user_id: int) -> Request[User]:
-        return Request(_json_of(User), {"user_id": user_id})
+    def get_user(self, user_id: UserRef) -> Request[User]:
+        return Request(_json_of(User), {"user_id": user_ref_text(user_id)})
+
+    @route("PUT", "/v1/identities/{platform}/{external_id}")
+    def put_identity(self, platform: str, external_id: str, *, display_name: str | None = None) -> Request[Identity]:
+        """The user id of a person on a chat platform: allocated on the first call, the same on every repeat."""
+        body = _without_none({"display_name": display_name})
+        return Request(_json_of(Identity), {"platform": platform, "external_id": external_id}, json=body)
+
+    @route("GET", "/v1/identities/{platform}/{external_id}")
+    def get_identity(self, platform: str, external_id: str) -> Request[Identity]:
+        return Request(_json_of(Identity), {"platform": platform, "external_id": external_id})
+
+    @route("PUT", "/v1/admin/identities/{platform}/{external_id}")
+    def link_identity(self, platform: str, external_id: str, user_id: int) -> Request[Identity]:
+        """Admin: one more platform identity for an existing user (the same person elsewhere)."""
+        return Request(_json_of(Identity), {"platform": platform, "external_id": external_id}, json={"user_id": user_id}, admin=True)
+
+    @route("GET", "/v1/admin/identities")
+    def list_identities(
+        self, *, platform: str | None = None, user_id: int | None = None, after: str | None = None, limit: int = 100
+    ) -> Request[IdentityPage]:
+        """Admin: platform identities and their user ids, a page at a time (`after`: the previous `next_after`)."""
+        params = _without_none({"platform": platform, "user_id": user_id, "after": after, "limit": limit})
+        return Request(_json_of(IdentityPage), params=params, admin=True)
 
     @route("DELETE", "/v1/groups/{channel}/{chat_id}/members/{user_id}")
-    def remove_group_member(self, channel: str, chat_id: str, user_id: int) -> Request[bool]:
+    def remove_group_member(self, channel: str, chat_id: str, user_id: UserRef) -> Request[bool]:
         """Revoke a membership (effective for the user's next call); False when there was none."""
         return Request(
-            lambda r: bool(r.json()["removed"]), {"channel": channel, "chat_id": chat_id, "user_id": user_id}
+            lambda r: bool(r.json()["removed"]), {"channel": channel, "chat_id": chat_id, "user_id": user_ref_text(user_id)}
         )
 
     @route("PUT", "/v1/projects/{project_id}/settings")
@@ -253,23 +281,26 @@ class ClientMethods:
     def create_session(
         self,
         *,
-        owner_user_id: int,
+        owner_user_id: int | None = None,
         channel: str,
+        owner: UserRef | None = None,
         session_id: str | None = None,
         project_id: str | None = None,
         group: Group | tuple[str, str] | None = None,
         parent_session_id: str | None = None,
         title: str | None = None,
-        acting_user: int | None = None,
+        acting_user: UserRef | None = None,
         if_exists: Literal["conflict", "return"] | None = None,
     ) -> Request[Session]:
         """`if_exists="return"`: the live session that already has this `session_id` (and the same
-        owner, channel, group, project, parent) instead of `ConflictError`: create a chat's session per message."""
+        owner, channel, group, project, parent) instead of `ConflictError`: create a chat's session per message.
+        The owner is `owner_user_id` (our id) or `owner` (a `Person`, named on first sight)."""
         if isinstance(group, tuple):
             group = Group(channel=group[0], chat_id=group[1])
         body = _without_none(
             {
                 "owner_user_id": owner_user_id,
+                "owner": person_body(owner),
                 "channel": channel,
                 "session_id": session_id,
                 "project_id": project_id,
@@ -282,47 +313,47 @@ class ClientMethods:
         return Request(_json_of(Session), json=body, acting_user=acting_user)
 
     @route("GET", "/v1/sessions")
-    def group_sessions(self, channel: str, chat_id: str, *, acting_user: int | None = None) -> Request[list[Session]]:
+    def group_sessions(self, channel: str, chat_id: str, *, acting_user: UserRef | None = None) -> Request[list[Session]]:
         """A group chat's live sessions, whoever owns them, newest first."""
         params = {"channel": channel, "chat_id": chat_id}
         return Request(_sessions, params=params, acting_user=acting_user)
 
     @route("GET", "/v1/sessions/{session_id}/runs")
     def list_runs(
-        self, session_id: str, *, limit: int = 20, before: int | None = None, acting_user: int | None = None
+        self, session_id: str, *, limit: int = 20, before: int | None = None, acting_user: UserRef | None = None
     ) -> Request[RunPage]:
         params = _without_none({"limit": limit, "before": before})
         return Request(_json_of(RunPage), {"session_id": session_id}, params=params, acting_user=acting_user)
 
     @route("GET", "/v1/users/{user_id}/sandbox")
-    def sandbox(self, user_id: int, *, acting_user: int | None = None) -> Request[SandboxState]:
+    def sandbox(self, user_id: UserRef, *, acting_user: UserRef | None = None) -> Request[SandboxState]:
         """The user's sandbox: backend, state, since when, and the user's last tool call."""
-        return Request(_json_of(SandboxState), {"user_id": int(user_id)}, acting_user=acting_user)
+        return Request(_json_of(SandboxState), {"user_id": user_ref_text(user_id)}, acting_user=acting_user)
 
     @route("GET", "/v1/sessions/{session_id}")
-    def get_session(self, session_id: str, *, acting_user: int | None = None) -> Request[Session]:
+    def get_session(self, session_id: str, *, acting_user: UserRef | None = None) -> Request[Session]:
         return Request(_json_of(Session), {"session_id": session_id}, acting_user=acting_user)
 
     @route("PATCH", "/v1/sessions/{session_id}")
-    def update_session(self, session_id: str, *, acting_user: int | None = None, **changes: Any) -> Request[Session]:
+    def update_session(self, session_id: str, *, acting_user: UserRef | None = None, **changes: Any) -> Request[Session]:
         """Change `title`, `archived`, `pinned`, `allow_cross_read`, `cross_private`."""
         return Request(_json_of(Session), {"session_id": session_id}, json=changes, acting_user=acting_user)
 
     @route("GET", "/v1/sessions")
     def list_sessions(
-        self, *, owner_user_id: int | None = None, project_id: str | None = None, acting_user: int | None = None
+        self, *, owner_user_id: int | None = None, project_id: str | None = None, acting_user: UserRef | None = None
     ) -> Request[list[Session]]:
         params = _without_none({"owner_user_id": owner_user_id, "project_id": project_id})
         return Request(_sessions, params=params, acting_user=acting_user)
 
     @route("DELETE", "/v1/sessions/{session_id}")
-    def delete_session(self, session_id: str, *, acting_user: int | None = None) -> Request[SessionDeleted]:
+    def delete_session(self, session_id: str, *, acting_user: UserRef | None = None) -> Request[SessionDeleted]:
         """Raises `CleanupPendingError` when the cleanup is not finished: call it again to continue."""
         return Request(_json_of(SessionDeleted), {"session_id": session_id}, acting_user=acting_user)
 
     @route("POST", "/v1/sessions/{session_id}/messages")
     def append_messages(
-        self, session_id: str, messages: Iterable[Mapping[str, Any]], *, acting_user: int | None = None
+        self, session_id: str, messages: Iterable[Mapping[str, Any]], *, acting_user: UserRef | None = None
     ) -> Request[Appended]:
         """Each message: `role` (user, assistant, tool), `content`, optional `tool_calls`
         (`[{name, status}]`) and `speaker_user_id`."""
@@ -330,7 +361,7 @@ class ClientMethods:
         return Request(_json_of(Appended), {"session_id": session_id}, json=body, acting_user=acting_user)
 
     @route("GET", "/v1/sessions/{session_id}/messages")
-    def read_messages(self, session_id: str, *, limit: int = 50, acting_user: int | None = None) -> Request[Messages]:
+    def read_messages(self, session_id: str, *, limit: int = 50, acting_user: UserRef | None = None) -> Request[Messages]:
         return Request(_json_of(Messages), {"session_id": session_id}, params={"limit": limit}, acting_user=acting_user)
 
     # runs and tools ------------------------------------------------------------------------
@@ -341,14 +372,16 @@ class ClientMethods:
         *,
         trigger: Trigger | str,
         speaker_user_id: int | None = None,
+        speaker: UserRef | None = None,
         agent_id: str | None = None,
         delivery_id: str | None = None,
-        acting_user: int | None = None,
+        acting_user: UserRef | None = None,
     ) -> Request[RunContext]:
         body = _without_none(
             {
                 "trigger": _value(trigger),
                 "speaker_user_id": speaker_user_id,
+                "speaker": person_body(speaker),
                 "agent_id": agent_id,
                 "delivery_id": delivery_id,
             }
@@ -364,8 +397,10 @@ class ClientMethods:
         return Request(_json_of(Run), {"run_id": run_id}, json={"status": status})
 
     @route("GET", "/v1/tools")
-    def list_tools(self) -> Request[list[ToolInfo]]:
-        return Request(lambda r: [ToolInfo.model_validate(t) for t in r.json()["tools"]])
+    def list_tools(self, names: Iterable[str] | None = None) -> Request[list[ToolInfo]]:
+        """Every tool, or only those `names` (an unknown name is an `InvalidRequestError`)."""
+        params = {"names": ",".join(names)} if names is not None else None
+        return Request(lambda r: [ToolInfo.model_validate(t) for t in r.json()["tools"]], params=params)
 
     @route("POST", "/v1/runs/{run_id}/tools/{name}")
     def call_tool(
@@ -393,7 +428,7 @@ class ClientMethods:
         data: bytes,
         *,
         scope: Literal["personal", "group"] = "personal",
-        acting_user: int | None = None,
+        acting_user: UserRef | None = None,
     ) -> Request[IncomingFile]:
         """Put a file from the chat into the run's sandbox (`personal`: the runtime user's
         `incoming/`; `group`: the group chat's `chat-files/{date}/`); hand the model `path`."""
@@ -429,7 +464,7 @@ class ClientMethods:
     # collaboration -------------------------------------------------------------------------
     @route("GET", "/v1/sessions/{session_id}/inbox")
     def inbox(
-        self, session_id: str, *, wait_s: float = 0.0, acting_user: int | None = None
+        self, session_id: str, *, wait_s: float = 0.0, acting_user: UserRef | None = None
     ) -> Request[InboxDelivery | None]:
         def parse(response: httpx.Response) -> InboxDelivery | None:
             body = response.json()
@@ -445,7 +480,7 @@ class ClientMethods:
 
     @route("GET", "/v1/sessions/{session_id}/collaborations")
     def list_collaborations(
-        self, session_id: str, *, limit: int = 20, before: int | None = None, acting_user: int | None = None
+        self, session_id: str, *, limit: int = 20, before: int | None = None, acting_user: UserRef | None = None
     ) -> Request[CollaborationPage]:
         """A page of the session's collaborations, newest first; pass `next_before` as `before`."""
         params = _without_none({"limit": limit, "before": before})
@@ -453,14 +488,14 @@ class ClientMethods:
 
     @route("GET", "/v1/sessions/{session_id}/collaborations/{request_id}")
     def get_collaboration(
-        self, session_id: str, request_id: str, *, acting_user: int | None = None
+        self, session_id: str, request_id: str, *, acting_user: UserRef | None = None
     ) -> Request[Collaboration]:
         segments = {"session_id": session_id, "request_id": request_id}
         return Request(_json_of(Collaboration), segments, acting_user=acting_user)
 
     @route("POST", "/v1/sessions/{session_id}/collaborations/{request_id}/stop")
     def stop_collaboration(
-        self, session_id: str, request_id: str, *, acting_user: int | None = None
+        self, session_id: str, request_id: str, *, acting_user: UserRef | None = None
     ) -> Request[CollaborationStopped]:
         segments = {"session_id": session_id, "request_id": request_id}
         return Request(_json_of(CollaborationStopped), segments, acting_user=acting_user)
@@ -487,17 +522,17 @@ class ClientMethods:
         return Request(lambda r: dict(r.json()), admin=True)
 
     @route("GET", "/v1/admin/users/{user_id}/egress")
-    def get_egress(self, user_id: int) -> Request[EgressRules]:
+    def get_egress(self, user_id: UserRef) -> Request[EgressRules]:
         """The user's egress allow list: defaults, the admin's changes, the effective list."""
-        return Request(_json_of(EgressRules), {"user_id": user_id}, admin=True)
+        return Request(_json_of(EgressRules), {"user_id": user_ref_text(user_id)}, admin=True)
 
     @route("PUT", "/v1/admin/users/{user_id}/egress")
     def set_egress(
-        self, user_id: int, *, allow: Sequence[str] = (), remove: Sequence[str] = ()
+        self, user_id: UserRef, *, allow: Sequence[str] = (), remove: Sequence[str] = ()
     ) -> Request[EgressRules]:
         """Replace the user's additions and removals; applies to the user's next connection."""
         body = {"allow": list(allow), "remove": list(remove)}
-        return Request(_json_of(EgressRules), {"user_id": user_id}, json=body, admin=True)
+        return Request(_json_of(EgressRules), {"user_id": user_ref_text(user_id)}, json=body, admin=True)
 
     @route("GET", "/v1/admin/disk")
     def disk(self) -> Request[DiskOverview]:
@@ -505,13 +540,13 @@ class ClientMethods:
         return Request(_json_of(DiskOverview), admin=True)
 
     @route("GET", "/v1/admin/users/{user_id}/disk")
-    def get_user_disk(self, user_id: int) -> Request[UserDisk]:
-        return Request(_json_of(UserDisk), {"user_id": user_id}, admin=True)
+    def get_user_disk(self, user_id: UserRef) -> Request[UserDisk]:
+        return Request(_json_of(UserDisk), {"user_id": user_ref_text(user_id)}, admin=True)
 
     @route("PUT", "/v1/admin/users/{user_id}/disk")
-    def set_user_disk(self, user_id: int, disk_mb: int) -> Request[UserDisk]:
+    def set_user_disk(self, user_id: UserRef, disk_mb: int) -> Request[UserDisk]:
         """Grow the user's disk quota to `disk_mb` MiB (a shrink is refused: 409)."""
-        return Request(_json_of(UserDisk), {"user_id": user_id}, json={"disk_mb": disk_mb}, admin=True)
+        return Request(_json_of(UserDisk), {"user_id": user_ref_text(user_id)}, json={"disk_mb": disk_mb}, admin=True)
 
     # skills --------------------------------------------------------------------------------
     @route("GET", "/v1/admin/skills")
@@ -534,18 +569,18 @@ class ClientMethods:
         return Request(_json_of(SkillRemoved), {"name": name}, admin=True)
 
     @route("GET", "/v1/users/{user_id}/skills")
-    def list_personal_skills(self, user_id: int) -> Request[SkillList]:
-        return Request(_json_of(SkillList), {"user_id": user_id})
+    def list_personal_skills(self, user_id: UserRef) -> Request[SkillList]:
+        return Request(_json_of(SkillList), {"user_id": user_ref_text(user_id)})
 
     @route("GET", "/v1/users/{user_id}/skills/{name}")
-    def get_personal_skill(self, user_id: int, name: str) -> Request[SkillDetail]:
-        return Request(_json_of(SkillDetail), {"user_id": user_id, "name": name})
+    def get_personal_skill(self, user_id: UserRef, name: str) -> Request[SkillDetail]:
+        return Request(_json_of(SkillDetail), {"user_id": user_ref_text(user_id), "name": name})
 
     @route("PUT", "/v1/users/{user_id}/skills/{name}")
-    def put_personal_skill(self, user_id: int, name: str, files: SkillFiles) -> Request[SkillInstalled]:
+    def put_personal_skill(self, user_id: UserRef, name: str, files: SkillFiles) -> Request[SkillInstalled]:
         """Install or replace the whole personal skill `name` of `user_id` (bot token)."""
-        return Request(_json_of(SkillInstalled), {"user_id": user_id, "name": name}, json=_skill_body(files))
+        return Request(_json_of(SkillInstalled), {"user_id": user_ref_text(user_id), "name": name}, json=_skill_body(files))
 
     @route("DELETE", "/v1/users/{user_id}/skills/{name}")
-    def delete_personal_skill(self, user_id: int, name: str) -> Request[SkillRemoved]:
-        return Request(_json_of(SkillRemoved), {"user_id": user_id, "name": name})
+    def delete_personal_skill(self, user_id: UserRef, name: str) -> Request[SkillRemoved]:
+        return Request(_json_of(SkillRemoved), {"user_id": user_ref_text(user_id), "name": name})

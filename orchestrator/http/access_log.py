@@ -14,6 +14,7 @@ import logging
 import time
 
 from orchestrator.http.auth import parse_acting_user
+from orchestrator.users.identities import PlatformIdentity
 from orchestrator.http.request_guard import ASGIApp, Message, Receive, Scope, Send
 from orchestrator.http.request_id import give_request_id
 from orchestrator.log import kv
@@ -28,9 +29,10 @@ def _headers(scope: Scope, name: bytes) -> list[str]:
 def acting_user_field(scope: Scope) -> str | int | None:
     """The acting user as the routes read it; `invalid` for a header they refuse (422)."""
     try:
-        return parse_acting_user(_headers(scope, b"x-acting-user"))
+        acting = parse_acting_user(_headers(scope, b"x-acting-user"))
     except Exception:  # noqa: BLE001 - the route answers it; the log only notes it
         return "invalid"
+    return acting.header_value() if isinstance(acting, PlatformIdentity) else acting
 
 
 def route_template(scope: Scope) -> str:

@@ -14,6 +14,7 @@ from orchestrator.http import (
     routes_disk,
     routes_egress,
     routes_files,
+    routes_identities,
     routes_lookups,
     routes_metrics,
     routes_mcp,
@@ -66,6 +67,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_skills.router)
     app.include_router(routes_egress.router)
     app.include_router(routes_lookups.router)
+    app.include_router(routes_identities.router)
     app.include_router(routes_metrics.router)
     mcp = routes_mcp.mount_mcp(app, service)  # the SDK's transport: not an OpenAPI route
     install_docs(

@@ -10,13 +10,18 @@ import hmac
 import re
 from dataclasses import dataclass
 
+from typing import Annotated
+
 from fastapi import Depends, Header, Request
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
 
 from mounts import ids
 from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
 from orchestrator.http.openapi import ABSOLUTE_CAP
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
+from orchestrator.users.identities import PlatformIdentity, parse_platform_identity
 
 
 @dataclass(frozen=True)
@@ -99,35 +104,48 @@ async def require_admin(
 _ACTING_USER = re.compile(r"[1-9][0-9]{0,9}")
 
 
-def parse_acting_user(values: list[str]) -> int | None:
-    """Pure: the acting user from every `X-Acting-User` header of a request. Exactly one, in
-    plain decimal (no sign, no leading zero, no spaces): `int()` would also take "+67", " 67"
-    or "6_7", and two headers would let a proxy and the app disagree on who is acting."""
+def parse_acting_user(values: list[str]) -> int | PlatformIdentity | None:
+    """Pure: the acting user from every `X-Acting-User` header of a request. Exactly one: a
+    user id in plain decimal (no sign, no leading zero, no spaces: `int()` would also take
+    "+67", " 67" or "6_7"), or a platform identity `{platform}:{id}`. Two headers would let a
+    proxy and the app disagree on who is acting."""
     if not values:
         return None
     if len(values) != 1:
         raise InvalidInput("send exactly one X-Acting-User header", field="X-Acting-User")
-    if not _ACTING_USER.fullmatch(values[0]):
-        raise InvalidInput("X-Acting-User must be a positive integer user id", field="X-Acting-User")
+    value = values[0]
+    if ":" in value:
+        return parse_platform_identity(value, "X-Acting-User")
+    if not _ACTING_USER.fullmatch(value):
+        raise InvalidInput(
+            "X-Acting-User must be a positive integer user id or {platform}:{id}", field="X-Acting-User"
+        )
     try:
-        return ids.user_id(int(values[0]), "X-Acting-User")
+        return ids.user_id(int(value), "X-Acting-User")
     except ids.InvalidIdentifier as exc:
         raise InvalidInput(exc.message, field=exc.field) from None
 
 
 async def acting_user(
     request: Request,
-    _declared: int = Header(  # type: ignore[assignment] - an integer when sent; None when not
+    _caller: Caller = Depends(require_bot),  # a platform identity is named only for an authenticated caller
+    # The declared parameter puts the header into the OpenAPI document; the raw headers stay the
+    # authority, since a lax integer parse would take "+67" and would not see a second header.
+    _declared: Annotated[int, Field(ge=1, le=ids.MAX_USER_ID, json_schema_extra={ABSOLUTE_CAP: True})]
+    | Annotated[str, Field(max_length=ids.PERSON_MAX_CHARS, json_schema_extra={"pattern": ids.PERSON_PATTERN})] = Header(  # type: ignore[assignment]
         None,
         alias="X-Acting-User",
-        ge=1,
-        le=ids.MAX_USER_ID,
-        description="The person this request is made for (docs/decisions.md, X-Acting-User).",
-        json_schema_extra={ABSOLUTE_CAP: True},  # checked against the absolute cap only
+        description="The person this request is made for (docs/decisions.md, X-Acting-User): our user id, "
+        "or `{platform}:{id}` (a platform identity, named on first sight).",
     ),
 ) -> int | None:
-    """`X-Acting-User: {uid}`: the person a request is made for. With it, every person-facing
-    route acts for that person only (docs/decisions.md lists them). The declared parameter puts
-    the header into the OpenAPI document as an integer; the raw headers stay the authority, since
-    a lax integer parse would take "+67" and would not see a second header."""
-    return parse_acting_user(request.headers.getlist("x-acting-user"))
+    """`X-Acting-User: {uid}` or `{platform}:{id}`: the person a request is made for. With it,
+    every person-facing route acts for that person only (docs/decisions.md lists them). A
+    platform identity seen for the first time gets its user id here, as on a session's owner."""
+    del _declared
+    acting = parse_acting_user(request.headers.getlist("x-acting-user"))
+    if isinstance(acting, PlatformIdentity):
+        service = request.app.state.service
+        record = await run_in_threadpool(service.identities.sight, acting)
+        return service.users.admit(record.user_id, "X-Acting-User")
+    return acting

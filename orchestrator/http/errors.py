@@ -9,6 +9,8 @@ the log line with the traceback). docs/api.md describes the shape and the codes.
 
 from __future__ import annotations
 
+import re
+
 import logging
 from typing import Any
 
@@ -45,10 +47,16 @@ HTTP_CODES = {
 }
 
 
+# Pydantic names the member of a union that failed (`constrained-int`, `function-after[...]`):
+# the caller's field is the same whichever member it was (a user id or a platform identity).
+_UNION_MEMBER = re.compile(r"constrained-\w+|function-\w+\[.*\]")
+
+
 def _field(loc: tuple | list) -> str:
     parts = [str(p) for p in loc]
     if parts and parts[0] in _LOCATIONS:
         parts = parts[1:]
+    parts = [p for p in parts if not _UNION_MEMBER.fullmatch(p)]
     return ".".join(parts) or "body"
 
 

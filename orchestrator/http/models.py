@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasPath, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AliasPath, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from mounts import ids
 from mounts.layout import GroupRef
 from orchestrator.collaboration.coordinator import DELIVERY_ID
 from orchestrator.identity import Trigger
 from orchestrator.runs.records import RunStatus
-from orchestrator.sessions.records import Channel
 from orchestrator.identity import IdentityMode
+from orchestrator.users.identities import PlatformIdentity
 
 
 class Body(BaseModel):
@@ -68,6 +68,42 @@ class GroupOut(FromRecord):
     chat_id: str
 
 
+class PersonIn(Body):
+    """A person as their chat platform names them (`{"platform": "slack", "id": "U024BE7LH"}`)."""
+
+    platform: str = Field(..., max_length=32, json_schema_extra={"pattern": ids.PLATFORM_PATTERN})
+    id: str = Field(..., min_length=1, max_length=ids.MAX_EXTERNAL_ID_CHARS, json_schema_extra={"pattern": ids.EXTERNAL_ID_PATTERN})
+
+    @field_validator("platform")
+    @classmethod
+    def _platform(cls, v: str) -> str:
+        return _check(ids.platform, v, "platform")
+
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        return _check(ids.external_id, v, "id")
+
+    def identity(self) -> PlatformIdentity:
+        return PlatformIdentity(self.platform, self.id)
+
+
+class PersonOut(BaseModel):
+    platform: str
+    id: str
+
+
+def _channel_name(v: str) -> str:
+    return _check(ids.platform, v, "channel")
+
+
+ChannelName = Annotated[
+    str,
+    Field(max_length=32, json_schema_extra={"pattern": ids.PLATFORM_PATTERN}, description="any platform name; `*_group`: a group chat's"),
+    BeforeValidator(lambda v: _channel_name(v) if isinstance(v, str) else v),
+]
+
+
 class UserIn(Body):
     display_name: str | None = Field(None, max_length=200)
     backend: Literal["auto", "docker", "process", "kubernetes"] | None = None
@@ -78,6 +114,27 @@ class UserOut(BaseModel):
     display_name: str | None
     backend: str | None
     groups: list[GroupOut]
+    identities: list[PersonOut] = []  # the platform identities that name this user
+
+
+class IdentityIn(Body):
+    display_name: str | None = Field(None, max_length=200)
+
+
+class IdentityOut(BaseModel):
+    user_id: int
+    platform: str
+    external_id: str
+    display_name: str | None
+
+
+class IdentityLinkIn(Body):
+    user_id: UserIdInt
+
+
+class IdentityListOut(BaseModel):
+    identities: list[IdentityOut]
+    next_after: str | None  # pass as `after` for the next page; null: no more
 
 
 class MemberRemovedOut(BaseModel):
@@ -100,9 +157,10 @@ class ProjectSettingsOut(FromRecord):
 
 class SessionCreate(Body):
     session_id: str | None = Field(None, max_length=128, json_schema_extra={"pattern": ids.SESSION_ID_PATTERN})
-    owner_user_id: JsonInt = UserIdField
+    owner_user_id: UserIdInt | None = Field(None, description="our user id; or `owner` instead")
+    owner: PersonIn | None = Field(None, description="the owner by platform identity, in place of `owner_user_id`")
     project_id: str | None = Field(None, max_length=64, json_schema_extra={"pattern": ids.PROJECT_ID_PATTERN})
-    channel: Channel
+    channel: ChannelName
     group: GroupIn | None = None
     parent_session_id: str | None = Field(
         None, max_length=128, json_schema_extra={"pattern": ids.SESSION_ID_PATTERN}
@@ -141,8 +199,9 @@ class SessionPatch(Body):
 class SessionOut(FromRecord):
     session_id: str
     owner_user_id: int
+    owner_identity: PersonOut | None = None  # the owner's platform identity, when one is known
     project_id: str | None
-    channel: Channel
+    channel: str
     group: GroupOut | None
     parent_session_id: str | None
     title: str | None
@@ -158,6 +217,7 @@ class SessionOut(FromRecord):
 class RunStart(Body):
     trigger: Trigger
     speaker_user_id: UserIdInt | None = None
+    speaker: PersonIn | None = Field(None, description="the speaker by platform identity, in place of `speaker_user_id`")
     agent_id: str = Field("default", max_length=64, json_schema_extra={"pattern": ids.NAME_PATTERN})
     delivery_id: str | None = Field(None, max_length=128, json_schema_extra={"pattern": f"^{DELIVERY_ID.pattern}$"})
 
@@ -192,8 +252,12 @@ class RunContextOut(FromRecord):
     execution_user_id: int | None = _of_run("execution_user_id")
     runtime_user_id: int = _of_run("runtime_user_id")
     identity_mode: IdentityMode = _of_run("identity_mode")
+    owner_identity: PersonOut | None = None
+    speaker_identity: PersonOut | None = None  # the execution user's, when the run has one
     workdir: str
     upload_dir: str
+    outputs_dir: str  # in the workdir: where a run's results (charts, reports) go
+    group_workspace: str | None  # the group chat's shared workspace, when the session has a group
     skills: SkillsOut
     archive_hint_enabled: bool
     memory_user_id: int
@@ -212,6 +276,8 @@ class RunOut(FromRecord):
     execution_user_id: int | None
     runtime_user_id: int
     identity_mode: IdentityMode
+    owner_identity: PersonOut | None = None
+    speaker_identity: PersonOut | None = None
     status: RunStatus
     started_at: str
     ended_at: str | None

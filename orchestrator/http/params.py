@@ -5,9 +5,15 @@ name the field."""
 
 from __future__ import annotations
 
-from fastapi import Path
+from typing import Annotated
+
+from fastapi import Path, Request
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
 
 from mounts import ids
+from orchestrator.errors import InvalidInput, NotFound
+from orchestrator.users.identities import parse_platform_identity
 
 # The largest integer SQLite stores: a cursor or count above it cannot name a row, and binding it
 # raises OverflowError (a 500) instead of a clear 422.
@@ -22,8 +28,27 @@ async def run_id_param(run_id: str = Path(..., max_length=128, json_schema_extra
     return ids.session_id(run_id, "run_id")
 
 
-async def user_id_param(user_id: int = Path(..., gt=0, le=ids.MAX_USER_ID)) -> int:
-    return ids.user_id(user_id, "user_id")
+async def user_id_param(
+    request: Request,
+    user_id: Annotated[int, Field(gt=0, le=ids.MAX_USER_ID)] | Annotated[str, Field(max_length=ids.PERSON_MAX_CHARS, json_schema_extra={"pattern": ids.PERSON_PATTERN})] = Path(
+        ..., description="Our user id, or a person's platform identity as `{platform}:{id}` (e.g. `slack:U024BE7LH`)"
+    ),
+) -> int:
+    """A user named by our integer id or by `{platform}:{id}`; a platform identity no bot has
+    named yet is a 404 (`PUT /v1/identities/{platform}/{id}` names it)."""
+    # The union's str member takes "17" too (an exact type match): digits are a user id.
+    if isinstance(user_id, str) and user_id.isdecimal() and user_id.isascii():
+        user_id = int(user_id)
+    if isinstance(user_id, int):
+        try:
+            return ids.user_id(user_id, "user_id")
+        except ids.InvalidIdentifier as exc:
+            raise InvalidInput(exc.message, field=exc.field) from None
+    identity = parse_platform_identity(user_id, "user_id")
+    record = await run_in_threadpool(request.app.state.service.identities.get, identity)
+    if record is None:
+        raise NotFound(f"no user is known as {identity.header_value()}", field="user_id")
+    return record.user_id
 
 
 async def project_id_param(project_id: str = Path(..., max_length=64, json_schema_extra={"pattern": ids.PROJECT_ID_PATTERN})) -> str:

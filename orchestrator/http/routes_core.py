@@ -16,6 +16,7 @@ from orchestrator.http.models import (
     MemberRemovedOut,
     ProjectSettingsIn,
     ProjectSettingsOut,
+    PersonOut,
     UserIn,
     UserOut,
 )
@@ -104,11 +105,16 @@ def _uid_block(service: OrchestratorService) -> list[int]:
 def _user_out(service: OrchestratorService, user_id: int) -> UserOut:
     record = service.users.get(user_id)
     groups = [GroupOut(channel=g.channel, chat_id=g.chat_id) for g in service.users.groups_of(user_id)]
+    identities = [
+        PersonOut(platform=i.platform, id=i.external_id)
+        for i in sorted(service.identities.of_users([user_id]).get(user_id, ()), key=lambda i: i.created_at)
+    ]
     return UserOut(
         user_id=user_id,
         display_name=record.display_name if record else None,
         backend=record.backend if record else None,
         groups=groups,
+        identities=identities,
     )
 
 

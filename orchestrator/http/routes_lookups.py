@@ -13,6 +13,7 @@ from orchestrator.http.acting import require_self
 from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
 from orchestrator.http.models import RunOut
 from orchestrator.http.params import session_id_param, user_id_param
+from orchestrator.http.people import with_run_identities
 from orchestrator.runs.records import MAX_RUN_SEQ
 from orchestrator.service import OrchestratorService
 
@@ -46,7 +47,9 @@ def list_runs(
     service.sessions.get(session_id, acting_user=acting)
     page = service.run_repo.page_of_session(session_id, before=before, limit=limit)
     next_before = page[-1][0] if len(page) == limit else None
-    return RunListOut(session_id=session_id, runs=[RunOut.model_validate(run) for _, run in page], next_before=next_before)
+    listing = RunListOut(session_id=session_id, runs=[RunOut.model_validate(run) for _, run in page], next_before=next_before)
+    with_run_identities(service, listing.runs)
+    return listing
 
 
 @router.get("/v1/users/{user_id}/sandbox", response_model=SandboxOut, tags=["users"])

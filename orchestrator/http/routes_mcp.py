@@ -8,6 +8,8 @@ tool route: the bearer token (any valid role, as `require_bot`), a valid run id,
 
 from __future__ import annotations
 
+from urllib.parse import parse_qs
+
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -21,6 +23,8 @@ from orchestrator.http.request_guard import body_limit, replay_body
 from orchestrator.mcp.caller import McpCaller
 from orchestrator.mcp.endpoint import McpEndpoint, wants_stream
 from orchestrator.service import OrchestratorService
+from orchestrator.tools.registry import tool_subset
+from orchestrator.users.identities import PlatformIdentity
 
 PATH = "/v1/runs/{run_id}/mcp"
 # POST only: the transport is stateless, so there is no standalone stream to GET (it would
@@ -53,10 +57,20 @@ class McpRoute:
             run_id = ids.session_id(scope.get("path_params", {}).get("run_id"), "run_id")
         except ids.InvalidIdentifier as exc:
             raise InvalidInput(exc.message, field=exc.field) from None
-        acting = parse_acting_user([v for k, v in headers if k == "x-acting-user"])
+        declared = parse_acting_user([v for k, v in headers if k == "x-acting-user"])
+        acting: int | None
+        if isinstance(declared, PlatformIdentity):
+            record = await run_in_threadpool(self._service.identities.sight, declared)
+            acting = record.user_id
+        else:
+            acting = declared
         if acting is not None:  # the person of the run only, as on the tool route
             await run_in_threadpool(own_run, self._service, run_id, acting)
-        return McpCaller(run_id=run_id, actor=caller.actor, acting_user=acting)
+        subset = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("tools")
+        if subset is not None and len(subset) != 1:
+            raise InvalidInput("send the tools query parameter once", field="tools")
+        tools = tool_subset(subset[0] if subset else None, self._service.tools.names(), field="tools")
+        return McpCaller(run_id=run_id, actor=caller.actor, acting_user=acting, tools=tools)
 
 
 async def _whole_body(receive: Receive) -> bytes:

@@ -35,11 +35,13 @@ from orchestrator.http.models import (
     ToolCallOut,
 )
 from orchestrator.http.params import run_id_param, session_id_param
+from orchestrator.http.people import person_user_id, with_run_identities, with_session_identities
 from orchestrator.http.streamed_json import StreamedReadBytesResponse
 from orchestrator.http.tool_stream import stream_tool_call, wants_events
 from orchestrator.runs.records import RunStatus
 from orchestrator.runs.service import StartRun
 from orchestrator.service import OrchestratorService
+from orchestrator.tools.registry import MAX_TOOL_SUBSET_CHARS, tool_subset
 from orchestrator.sessions.service import NewSession, SessionListRequest
 
 router = APIRouter()
@@ -54,9 +56,14 @@ def create_session(
     caller: Caller = Depends(require_bot),
 ) -> SessionOut:
     """201: created. With `if_exists: "return"`, 200 and the session that already has this
-    `session_id` and the same owner, channel, group, project and parent."""
+    `session_id` and the same owner, channel, group, project and parent. The owner is our user
+    id (`owner_user_id`) or a platform identity (`owner`), named on first sight."""
+    owner_user_id = person_user_id(
+        service, body.owner_user_id, body.owner, field="owner_user_id", person_field="owner", actor=caller.actor, required=True
+    )
+    assert owner_user_id is not None
     new = NewSession(
-        owner_user_id=body.owner_user_id,
+        owner_user_id=owner_user_id,
         channel=body.channel,
         session_id=body.session_id,
         project_id=body.project_id,
@@ -69,7 +76,7 @@ def create_session(
         response.status_code = 201 if created else 200
     else:
         record = service.sessions.create(new, actor=caller.actor, acting_user=acting)
-    return SessionOut.model_validate(record)
+    return session_out(service, record)
 
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionOut, tags=["sessions"])
@@ -79,7 +86,7 @@ def get_session(
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> SessionOut:
-    return SessionOut.model_validate(service.sessions.get(session_id, acting_user=acting))
+    return session_out(service, service.sessions.get(session_id, acting_user=acting))
 
 
 @router.patch("/v1/sessions/{session_id}", response_model=SessionOut, tags=["sessions"])
@@ -92,7 +99,7 @@ def patch_session(
 ) -> SessionOut:
     service.sessions.get(session_id, acting_user=acting, owner_only=True)
     changes = body.model_dump(exclude_unset=True)
-    return SessionOut.model_validate(service.sessions.update(session_id, changes, actor=caller.actor))
+    return session_out(service, service.sessions.update(session_id, changes, actor=caller.actor))
 
 
 @router.get("/v1/sessions", response_model=SessionListOut, tags=["sessions"])
@@ -115,8 +122,11 @@ def list_sessions(
         return group_sessions(service, channel, chat_id, acting)
     if project_id is not None:
         project_id = ids.project_id(project_id, "project_id")
-    listing = service.sessions.list(SessionListRequest(owner_user_id, project_id, acting_user=acting))
-    return SessionListOut.model_validate(listing)
+    listing = SessionListOut.model_validate(
+        service.sessions.list(SessionListRequest(owner_user_id, project_id, acting_user=acting))
+    )
+    with_session_identities(service, listing.sessions)
+    return listing
 
 
 @router.delete("/v1/sessions/{session_id}", response_model=DeletedOut, tags=["sessions"])
@@ -164,18 +174,23 @@ def start_run(
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> RunContextOut:
+    speaker = person_user_id(
+        service, body.speaker_user_id, body.speaker, field="speaker_user_id", person_field="speaker", actor=caller.actor, required=False
+    )
     context = service.runs.start(
         session_id,
         StartRun(
             trigger=body.trigger,
-            speaker_user_id=body.speaker_user_id,
+            speaker_user_id=speaker,
             agent_id=body.agent_id,
             delivery_id=body.delivery_id,
         ),
         actor=caller.actor,
         acting_user=acting,
     )
-    return RunContextOut.model_validate(context)
+    out = RunContextOut.model_validate(context)
+    with_run_identities(service, [out])
+    return out
 
 
 @router.get("/v1/runs/{run_id}", response_model=RunOut, tags=["runs"])
@@ -185,7 +200,7 @@ def get_run(
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_bot),
 ) -> RunOut:
-    return RunOut.model_validate(visible_run(service, run_id, acting))
+    return run_out(service, visible_run(service, run_id, acting))
 
 
 @router.post("/v1/runs/{run_id}/end", response_model=RunOut, tags=["runs"])
@@ -198,12 +213,20 @@ def end_run(
 ) -> RunOut:
     own_run(service, run_id, acting, owner_too=True)
     status = RunStatus((body or RunEnd()).status)
-    return RunOut.model_validate(service.runs.end(run_id, status, actor=caller.actor))
+    return run_out(service, service.runs.end(run_id, status, actor=caller.actor))
 
 
 @router.get("/v1/tools", tags=["tools"])
-def list_tools(service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_bot)) -> dict:
-    return {"tools": service.tools.describe(shell_timeout_max_s=service.settings.tool_timeout_max_s)}
+def list_tools(
+    names: str | None = Query(
+        None, max_length=MAX_TOOL_SUBSET_CHARS, description="comma-separated: only these tools (an unknown name is a 422)"
+    ),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> dict:
+    wanted = tool_subset(names, service.tools.names())
+    described = service.tools.describe(shell_timeout_max_s=service.settings.tool_timeout_max_s)
+    return {"tools": [tool for tool in described if wanted is None or tool["name"] in wanted]}
 
 
 # `{name:path}`: a name with a `/` (models invent any string) still reaches the dispatcher,
@@ -242,4 +265,18 @@ def group_sessions(service: OrchestratorService, channel: str | None, chat_id: s
         raise InvalidInput("channel and chat_id go together", field="chat_id" if chat_id is None else "channel")
     group = GroupRef(ids.name(channel, "channel"), ids.chat_id(chat_id, "chat_id"))
     records = service.sessions.list_for_group(group, acting)
-    return SessionListOut(owner_user_id=None, project_id=None, sessions=[SessionOut.model_validate(r) for r in records])
+    listing = SessionListOut(owner_user_id=None, project_id=None, sessions=[SessionOut.model_validate(r) for r in records])
+    with_session_identities(service, listing.sessions)
+    return listing
+
+
+def session_out(service: OrchestratorService, record: object) -> SessionOut:
+    out = SessionOut.model_validate(record)
+    with_session_identities(service, [out])
+    return out
+
+
+def run_out(service: OrchestratorService, record: object) -> RunOut:
+    out = RunOut.model_validate(record)
+    with_run_identities(service, [out])
+    return out

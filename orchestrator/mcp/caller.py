@@ -19,6 +19,7 @@ class McpCaller:
     run_id: str  # validated by mounts.ids
     actor: str  # bot | admin | local, as the audit names it
     acting_user: int | None  # X-Acting-User, checked against the run already
+    tools: frozenset[str] | None = None  # `?tools=a,b` on the endpoint's URL: only these are listed
 
 
 def caller_of(ctx: Any) -> McpCaller:

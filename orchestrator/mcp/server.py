@@ -129,8 +129,12 @@ class RunMcpServer:
         return result.model_copy(update={"instructions": instructions})
 
     async def _list_tools(self, ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
-        await self._usable_run(caller_of(ctx))
-        return types.ListToolsResult(tools=self._tools())
+        caller = caller_of(ctx)
+        await self._usable_run(caller)
+        tools = self._tools()
+        if caller.tools is not None:
+            tools = [tool for tool in tools if tool.name in caller.tools]
+        return types.ListToolsResult(tools=tools)
 
     def _tools(self) -> list[types.Tool]:
         """The registry's description as MCP tools, built once per set of registered tools:

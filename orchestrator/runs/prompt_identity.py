@@ -1,7 +1,8 @@
 """The prompt's runtime identity section (docs/bots.md says where a bot puts it).
 
-Rendered only when the runtime user is not the session owner, so an ordinary session's
-prompt prefix does not change by a single byte.
+Rendered when the runtime user is not the session owner, and in every run of a group chat's
+session (the model must know who is speaking and whose environment it is in, whoever that
+is); a private session's owner run has none, so its prompt prefix does not change by a byte.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ class IdentityPromptFacts:
     public_base_url: str
     group_workspace: str | None  # the group's shared workspace, when the session has one
     share_dir: str
+    speaker_user_id: int | None = None  # who sent this message, when the run has a speaker
+    speaker_display_name: str | None = None
 
 
 def _who(user_id: int, display_name: str | None) -> str:
@@ -27,7 +30,7 @@ def _who(user_id: int, display_name: str | None) -> str:
 
 def render_identity_section(facts: IdentityPromptFacts) -> str | None:
     if facts.runtime_user_id == facts.owner_user_id:
-        return None
+        return _render_owner_runtime(facts) if facts.group_workspace else None
     runtime = _who(facts.runtime_user_id, facts.runtime_display_name)
     owner = _who(facts.owner_user_id, facts.owner_display_name)
     base = facts.public_base_url.rstrip("/")
@@ -49,4 +52,22 @@ def render_identity_section(facts: IdentityPromptFacts) -> str | None:
         "- If a task must use a member's own account or credentials, ask that member to trigger "
         "the bot themselves, or tell the user that it needs that person to act.",
     ]
+    return "\n".join(lines)
+
+
+def _render_owner_runtime(facts: IdentityPromptFacts) -> str:
+    """A group session's run in the owner's environment: who owns it, who is speaking."""
+    owner = _who(facts.owner_user_id, facts.owner_display_name)
+    lines = [
+        "## Runtime identity",
+        f"- Current runtime identity: {owner}, the session owner. The shell, files, skills, CLI "
+        "tools and credentials in this run all belong to the owner.",
+    ]
+    if facts.speaker_user_id is not None and facts.speaker_user_id != facts.owner_user_id:
+        speaker = _who(facts.speaker_user_id, facts.speaker_display_name)
+        lines.append(
+            f"- This message is from {speaker}, a member of the group chat. Their own files, skills "
+            "and credentials are not in this environment; work done here is done as the owner."
+        )
+    lines.append(f"- Put results meant for the whole group in the group workspace {facts.group_workspace}.")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mounts import ids
+from mounts.layout import OUTPUTS_SUBDIR
 from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict, InvalidInput, NotFound
@@ -49,6 +50,8 @@ class RunContext:
     run: RunRecord
     workdir: str
     upload_dir: str
+    outputs_dir: str
+    group_workspace: str | None
     skills: RunSkills
     archive_hint_enabled: bool
     memory_user_id: int
@@ -206,6 +209,8 @@ class RunService:
             run=run,
             workdir=str(workdir),
             upload_dir=str(upload_dir),
+            outputs_dir=str(workdir / OUTPUTS_SUBDIR),
+            group_workspace=str(self._layout.group_dir(session.group)) if session.group else None,
             skills=skills,
             archive_hint_enabled=identity.runtime_is_owner,  # archives are the owner's
             memory_user_id=runtime,  # memory injection and extraction follow the runtime user
@@ -222,18 +227,17 @@ class RunService:
     def identity_section_of(self, run: RunRecord) -> str | None:
         """The prompt identity section of a run that has started (the MCP endpoint's
         instructions): rendered again from the run's identities, as at its start."""
-        if run.identity.runtime_is_owner:
-            return None
         session = self._sessions.get(run.session_id)
         if session is None:
             raise NotFound(f"session {run.session_id} not found")
         return self._identity_section(session, run.identity)
 
     def _identity_section(self, session: SessionRecord, identity: RunIdentity) -> str | None:
-        if identity.runtime_is_owner:
+        if identity.runtime_is_owner and session.group is None:
             return None
         owner = self._users.get(identity.owner_user_id)
         runtime = self._users.get(identity.runtime_user_id)
+        speaker = self._users.get(identity.execution_user_id) if identity.execution_user_id is not None else None
         group_workspace = str(self._layout.group_dir(session.group)) if session.group else None
         return render_identity_section(
             IdentityPromptFacts(
@@ -245,6 +249,8 @@ class RunService:
                 public_base_url=self._settings.public_base_url,
                 group_workspace=group_workspace,
                 share_dir=str(self._layout.share_dir),
+                speaker_user_id=identity.execution_user_id,
+                speaker_display_name=speaker.display_name if speaker else None,
             )
         )
 

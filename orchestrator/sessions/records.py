@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
-from enum import Enum
 
 from orchestrator.clock import now_iso
 from orchestrator.identity import ParentIdentity
 from orchestrator.state_store import StateStore, Transaction
 from orchestrator.users.repository import GroupRef
 
-class Channel(str, Enum):
-    WEB = "web"
-    FEISHU_GROUP = "feishu_group"
-    FEISHU_PRIVATE = "feishu_private"
-    DINGTALK_GROUP = "dingtalk_group"
-    DINGTALK_PRIVATE = "dingtalk_private"
-    WECHAT = "wechat"
-    SCHEDULED = "scheduled"
-    OPENAPI = "openapi"
+# A session's channel is any platform name (`mounts.ids.platform`): `web`, `slack`,
+# `feishu_group`, a company's own. The entry point's behaviour follows the run's trigger, not
+# the channel. One rule only: a channel named `*_group` is a group chat's, and its session names
+# the group (its workspace, its uploads) from the start.
+GROUP_CHANNEL_SUFFIX = "_group"
+
+
+def channel_problem(channel: str, group: GroupRef | None) -> str | None:
+    """Pure: why a session of `channel` with `group` cannot be created, or None."""
+    if channel.endswith(GROUP_CHANNEL_SUFFIX) and group is None:
+        return (
+            f"a {channel} session is a group chat's: send its group ({{\"channel\", \"chat_id\"}}) so that its"
+            " workspace and group uploads exist from the first run"
+        )
+    return None
 
 
 # A group chat's sessions one lookup returns at most (newest first).
@@ -34,7 +39,7 @@ class SessionRecord:
     session_id: str
     owner_user_id: int
     project_id: str | None
-    channel: Channel
+    channel: str
     group: GroupRef | None
     parent_session_id: str | None
     title: str | None
@@ -65,7 +70,7 @@ def session_from_row(row: sqlite3.Row) -> SessionRecord:
         session_id=row["session_id"],
         owner_user_id=row["owner_user_id"],
         project_id=row["project_id"],
-        channel=Channel(row["channel"]),
+        channel=row["channel"],
         group=group,
         parent_session_id=row["parent_session_id"],
         title=row["title"],
@@ -112,7 +117,7 @@ class SessionRepository:
                 record.session_id,
                 record.owner_user_id,
                 record.project_id,
-                record.channel.value,
+                record.channel,
                 record.group.channel if record.group else None,
                 record.group.chat_id if record.group else None,
                 record.parent_session_id,

@@ -29,7 +29,7 @@ from orchestrator.sessions.cleanup import (
 )
 from orchestrator.state_store import StateStore
 from orchestrator.users.repository import GroupRef, UserRepository
-from orchestrator.sessions.records import Channel, SessionRecord, SessionRepository
+from orchestrator.sessions.records import SessionRecord, SessionRepository, channel_problem
 from orchestrator.sessions.visibility import cleanup_pending, may_see, read_visible, session_not_found
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class SessionListing:
 @dataclass(frozen=True)
 class NewSession:
     owner_user_id: int
-    channel: Channel
+    channel: str
     session_id: str | None = None
     project_id: str | None = None
     group: GroupRef | None = None
@@ -109,6 +109,9 @@ class SessionService:
         """A new session. With `acting_user`, only for that user, and only as the child of a
         parent session that user can see (an invisible parent is "not found", like a missing one)."""
         self._users.admit(new.owner_user_id, "owner_user_id")
+        problem = channel_problem(new.channel, new.group)
+        if problem is not None:
+            raise InvalidInput(problem, field="group")
         now = now_iso()
         session_id = new.session_id or f"s-{secrets.token_hex(12)}"
         if acting_user is not None:
@@ -163,7 +166,7 @@ class SessionService:
                 action="session.create",
                 session_id=session_id,
                 owner_user_id=new.owner_user_id,
-                channel=new.channel.value,
+                channel=new.channel,
                 project_id=new.project_id,
             )
             # Inside the transaction: if the chat directory cannot be made (a planted symlink),

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel
 
+from orchestrator.errors import InvalidInput
 from orchestrator.runs.records import RunRecord
 from orchestrator.sessions.records import SessionRecord
 from orchestrator.tools.identity_table import CONTAINER_TOOLS, TOOL_IDENTITY
@@ -97,3 +98,21 @@ class ToolRegistry:
                     if branch.get("type") == "number":
                         branch["maximum"] = shell_timeout_max_s
         return described
+
+
+MAX_TOOL_SUBSET_CHARS = 2000
+
+
+def tool_subset(raw: str | None, known: Iterable[str], field: str = "names") -> frozenset[str] | None:
+    """Pure: the tools a bot asked for (`names=read_file,shell`), None for all of them. Empty
+    entries are ignored; a name no tool has is a 422 naming it, so a typo is not a silent gap."""
+    if raw is None:
+        return None
+    if len(raw) > MAX_TOOL_SUBSET_CHARS:
+        raise InvalidInput(f"{field} may be at most {MAX_TOOL_SUBSET_CHARS} characters", field=field)
+    wanted = frozenset(name.strip() for name in raw.split(",") if name.strip())
+    unknown = sorted(wanted - set(known))
+    if unknown:
+        shown = ", ".join(repr(name[:64]) for name in unknown[:20])
+        raise InvalidInput(f"no tool is named {shown}", field=field, unknown=unknown[:20])
+    return wanted

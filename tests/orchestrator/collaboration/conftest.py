@@ -13,7 +13,6 @@ from orchestrator.runs.records import RunStatus
 from orchestrator.runs.service import StartRun
 from orchestrator.identity import Trigger
 from orchestrator.service import OrchestratorService
-from orchestrator.sessions.records import Channel
 from orchestrator.sessions.service import NewSession
 
 
@@ -23,7 +22,7 @@ class Harness:
 
     def session(self, session_id: str, owner: int = 7, project: str | None = None) -> str:
         self.service.sessions.create(
-            NewSession(owner_user_id=owner, channel=Channel.WEB, session_id=session_id, project_id=project), actor="test"
+            NewSession(owner_user_id=owner, channel="web", session_id=session_id, project_id=project), actor="test"
         )
         return session_id
 

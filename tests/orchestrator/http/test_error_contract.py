@@ -125,8 +125,9 @@ def test_openapi_declares_errors_security_and_acting_user(client: TestClient, se
     get_session = doc["paths"]["/v1/sessions/{session_id}"]["get"]
     acting = [p for p in get_session["parameters"] if p["name"] == "X-Acting-User"]
     assert len(acting) == 1 and acting[0]["in"] == "header" and not acting[0]["required"]
-    integer = acting[0]["schema"]
+    integer, person = acting[0]["schema"]["anyOf"]
     assert (integer["type"], integer["minimum"], integer["maximum"]) == ("integer", 1, ids.MAX_USER_ID)
+    assert (person["type"], person["pattern"]) == ("string", ids.PERSON_PATTERN)
     # The token is the security scheme, not a parameter a fuzzer or a docs user fills in.
     assert not [p for p in get_session["parameters"] if p["name"].lower() == "authorization"]
     assert not [p for p in doc["paths"]["/v1/tools"]["get"].get("parameters", []) if p["name"] == "X-Acting-User"]
@@ -138,7 +139,7 @@ def test_openapi_carries_the_servers_limits(client: TestClient, settings) -> Non
     doc = client.get("/openapi.json").json()
     params = {p["name"]: p["schema"] for p in doc["paths"]["/v1/sessions/{session_id}"]["get"]["parameters"]}
     assert params["session_id"]["pattern"] and params["session_id"]["maxLength"] == 128
-    owner = doc["components"]["schemas"]["SessionCreate"]["properties"]["owner_user_id"]
+    owner = doc["components"]["schemas"]["SessionCreate"]["properties"]["owner_user_id"]["anyOf"][0]
     assert owner["maximum"] == settings.max_user_id and owner["exclusiveMinimum"] == 0
     before = {p["name"]: p["schema"] for p in doc["paths"]["/v1/sessions/{session_id}/collaborations"]["get"]["parameters"]}
     assert before["before"]["anyOf"][0]["maximum"] == 2**63 - 1

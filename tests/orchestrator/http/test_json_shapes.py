@@ -9,6 +9,8 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+from mounts.layout import GroupRef
+
 from orchestrator.collaboration.records import Delivery, Direction, Message, MessageKind, Side
 from orchestrator.collaboration.states import DeliveryState
 from orchestrator.http.collaboration_models import DeliveryStateOut, MessageOut
@@ -50,6 +52,7 @@ def test_session_and_run_json(client: TestClient, service: OrchestratorService) 
     assert created.status_code == 201
     session = {
         **body,  # every field of the request comes back as it was sent
+        "owner_identity": None,  # no platform identity names user 17
         "parent_session_id": None,
         "last_runtime_user_id": None,
         "allow_cross_read": True,
@@ -77,11 +80,15 @@ def test_session_and_run_json(client: TestClient, service: OrchestratorService) 
         "execution_user_id": 67,
         "runtime_user_id": 67,
         "identity_mode": "execution",
+        "owner_identity": None,
+        "speaker_identity": None,
     }
     assert context == {
         **identities,
         "workdir": str(service.layout.runtime_dir(67, "g-1")),
         "upload_dir": str(service.layout.uploads_dir(67)),
+        "outputs_dir": str(service.layout.runtime_dir(67, "g-1") / "outputs"),
+        "group_workspace": str(service.layout.group_dir(GroupRef("feishu", "oc_team"))),
         "skills": {"available": [], "failed": [], "catalog": []},
         "archive_hint_enabled": False,
         "memory_user_id": 67,

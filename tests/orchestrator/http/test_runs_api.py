@@ -58,7 +58,9 @@ def test_group_scenario_follows_the_speaker(client: TestClient, service: Orchest
 
     scheduled = start_run(client, "g-1", "scheduled")
     assert scheduled["runtime_user_id"] == 17 and scheduled["execution_user_id"] is None
-    assert scheduled["prompt_identity_section"] is None
+    # A group session's owner run still says whose environment it is (and no speaker: none spoke).
+    owner_section = scheduled["prompt_identity_section"]
+    assert "#17 Alice, the session owner" in owner_section and "This message is from" not in owner_section
     assert scheduled["archive_hint_enabled"] is True
     assert client.get("/v1/sessions/g-1").json()["last_runtime_user_id"] == 17
 
@@ -66,7 +68,7 @@ def test_group_scenario_follows_the_speaker(client: TestClient, service: Orchest
     start_run(client, "g-1", "group_message", speaker=67)
     child = client.post(
         "/v1/sessions",
-        json={"session_id": "g-1.sub", "owner_user_id": 17, "channel": "feishu_group", "parent_session_id": "g-1"},
+        json={"session_id": "g-1.sub", "owner_user_id": 17, "channel": "feishu_group", "group": GROUP, "parent_session_id": "g-1"},
     ).json()
     assert child["last_runtime_user_id"] == 67
     sub = start_run(client, "g-1.sub", "subagent")

@@ -21,7 +21,7 @@ def _sessions_in_db(service: OrchestratorService) -> int:
         ({"owner_user_id": -3, "channel": "web"}, "owner_user_id"),
         ({"owner_user_id": "17", "channel": "web"}, "owner_user_id"),
         ({"owner_user_id": True, "channel": "web"}, "owner_user_id"),
-        ({"owner_user_id": 17, "channel": "telegram"}, "channel"),
+        ({"owner_user_id": 17, "channel": "Telegram"}, "channel"),
         ({"owner_user_id": 17, "channel": "web", "session_id": "../etc"}, "session_id"),
         ({"owner_user_id": 17, "channel": "web", "session_id": ".."}, "session_id"),
         ({"owner_user_id": 17, "channel": "web", "session_id": "a/b"}, "session_id"),

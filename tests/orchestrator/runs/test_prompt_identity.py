@@ -20,8 +20,22 @@ def facts(**changes: object) -> IdentityPromptFacts:
     return IdentityPromptFacts(**{**FACTS.__dict__, **changes})
 
 
-def test_no_section_when_the_runtime_user_is_the_owner() -> None:
-    assert render_identity_section(facts(runtime_user_id=17, runtime_display_name="Alice")) is None
+def test_no_section_when_the_runtime_user_is_the_owner_of_a_private_session() -> None:
+    private = facts(runtime_user_id=17, runtime_display_name="Alice", group_workspace=None)
+    assert render_identity_section(private) is None
+
+
+def test_a_group_sessions_owner_run_says_whose_environment_and_who_speaks() -> None:
+    owner_run = facts(runtime_user_id=17, runtime_display_name="Alice", speaker_user_id=67, speaker_display_name="Qin")
+    section = render_identity_section(owner_run)
+    assert section is not None
+    lines = section.splitlines()
+    assert lines[0] == "## Runtime identity"
+    assert "user #17 Alice, the session owner" in lines[1] and "belong to the owner" in lines[1]
+    assert "from user #67 Qin" in lines[2] and "not in this environment" in lines[2]
+    assert "/srv/data/groups/feishu/oc_1" in lines[3]
+    scheduled = render_identity_section(facts(runtime_user_id=17, runtime_display_name="Alice"))
+    assert scheduled is not None and "This message is from" not in scheduled
 
 
 def test_the_section_says_who_runs_who_owns_what_is_missing_the_url_mapping_and_the_limits() -> None:

@@ -7,14 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.sessions.records import Channel, SessionRecord
+from orchestrator.sessions.records import SessionRecord
 from orchestrator.sessions.visibility import Sight, sight
 from orchestrator.users.repository import GroupRef
 
 GROUP = GroupRef("feishu", "oc_team")
 OWNER, MEMBER, STRANGER = 17, 67, 91
 LIVE = SessionRecord(
-    session_id="g-1", owner_user_id=OWNER, project_id=None, channel=Channel.FEISHU_GROUP, group=GROUP,
+    session_id="g-1", owner_user_id=OWNER, project_id=None, channel="feishu_group", group=GROUP,
     parent_session_id=None, title=None, last_runtime_user_id=None, allow_cross_read=True, cross_private=False,
     archived=False, pinned=False, created_at="t0", updated_at="t0",
 )

@@ -69,7 +69,7 @@ def test_without_root_everything_belongs_to_the_current_user(traversable_tmp: Pa
     dirs.chown = False  # behave like an unprivileged orchestrator
     workdir = dirs.ensure_session_runtime(17, "s1", is_owner=False)
     assert owner_mode(workdir)[2] == 0o700
-    assert sorted(p.name for p in workdir.iterdir()) == ["incoming", "shell-output", "skills", "user-messages"]
+    assert sorted(p.name for p in workdir.iterdir()) == ["incoming", "outputs", "shell-output", "skills", "user-messages"]
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="ownership is only managed as root")
