@@ -26,6 +26,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
 from orchestrator.startup_checks import path_chain, unsafe_ancestor_problem
+from tests.uid_block import claim_for_this_run
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_TEST_ROOT = Path("/var/lib/sandbox-orchestrator-tests")
@@ -59,6 +60,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # Before pytest's own tmpdir plugin reads it. Explicit --basetemp still wins.
     if config.option.basetemp is None:
         config.option.basetemp = str(TEST_ROOT / "pytest")
+    # Before any test reads it: a uid block no live orchestrator or other test run holds.
+    claim_for_this_run()
 
 
 API_TOKEN = "bot-token-for-tests"

@@ -123,6 +123,18 @@ def register(
     return UidBlockRegistration(directory, dir_fd, name, fd)
 
 
+def live_claims(directory: Path) -> list[Claim]:
+    """The blocks live instances hold now (e.g. to choose a free one); none without a registry."""
+    if os.geteuid() != 0 or not directory.is_dir():
+        return []
+    dir_fd = _safe_dir(directory)
+    try:
+        with flocked_at(dir_fd, _LOCK_NAME, exclusive=True):
+            return _live_claims(dir_fd, skip="")
+    finally:
+        os.close(dir_fd)
+
+
 def _live_claims(dir_fd: int, *, skip: str) -> list[Claim]:
     claims = []
     for name in os.listdir(dir_fd):

@@ -22,11 +22,12 @@ from orchestrator.service import OrchestratorService
 from tests.agent_env import Served, serving
 from tests.api_calls import MEMBER, group_session, start_run, tool
 from tests.conftest import make_settings
+from tests.uid_block import block
 
 AS_ROOT = os.geteuid() == 0
-# Uids of their own: these tests count (and the agents sweep) every process of a sandbox uid,
-# and other test runs on this host use the default base.
-UID_BASE = 900_000_000
+# Uids of their own (tests/uid_block.py): these tests count (and the agents sweep) every
+# process of a sandbox uid.
+UID_BASE = block(8)["sandbox_uid_base"]
 
 # The leader thread exits (pthread_exit) while a worker spins: the process shows as a zombie
 # (State Z in /proc/PID/status) with a live thread at 99 % CPU.

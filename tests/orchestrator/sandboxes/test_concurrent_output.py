@@ -22,10 +22,10 @@ from orchestrator.service import OrchestratorService
 from tests.agent_env import Served, serving
 from tests.api_calls import MEMBER, group_session, start_run, tool
 from tests.conftest import make_settings
+from tests.uid_block import block
 
-# A uid block of its own: agents sweep every process of their uid, and other test runs on
-# this host use other blocks (some the default one, which reaches up to 1,000,100,000).
-UID_BLOCK = {"sandbox_uid_base": 1_150_000_000, "max_user_id": 100_000}
+# A uid block of its own (tests/uid_block.py): agents sweep every process of their uid.
+UID_BLOCK = block(7)
 CALLS = int(os.environ.get("STRESS_CALLS", 64))
 STRESSED = {**UID_BLOCK, "user_max_concurrent_calls": CALLS, **({"sandbox_cpus": float(os.environ["STRESS_CPUS"])} if "STRESS_CPUS" in os.environ else {})}
 ROUNDS = int(os.environ.get("STRESS_ROUNDS", 2))
