@@ -3,8 +3,9 @@ relay, the benchmark and a bot written in Python use (docs/mcp.md has the same f
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from urllib.parse import urlencode
 
 import httpx2
 import mcp_types as types
@@ -15,13 +16,15 @@ from mcp.client.streamable_http import streamable_http_client
 READ_TIMEOUT_S = 900.0
 
 
-def run_endpoint(base_url: str, run_id: str) -> str:
-    return f"{base_url.rstrip('/')}/v1/runs/{run_id}/mcp"
+def run_endpoint(base_url: str, run_id: str, tools: Sequence[str] | None = None) -> str:
+    """The run's MCP URL; with `tools`, its tools/list offers only those."""
+    url = f"{base_url.rstrip('/')}/v1/runs/{run_id}/mcp"
+    return url if tools is None else f"{url}?{urlencode({'tools': ','.join(tools)})}"
 
 
 @asynccontextmanager
 async def run_session(
-    base_url: str, run_id: str, token: str | None, *, headers: dict[str, str] | None = None
+    base_url: str, run_id: str, token: str | None, *, headers: dict[str, str] | None = None, tools: Sequence[str] | None = None
 ) -> AsyncIterator[tuple[ClientSession, types.InitializeResult]]:
     """An initialized MCP client session of the run, and the server's initialize answer."""
     sent = dict(headers or {})
@@ -30,7 +33,7 @@ async def run_session(
     timeout = httpx2.Timeout(30.0, read=READ_TIMEOUT_S)
     try:
         async with httpx2.AsyncClient(headers=sent, timeout=timeout) as http:
-            async with streamable_http_client(run_endpoint(base_url, run_id), http_client=http) as (read, write):
+            async with streamable_http_client(run_endpoint(base_url, run_id, tools), http_client=http) as (read, write):
                 async with ClientSession(read, write) as session:
                     initialized = await session.initialize()
                     yield session, initialized

@@ -65,6 +65,21 @@ def test_tools_list_is_get_v1_tools_with_annotations(live: Live, bot: Orchestrat
     anyio.run(scenario)
 
 
+def test_a_bot_offers_a_subset_of_the_tools_over_mcp(live: Live, bot: OrchestratorClient) -> None:
+    session = bot.create_session(owner_user_id=OWNER, channel="web")
+    run = bot.start_run(session.session_id, trigger="web")
+
+    async def scenario() -> None:
+        async with run_session(live.url, run.run_id, API_TOKEN, tools=["read_file", "shell"]) as (mcp, _):
+            assert sorted(tool.name for tool in (await mcp.list_tools()).tools) == ["read_file", "shell"]
+
+    anyio.run(scenario)
+    unknown = httpx.post(
+        run_endpoint(live.url, run.run_id, ["read_file", "nope"]), json={}, headers={"Authorization": f"Bearer {API_TOKEN}"}
+    )
+    assert unknown.status_code == 422 and "'nope'" in unknown.json()["error"]["message"], unknown.text
+
+
 def test_group_scenario_through_mcp_only(live: Live, bot: OrchestratorClient) -> None:
     """Member B speaks in owner A's group: B reads a skill as a resource, B's read_file of A's
     upload is an isError with the diagnostic, send_file of it carries the public URL."""
