@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from sandbox_agent.answer_limits import DEFAULT_ANSWER_LIMITS, HEADER_MAX_BYTES, AnswerLimits, cap_text_fields
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
 from sandbox_agent.peer import ExpectedPeer, check_socket_peer
+from sandbox_agent.unix_path import reachable
 from sandbox_agent.wire import RAW_RESULT_HEADER, CallContext, Health, ReadBytesResult
 
 OCTET_STREAM = "application/octet-stream"
@@ -276,7 +277,8 @@ class _UnixConnection(http.client.HTTPConnection):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self.timeout)
-            sock.connect(self._socket_path)
+            with reachable(self._socket_path) as short:
+                sock.connect(short)
             check_peer(sock, self._expected_peer, self._socket_path)
         except BaseException:
             sock.close()
@@ -654,7 +656,8 @@ class AsyncAgentClient(_AgentClientBase):
             return stream, False
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=STREAM_BUFFER_BYTES)
+                with reachable(self.socket_path) as short:
+                    reader, writer = await asyncio.open_unix_connection(short, limit=STREAM_BUFFER_BYTES)
         except (OSError, TimeoutError) as exc:  # refused, no socket, permission, backlog full
             raise AgentUnavailable(f"agent socket {self.socket_path} does not answer: {exc!r}", delivered=False) from exc
         stream = _Stream(reader, writer, loop)

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from sandbox_agent.relay import relay, send_connection
+from sandbox_agent.unix_path import reachable
 from sandbox_agent.wire import EgressConfig
 
 log = logging.getLogger("sandbox_agent.egress")
@@ -63,7 +64,8 @@ class Forwarder:
         upstream.setblocking(False)
         try:
             try:
-                await loop.sock_connect(upstream, self.config.socket_path)
+                with reachable(self.config.socket_path) as short:
+                    await loop.sock_connect(upstream, short)
             except OSError as exc:
                 body = (
                     f"The egress proxy is not reachable from this sandbox ({exc.strerror}); "

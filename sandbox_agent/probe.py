@@ -9,6 +9,8 @@ import json
 import socket
 from pathlib import Path
 
+from sandbox_agent.unix_path import reachable
+
 CONFIG_MAX_BYTES = 1024 * 1024
 ANSWER_MAX_BYTES = 64 * 1024
 
@@ -44,7 +46,8 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(self._path)
+            with reachable(self._path) as short:
+                sock.connect(short)
         except BaseException:
             sock.close()
             raise

@@ -22,6 +22,7 @@ from sandbox_agent.app import AgentState, create_app
 from sandbox_agent.build import own_build_id
 from sandbox_agent.egress_forwarder import start_egress
 from sandbox_agent.path_sandbox import PathSandbox, Root
+from sandbox_agent.unix_path import reachable
 from sandbox_agent.wire import AgentConfig, valid_token
 
 log = logging.getLogger("sandbox_agent")
@@ -62,7 +63,8 @@ def bind_unix_socket(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket file is created 0600 (single-threaded here)
     try:
-        sock.bind(path)
+        with reachable(path) as short:
+            sock.bind(short)
     finally:
         os.umask(old)
     sock.listen(128)
