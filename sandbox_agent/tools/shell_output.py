@@ -97,8 +97,11 @@ def render(head: bytes, tail: bytes, total: int, share: int, spool_path: str | N
     if total <= share:
         whole = head if total <= len(head) else head + tail[len(tail) - (total - len(head)) :]
         return Shown(whole[:total].decode("utf-8", "replace"), False, False)
-    head_bytes = share // HEAD_SHARE
-    tail_bytes = share - head_bytes
+    # The marker is inside the share, however long the spool's path: what is shown of the
+    # output gives way to it (its count has at most as many digits as `total`).
+    shown = max(0, share - len(omitted_marker(total, spool_path).encode()))
+    head_bytes = shown // HEAD_SHARE
+    tail_bytes = shown - head_bytes
     first, last = head[:head_bytes], tail[len(tail) - tail_bytes :] if tail_bytes else b""
     omitted = total - len(first) - len(last)
     return Shown(_decode_head(first) + omitted_marker(omitted, spool_path) + _decode_tail(last), False, True)

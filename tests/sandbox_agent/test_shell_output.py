@@ -50,7 +50,7 @@ def test_item5_two_megabytes_of_text_keep_the_error_at_the_end(tree: Tree, sandb
     result = run(ctx, f"yes 'compiling module' | head -c 2000000; echo '{ERROR_LINE}' >&2; echo '{ERROR_LINE}'; exit 2")
     assert result["exit_code"] == 2 and result["truncated"] is True
     stdout = result["stdout"]
-    assert len(stdout.encode()) + len(result["stderr"].encode()) <= 32 * 1024 + 200  # the budget plus the marker
+    assert len(stdout.encode()) + len(result["stderr"].encode()) <= 32 * 1024  # the marker inside the budget
     assert stdout.startswith("compiling module\n") and stdout.endswith(ERROR_LINE + "\n")
     head, marker_and_tail = stdout.split("\n[... ", 1)
     marker, tail = marker_and_tail.split(" ...]\n", 1)
@@ -115,10 +115,21 @@ def test_render_cuts_at_character_boundaries() -> None:
     data = "✓".encode() * 1000
     shown = render(data[:1000], data[-1000:], len(data), 400, None)
     assert "\ufffd" not in shown.text and shown.cut
-    assert shown.text.startswith("✓" * 33) and shown.text.endswith("✓" * 100)
+    assert shown.text.startswith("✓" * 25) and shown.text.endswith("✓" * 80)
+    assert len(shown.text.encode()) <= 400  # the marker included
 
 
 def test_rotation_removes_the_oldest_first() -> None:
     entries = [SpoolEntry(f"2026010{n}T000000.000000-0000000{n}.stdout", 30) for n in range(1, 5)]
     assert rotation_victims(entries, room=50, max_bytes=100, max_files=10) == [entries[0].name, entries[1].name, entries[2].name]
     assert rotation_victims(entries, room=0, max_bytes=1000, max_files=3) == [entries[0].name, entries[1].name]
+
+
+def test_item5_the_marker_stays_inside_the_budget_whatever_the_spool_paths_length() -> None:
+    from sandbox_agent.tools.shell_output import render
+
+    data = b"compiling module\n" * 10_000
+    for spool_path in ("/d/shell-output/x.txt", "/" + "deep-directory-name/" * 40 + "x.txt"):
+        shown = render(data[:4096], data[-4096:], len(data), 2048, spool_path)
+        assert shown.cut and len(shown.text.encode()) <= 2048, len(shown.text.encode())
+        assert spool_path in shown.text and shown.text.startswith("compiling module")
