@@ -46,8 +46,9 @@ def test_a_signal_death_is_reported_like_a_shell(tree: Tree, sandbox: PathSandbo
 
 def test_output_cap_has_a_visible_marker_and_the_command_is_not_blocked(tree: Tree, sandbox: PathSandbox) -> None:
     result = run(tree, sandbox, "head -c 3000000 /dev/zero | tr '\\0' a; echo done >&2", shell_output_cap_bytes=1000)
-    # 995 bytes of the 1000 for stdout (stderr needs 5): a quarter head, the rest tail
-    assert result["stdout"] == "a" * 248 + "\n[... 2999005 bytes omitted ...]\n" + "a" * 747
+    # 995 bytes of the 1000 for stdout (stderr needs 5), the 33-byte marker inside them: of the
+    # 962 shown, a quarter head, the rest tail
+    assert result["stdout"] == "a" * 240 + "\n[... 2999038 bytes omitted ...]\n" + "a" * 722
     assert result["stdout_bytes"] == 3000000
     assert result["truncated"] is True
     assert result["stderr"] == "done\n"
