@@ -26,7 +26,11 @@ $(STAMP): pyproject.toml $(PACKAGE_LIST)
 
 install: $(STAMP)
 
-run: install
+# The data dir's location is checked first (standard library only, no venv needed): a clone
+# under /tmp is refused in a second with what to set, not after the install.
+run:
+	@$(PYTHON) -m orchestrator.preflight "$${ORCH_DATA_DIR:-./data}"
+	@$(MAKE) --no-print-directory install
 	ORCH_DATA_DIR=$${ORCH_DATA_DIR:-./data} $(BIN)/orchestrator serve --host $(HOST) --port $(PORT)
 
 test: install
