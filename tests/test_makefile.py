@@ -83,3 +83,17 @@ def test_a_venv_made_by_the_old_makefile_is_refreshed_once(checkout: Path) -> No
     (checkout / ".venv" / ".installed-stamp").touch()
     assert any("-e .[test]" in c for c in install(checkout))
     assert install(checkout) == []
+
+
+def test_make_run_refuses_a_data_dir_under_tmp_before_installing(checkout: Path) -> None:
+    for module in ("orchestrator/preflight.py", "orchestrator/startup_checks.py", "mounts/layout.py", "mounts/ids.py"):
+        shutil.copy(REPO / module, checkout / module)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MAKE", "MFLAGS"))}
+    env["ORCH_DATA_DIR"] = "/tmp/sandbox-orchestrator-preflight-test/data"  # never created
+    started = time.monotonic()
+    result = subprocess.run(["make", "-C", str(checkout), "run"], capture_output=True, text=True, env=env, timeout=60)
+    assert result.returncode != 0
+    assert time.monotonic() - started < 10
+    assert "ORCH_DATA_DIR=/var/lib/sandbox-orchestrator make run" in result.stderr, result.stderr
+    assert "/tmp is writable by every user" in result.stderr
+    assert not (checkout / ".venv" / "calls.log").exists()  # nothing was installed
