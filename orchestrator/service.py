@@ -20,6 +20,8 @@ from orchestrator.collaboration.policy import CollaborationLimits
 from orchestrator.collaboration.store import open_mailbox
 from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries.outbox import DeliveryStore
+from orchestrator.descriptors.budget import DescriptorBudget, plan_for
+from orchestrator.descriptors.process_limit import descriptor_limit
 from orchestrator.egress.service import EgressService
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
@@ -98,6 +100,8 @@ class OrchestratorService:
             raise
 
     def _build(self, settings: Settings) -> None:
+        # First: a budget that does not fit the process's limit refuses the start (BudgetSettingsError).
+        self.descriptors = DescriptorBudget(plan_for(descriptor_limit(), settings))
         self.store = StateStore(self.layout.state_db)
         self.store.open()
         self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
@@ -158,7 +162,7 @@ class OrchestratorService:
             self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
         self.egress: EgressService | None = None
         if settings.egress != "off":
-            self.egress = EgressService(settings, self.directories, self.store)
+            self.egress = EgressService(settings, self.directories, self.store, self.descriptors)
             self.sandboxes.call_hooks.append(self.egress.before_call)
         self.runs = RunService(
             settings=settings,
