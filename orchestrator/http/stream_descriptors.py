@@ -1,0 +1,17 @@
+"""What a streamed answer (a shell call as SSE, an MCP request answered as a stream) holds of
+the server's descriptor budget: the client's connection and the call into the sandbox, for as
+long as the stream runs, charged to the run's runtime user. Over the user's share the answer
+is a 429, over the pool a 503, both with a `code`, before anything runs."""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+
+from orchestrator.descriptors.budget import STREAM_COST, DescriptorHold, Feature
+from orchestrator.service import OrchestratorService
+
+
+async def hold_stream_descriptors(service: OrchestratorService, run_id: str) -> DescriptorHold:
+    """Raises DescriptorsRefused (nothing held), or NotFound for an unknown run."""
+    run = await run_in_threadpool(service.runs.get, run_id)
+    return service.descriptors.try_acquire(run.runtime_user_id, Feature.STREAMS, STREAM_COST)
