@@ -44,16 +44,18 @@ def sse_event(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {body}\n\n".encode()
 
 
-async def stream_tool_call(run: Callable[[OutputSink], Awaitable[ToolOutcome]], hold: DescriptorHold) -> Response:
-    """`hold`: the stream's descriptors, given back when it ends (however it ends)."""
+async def stream_tool_call(run: Callable[[OutputSink], Awaitable[ToolOutcome]], hold: DescriptorHold | None) -> Response:
+    """`hold`: the stream's descriptors, given back when it ends (however it ends); None for
+    a run that is not there (the call refuses it)."""
+    release = hold.release if hold is not None else lambda: None
     try:
-        return await _stream(run, hold)
+        return await _stream(run, release)
     except BaseException:
-        hold.release()
+        release()
         raise
 
 
-async def _stream(run: Callable[[OutputSink], Awaitable[ToolOutcome]], hold: DescriptorHold) -> Response:
+async def _stream(run: Callable[[OutputSink], Awaitable[ToolOutcome]], release: Callable[[], None]) -> Response:
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
     def on_output(stream: str, text: str) -> None:
@@ -94,11 +96,11 @@ async def _stream(run: Callable[[OutputSink], Awaitable[ToolOutcome]], hold: Des
                     return
                 item = await queue.get()
         finally:  # the bot read the end, or went away
-            hold.release()
+            release()
 
     response = StreamingResponse(
         events(), media_type=EVENT_STREAM, headers={"Cache-Control": "no-cache"},
-        background=BackgroundTask(hold.release),  # also when the stream never started
+        background=BackgroundTask(release),  # also when the stream never started
     )  # fmt: skip
     keep_to_its_end(task)
     return response
