@@ -1,8 +1,9 @@
 """The descriptor attack, end to end: `orchestrator serve` started with a small RLIMIT_NOFILE
-(a host whose limit is the common 1,024 or less), two hostile users' sandbox shells (a real
-process-backend agent in a network namespace of its own, with its real egress forwarder)
-holds hundreds of idle connections to its forwarder, idle CONNECT tunnels and connections that
-never send a head, and reopens every one the host closes. Meanwhile another user must still
+(a host whose limit is the common 1,024 or less), two hostile users' sandbox shells (real
+sandboxes: process-backend agents in network namespaces of their own, or docker containers on
+`--network none`, each with its real in-sandbox egress forwarder) each hold hundreds of idle
+connections to their forwarder, idle CONNECT tunnels and connections that never send a head,
+and reopen every one the host closes. Meanwhile another user must still
 create sessions, reach its own egress upstream and get its audit rows, /healthz must answer,
 and the server's log must stay small."""
 
@@ -13,6 +14,7 @@ import os
 import shlex
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -103,13 +105,31 @@ def _server_process():
     return next(c for c in psutil.Process().children(recursive=True) if "serve" in c.cmdline())
 
 
-def test_hostile_users_idle_egress_connections_cannot_exhaust_the_servers_descriptors(traversable_tmp: Path) -> None:  # noqa: F811
+@pytest.fixture(params=["process", pytest.param("docker", marks=pytest.mark.docker)])
+def backend_env(request: pytest.FixtureRequest, traversable_tmp: Path) -> Iterator[tuple[Path, dict[str, str]]]:  # noqa: F811
+    """The data dir and the backend's settings: process-backend agents in network namespaces
+    of their own, or docker containers on `--network none` (each with its in-sandbox forwarder)."""
     data = traversable_tmp / "data"
     data.mkdir()
+    if request.param == "process":
+        yield data, {"ORCH_BACKEND": "process"}
+        return
+    from tests.orchestrator.sandboxes.docker.conftest import remove_containers
+    from tests.sandbox_image import ensure_sandbox_image, recipe_tag
+
+    try:
+        yield data, {"ORCH_BACKEND": "docker", "ORCH_SANDBOX_IMAGE": recipe_tag(ensure_sandbox_image())}
+    finally:
+        remove_containers(data)
+
+
+def test_hostile_users_idle_egress_connections_cannot_exhaust_the_servers_descriptors(
+    backend_env: tuple[Path, dict[str, str]],
+) -> None:
+    data, backend = backend_env
     port = free_port()
     env = {
-        "ORCH_BACKEND": "process", "ORCH_API_TOKEN": API_TOKEN, "ORCH_ADMIN_TOKEN": ADMIN_TOKEN,
-        "ORCH_EGRESS_ALLOW_LOOPBACK": "true",
+        **backend, "ORCH_API_TOKEN": API_TOKEN, "ORCH_ADMIN_TOKEN": ADMIN_TOKEN, "ORCH_EGRESS_ALLOW_LOOPBACK": "true",
     }  # fmt: skip
     log_path = Path(f"{data}.serve.log")
     with loopback_upstream() as upstream, serve_process(str(data), port, env, nofile=NOFILE) as url:
