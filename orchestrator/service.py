@@ -102,6 +102,13 @@ class OrchestratorService:
     def _build(self, settings: Settings) -> None:
         # First: a budget that does not fit the process's limit refuses the start (BudgetSettingsError).
         self.descriptors = DescriptorBudget(plan_for(descriptor_limit(), settings))
+        log.info("descriptor budget %s", kv(**self.descriptors.plan.as_json()))
+        if settings.http_limit_concurrency > self.descriptors.plan.reserve:
+            log.warning(
+                "the API may hold more connections than the descriptor reserve keeps %s",
+                kv(http_limit_concurrency=settings.http_limit_concurrency, reserve=self.descriptors.plan.reserve,
+                   hint="raise the hard limit, ORCH_FD_RESERVE, or lower ORCH_HTTP_LIMIT_CONCURRENCY"),
+            )  # fmt: skip
         self.store = StateStore(self.layout.state_db)
         self.store.open()
         self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
