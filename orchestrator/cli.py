@@ -46,7 +46,7 @@ def _settings(command: str, **overrides: object) -> Settings | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from orchestrator.descriptors.budget import BudgetSettingsError
+    from orchestrator.descriptors.budget import BudgetSettingsError, plan_for
     from orchestrator.descriptors.process_limit import LimitRefused, raise_descriptor_limit
     from orchestrator.http.app import create_app
     from orchestrator.http.server_protocol import bounded_protocol
@@ -82,13 +82,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         # Before anything opens: the budget is planned from the limit the process ends up with.
         limit = raise_descriptor_limit(settings.fd_limit)
-    except LimitRefused as exc:
+        plan_for(limit.after, settings)  # a split that does not fit: refused like a bad setting
+    except (LimitRefused, BudgetSettingsError) as exc:
         print(f"orchestrator serve: {exc}", file=sys.stderr)
         return 2
     log.info("descriptor limit %s", kv(before=limit.before, now=limit.after, hard=limit.hard))
     try:
         service = OrchestratorService(settings, exclusive=True)
-    except (SchemaTooNewError, StartupRefused, BudgetSettingsError) as exc:
+    except (SchemaTooNewError, StartupRefused) as exc:
         print(f"orchestrator serve: {exc}", file=sys.stderr)
         return 2
     from orchestrator.malloc_tuning import return_large_buffers
