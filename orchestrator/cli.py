@@ -46,6 +46,8 @@ def _settings(command: str, **overrides: object) -> Settings | None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from orchestrator.descriptors.budget import BudgetSettingsError, plan_for
+    from orchestrator.descriptors.process_limit import LimitRefused, raise_descriptor_limit
     from orchestrator.http.app import create_app
     from orchestrator.http.server_protocol import bounded_protocol
     from orchestrator.service import OrchestratorService
@@ -77,6 +79,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if settings is None:
             return 2
         log.info("ORCH_PUBLIC_BASE_URL is not set: upload URLs use %s", kv(public_base_url=settings.public_base_url))
+    try:
+        # Before anything opens: the budget is planned from the limit the process ends up with.
+        limit = raise_descriptor_limit(settings.fd_limit)
+        plan_for(limit.after, settings)  # a split that does not fit: refused like a bad setting
+    except (LimitRefused, BudgetSettingsError) as exc:
+        print(f"orchestrator serve: {exc}", file=sys.stderr)
+        return 2
+    log.info("descriptor limit %s", kv(before=limit.before, now=limit.after, hard=limit.hard))
     try:
         service = OrchestratorService(settings, exclusive=True)
     except (SchemaTooNewError, StartupRefused) as exc:

@@ -20,6 +20,8 @@ from orchestrator.collaboration.policy import CollaborationLimits
 from orchestrator.collaboration.store import open_mailbox
 from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries.outbox import DeliveryStore
+from orchestrator.descriptors.budget import DescriptorBudget, plan_for
+from orchestrator.descriptors.process_limit import descriptor_limit
 from orchestrator.egress.service import EgressService
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
@@ -99,6 +101,15 @@ class OrchestratorService:
             raise
 
     def _build(self, settings: Settings) -> None:
+        # First: a budget that does not fit the process's limit refuses the start (BudgetSettingsError).
+        self.descriptors = DescriptorBudget(plan_for(descriptor_limit(), settings))
+        log.info("descriptor budget %s", kv(**self.descriptors.plan.as_json()))
+        if settings.http_limit_concurrency > self.descriptors.plan.reserve:
+            log.warning(
+                "the API may hold more connections than the descriptor reserve keeps %s",
+                kv(http_limit_concurrency=settings.http_limit_concurrency, reserve=self.descriptors.plan.reserve,
+                   hint="raise the hard limit, ORCH_FD_RESERVE, or lower ORCH_HTTP_LIMIT_CONCURRENCY"),
+            )  # fmt: skip
         self.store = StateStore(self.layout.state_db)
         self.store.open()
         self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
@@ -162,7 +173,7 @@ class OrchestratorService:
         if settings.egress != "off":
             docker_backend = backends.get("docker")
             self.egress = EgressService(
-                settings, self.directories, self.store,
+                settings, self.directories, self.store, self.descriptors,
                 peer_container=docker_backend.peer_container if isinstance(docker_backend, DockerBackend) else lambda _: None,
             )  # fmt: skip
             self.sandboxes.call_hooks.append(self.egress.before_call)

@@ -284,6 +284,26 @@ class Settings(BaseSettings):
     http_limit_concurrency: int = Field(
         1000, gt=0, description="Connections and requests at once; beyond it the server answers 503."
     )
+    # The server's file descriptors (docs/operations.md, "Descriptor budget"): checked against
+    # the process's limit when `serve` starts (orchestrator/descriptors/budget.py).
+    fd_limit: int | None = Field(
+        None, ge=256, description="RLIMIT_NOFILE (soft) `serve` raises itself to at start; unset: the hard limit."
+    )
+    fd_reserve: int | None = Field(
+        None, ge=64,
+        description="Descriptors never lent to egress or streams: the API, /healthz, SQLite, logs, backend "
+        "clients; unset: a quarter of the limit, at least 256.",
+    )  # fmt: skip
+    fd_egress_pct: float = Field(
+        60.0, gt=0, le=100, description="Percent of the descriptors past the reserve that egress connections may hold."
+    )
+    fd_streams_pct: float = Field(
+        20.0, gt=0, le=100,
+        description="Percent of the descriptors past the reserve that streamed answers (shell SSE, MCP streams) may hold.",
+    )  # fmt: skip
+    fd_user_pct: float = Field(
+        25.0, gt=0, le=100, description="Percent of each of those pools one user may hold."
+    )
     access_log: bool = Field(
         True, description="Log one structured line per HTTP request (logger orchestrator.access, docs/operations.md)."
     )
@@ -395,6 +415,11 @@ class Settings(BaseSettings):
                     f"{inodes} inodes need {inodes * EXT4_INODE_BYTES // 2**20} MiB of inode tables, more than half of "
                     f"a {size} MiB image ({names}): give a larger size or fewer inodes"
                 )
+        if self.fd_egress_pct + self.fd_streams_pct > 100:
+            raise ValueError(
+                f"ORCH_FD_EGRESS_PCT ({self.fd_egress_pct:g}) and ORCH_FD_STREAMS_PCT ({self.fd_streams_pct:g}) "
+                "together take more than 100 % of the descriptors past the reserve"
+            )
         if max(users[1], groups[1]) > MAX_ID:
             raise ValueError(f"sandbox uids and group gids must stay at or below {MAX_ID}")
         return self

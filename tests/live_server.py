@@ -52,11 +52,20 @@ def raw_get(base_url: str, target: str, method: str = "GET") -> tuple[int, bytes
 
 
 @contextmanager
-def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = None, timeout: float = 60) -> Iterator[str]:
-    """`orchestrator serve` as a real subprocess (as `make run` starts it); yields its URL."""
+def serve_process(
+    data_dir: str, port: int, extra_env: dict[str, str] | None = None, timeout: float = 60, *, nofile: int | None = None
+) -> Iterator[str]:
+    """`orchestrator serve` as a real subprocess (as `make run` starts it); yields its URL.
+    `nofile`: the process starts with RLIMIT_NOFILE at this figure, soft and hard (a host whose
+    descriptor limit is small)."""
     import os
+    import resource
     import subprocess
     import sys
+
+    def limit_descriptors() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     from tests.conftest import KEPT_ENV
 
@@ -66,7 +75,8 @@ def serve_process(data_dir: str, port: int, extra_env: dict[str, str] | None = N
     log_path = f"{data_dir}.serve.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+            [sys.executable, "-m", "orchestrator", "serve", "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+            preexec_fn=limit_descriptors if nofile is not None else None,
         )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -12,10 +12,13 @@ import asyncio
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.log import kv
+from orchestrator.descriptors.budget import EGRESS_TUNNEL_EXTRA, DescriptorHold, DescriptorsRefused
+from orchestrator.throttled_log import ThrottledLog
 from sandbox_agent.relay import RelayIdle, receive_connection, relay
 from orchestrator.egress.caps import CapExceeded, ConnectionMeter, LookupGate, UserCaps
 from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request
@@ -34,6 +37,9 @@ from orchestrator.egress.policy import (
 )
 
 log = logging.getLogger(__name__)
+throttled = ThrottledLog(log)
+
+REFUSED_PAUSE_S = 0.05  # a listener that refused a connection accepts again after this long
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IpAddress]]]
 
@@ -121,9 +127,14 @@ async def read_head(conn: socket.socket, already: bytes, *, max_bytes: int) -> t
         buffer += chunk
 
 
-async def serve_unix(listening: socket.socket, handle: Callable[[socket.socket], Awaitable[None]]) -> None:
-    """Accept on a bound, listening Unix socket until cancelled; one task a connection (kept
-    referenced here, so none is collected while it waits)."""
+Admit = Callable[[socket.socket], Coroutine[Any, Any, None] | None]
+
+
+async def serve_unix(listening: socket.socket, admit: Admit) -> None:
+    """Accept on a bound, listening Unix socket until cancelled. `admit` answers the work for a
+    connection (run as a task of its own, kept referenced here so none is collected while it
+    waits), or None after it refused and closed it: then this listener pauses briefly, and
+    what the sandbox opens meanwhile waits in the kernel's backlog, not in our descriptors."""
     loop = asyncio.get_running_loop()
     listening.setblocking(False)
     running: set[asyncio.Task[None]] = set()
@@ -132,11 +143,15 @@ async def serve_unix(listening: socket.socket, handle: Callable[[socket.socket],
             try:
                 conn, _ = await loop.sock_accept(listening)
             except OSError as exc:  # EMFILE and the like: back off instead of spinning
-                log.warning("egress accept failed %s", kv(error=exc))
+                throttled.log(logging.WARNING, ("accept", exc.errno), "egress accept failed", error=exc)
                 await asyncio.sleep(0.1)
                 continue
             conn.setblocking(False)
-            task = asyncio.ensure_future(handle(conn))
+            work = admit(conn)
+            if work is None:
+                await asyncio.sleep(REFUSED_PAUSE_S)
+                continue
+            task = asyncio.ensure_future(work)
             running.add(task)
             task.add_done_callback(running.discard)
     finally:
@@ -173,20 +188,25 @@ class EgressProxy:
         unix: socket.socket,
         *,
         context: tuple[str | None, str | None] = (None, None),
+        descriptors: DescriptorHold | None = None,
     ) -> None:
         """Serve one connection of `user_id` (the listener's user) and close it: the client the
-        forwarder handed over on `unix`, or `unix` itself."""
+        forwarder handed over on `unix`, or `unix` itself. `descriptors`: what the connection
+        holds of the server's descriptor budget so far; a tunnel takes more before it opens."""
         try:
             conn, already = await asyncio.wait_for(receive_connection(unix), self._timeouts.head_s)
         except (OSError, ValueError, asyncio.TimeoutError) as exc:
             unix.close()
-            log.warning("egress handoff refused %s", kv(user=user_id, error=exc or type(exc).__name__))
+            # A sandbox can open these as fast as it likes: a line per interval, with the count.
+            throttled.log(logging.WARNING, ("handoff", user_id), "egress handoff refused", user=user_id,
+                          error=exc or type(exc).__name__)  # fmt: skip
             return
-        await self._serve(user_id, conn, already, context)
+        await self._serve(user_id, conn, already, context, descriptors)
 
     async def _serve(
-        self, user_id: int, conn: socket.socket, already: bytes, context: tuple[str | None, str | None]
-    ) -> None:
+        self, user_id: int, conn: socket.socket, already: bytes, context: tuple[str | None, str | None],
+        descriptors: DescriptorHold | None,
+    ) -> None:  # fmt: skip
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         method, host, port, address = "?", "", 0, None
@@ -224,6 +244,11 @@ class EgressProxy:
             except CapExceeded as exc:
                 raise _Refused(429, "cap", exc.code, f"Egress to {host}:{port} refused: {exc}.") from None
             admitted = True
+            if descriptors is not None:
+                try:  # the upstream socket and the relay's pipes
+                    descriptors.grow(EGRESS_TUNNEL_EXTRA)
+                except DescriptorsRefused as exc:
+                    raise _Refused(exc.status_code, "cap", exc.code, f"Egress to {host}:{port} refused: {exc.message}.") from None
             addresses = await self._resolve(user_id, host, port)
             usable, decision = decide_addresses(addresses, allow_loopback=self._allow_loopback)
             if not decision.allowed:

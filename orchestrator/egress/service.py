@@ -23,20 +23,24 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from mounts.fs.nofollow import closing_fd, open_dir_at, open_root
 from mounts.fs.tree_removal import remove_tree_at
 from mounts.layout import EGRESS_SOCKET_FILE, EGRESS_STAGING_DIR, DataLayout
 from orchestrator import audit, metrics
+from orchestrator.descriptors.budget import EGRESS_PENDING_COST, DescriptorBudget, DescriptorHold, DescriptorsRefused, Feature
 from orchestrator.egress.audit_budget import AuditBudget
 from orchestrator.egress.caps import CapLimits, LookupGate, UserCaps
 from orchestrator.egress.policy import parse_patterns, split_allow_setting
 from orchestrator.egress.proxy import ConnectionRecord, EgressProxy, ProxyTimeouts, serve_unix
+from orchestrator.egress.proxy import throttled as proxy_log
 from orchestrator.egress.resolver import AresResolver, parse_dns_servers
 from orchestrator.egress.rules import EgressRules
 from orchestrator.log import kv
+from orchestrator.throttled_log import IntervalCounter, budget_loop_accept_errors
 from orchestrator.settings import Settings
 from orchestrator.state_store import StateStore
 from orchestrator.users.dirs import UserDirectories
@@ -49,6 +53,7 @@ HEAD_MAX_BYTES = 16 * 1024
 RECHECK_S = 2.0  # how often a call re-checks that the user's socket is still ours
 AUDIT_BACKLOG = 10_000
 UNADMITTED_EXTRA = 256  # sockets a user may hold beyond its connection cap (heads on their way)
+REFUSALS_INTERVAL_S = 60.0  # connections closed at once: one audit row and log line per user per minute
 
 
 @dataclass
@@ -64,10 +69,12 @@ class EgressService:
         settings: Settings,
         directories: UserDirectories,
         store: StateStore,
+        descriptors: DescriptorBudget,
         *,
         peer_container: Callable[[int], str | None] = lambda user_id: None,
     ) -> None:
         self.settings = settings
+        self.descriptors = descriptors
         # The user's gVisor container, whose gofer (uid 0) connects for its sandbox (docker.py).
         self.peer_container = peer_container
         self.layout: DataLayout = directories.layout
@@ -81,7 +88,7 @@ class EgressService:
         )
         self._caps: dict[int, UserCaps] = {}  # the loop's alone
         self._held: dict[int, int] = {}  # the loop's alone: the user's sockets being served
-        self._refused_held = 0
+        self._refusals = IntervalCounter(REFUSALS_INTERVAL_S)  # the loop's alone
         self._context: dict[int, tuple[str | None, str | None]] = {}
         self._listeners: dict[int, _Listener] = {}
         self._lock = threading.Lock()
@@ -113,6 +120,7 @@ class EgressService:
 
             def run() -> None:
                 asyncio.set_event_loop(loop)
+                budget_loop_accept_errors(loop, proxy_log)
                 loop.call_soon(ready.set)
                 loop.run_forever()
 
@@ -167,7 +175,7 @@ class EgressService:
         async def start() -> asyncio.Future[None]:
             if replacing is not None:
                 replacing.task.cancel()
-            return asyncio.ensure_future(serve_unix(sock, lambda conn: self._on_connection(user_id, expected_uid, conn)))
+            return asyncio.ensure_future(serve_unix(sock, lambda conn: self._admit(user_id, expected_uid, conn)))
 
         task = asyncio.run_coroutine_threadsafe(start(), loop).result(10)
         self._listeners[user_id] = _Listener(task, dev_ino, time.monotonic())
@@ -240,23 +248,41 @@ class EgressService:
         sock.setblocking(False)
         return sock, (st.st_dev, st.st_ino)
 
-    async def _on_connection(self, user_id: int, expected_uid: int, conn: socket.socket) -> None:
-        # Every socket of the user's counts, not only admitted ones: connections that never send
-        # a head would otherwise hold the host's descriptors for their head timeout each.
+    def _admit(self, user_id: int, expected_uid: int, conn: socket.socket) -> Coroutine[Any, Any, None] | None:
+        """The work for a connection just accepted, or None after closing it at once: past the
+        user's socket cap or its share of the server's descriptors. Every socket counts, not
+        only admitted ones: connections that never send a head would otherwise hold the host's
+        descriptors for their head timeout each."""
         held = self._held.get(user_id, 0)
         if held >= self.limits.max_connections + UNADMITTED_EXTRA:
             conn.close()
-            self._refused_held += 1
-            if self._refused_held % 1000 == 1:
-                log.warning("egress sockets over the cap closed at once %s", kv(user=user_id, held=held, closed=self._refused_held))
-            return
-        self._held[user_id] = held + 1
+            self._refused(user_id, "too_many_sockets", f"the sandbox holds {held} egress sockets, its cap")
+            return None
         try:
-            await self._serve_connection(user_id, expected_uid, conn)
+            hold = self.descriptors.try_acquire(user_id, Feature.EGRESS, EGRESS_PENDING_COST)
+        except DescriptorsRefused as refusal:
+            conn.close()
+            self._refused(user_id, refusal.code, refusal.message)
+            return None
+        self._held[user_id] = held + 1
+        return self._on_connection(user_id, expected_uid, conn, hold)
+
+    def _refused(self, user_id: int, code: str, message: str) -> None:
+        """Connections closed at once: told once per user, code and interval, with their count."""
+        count = self._refusals.note((user_id, code))
+        if not count:
+            return
+        log.warning("egress connections closed at once %s", kv(user=user_id, code=code, count=count, why=message))
+        self._enqueue({"action": "egress_refused", "user_id": user_id, "code": code, "count": count})
+
+    async def _on_connection(self, user_id: int, expected_uid: int, conn: socket.socket, hold: DescriptorHold) -> None:
+        try:
+            await self._serve_connection(user_id, expected_uid, conn, hold)
         finally:
+            hold.release()
             self._held[user_id] -= 1
 
-    async def _serve_connection(self, user_id: int, expected_uid: int, conn: socket.socket) -> None:
+    async def _serve_connection(self, user_id: int, expected_uid: int, conn: socket.socket, hold: DescriptorHold) -> None:
         expected = ExpectedPeer(uid=expected_uid, container_id=self.peer_container(user_id))
         if check_socket_peer(conn, expected) is not None:
             try:
@@ -272,7 +298,7 @@ class EgressService:
             )  # fmt: skip
             conn.close()
             return
-        await self.proxy.handle(user_id, conn, context=self._context.get(user_id, (None, None)))
+        await self.proxy.handle(user_id, conn, context=self._context.get(user_id, (None, None)), descriptors=hold)
 
     # --- audit ----------------------------------------------------------------------------
 
@@ -280,7 +306,9 @@ class EgressService:
         metrics.observe_egress(record.verdict, record.bytes_up, record.bytes_down)  # every one: counters cost no disk
         admission = self._audit_budget.admit(record.user_id, record.verdict, time.monotonic())
         if admission.suppressed_before:
-            self._enqueue({"user_id": record.user_id, "suppressed": admission.suppressed_before})
+            self._enqueue(
+                {"action": "egress_audit_suppressed", "user_id": record.user_id, "suppressed": admission.suppressed_before}
+            )
         if not admission.write:
             if admission.first_suppressed:
                 log.warning(
@@ -315,12 +343,10 @@ class EgressService:
                 return
             try:
                 with self.store.write() as tx:
-                    if isinstance(record, dict):  # connections the budget left out, by verdict
-                        user_id = int(record["user_id"])  # type: ignore[call-overload]
-                        audit.record(
-                            tx, actor=f"sandbox:{user_id}", action="egress_audit_suppressed",
-                            runtime_user_id=user_id, suppressed=record["suppressed"],
-                        )  # fmt: skip
+                    if isinstance(record, dict):  # a summary: connections left out or closed at once
+                        detail = dict(record)
+                        action, user_id = str(detail.pop("action")), int(detail.pop("user_id"))  # type: ignore[call-overload]
+                        audit.record(tx, actor=f"sandbox:{user_id}", action=action, runtime_user_id=user_id, **detail)
                         continue
                     audit.record(
                         tx, actor=f"sandbox:{record.user_id}", action="egress_connection",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -29,11 +31,14 @@ from orchestrator.http.openapi import install_docs
 from orchestrator.http.request_guard import RequestGuard
 from orchestrator.http.request_id import RequestId
 from orchestrator.service import OrchestratorService
+from orchestrator.throttled_log import ThrottledLog, budget_loop_accept_errors
 
 
 def create_app(service: OrchestratorService) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        # The server's accept() out of descriptors: a line per interval, not a traceback a second.
+        budget_loop_accept_errors(asyncio.get_running_loop(), ThrottledLog(logging.getLogger("orchestrator.http")))
         service.start()
         try:
             async with mcp.running():

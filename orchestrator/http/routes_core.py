@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Header, Query
 
 from orchestrator import __version__, audit
 from mounts.layout import GroupRef
 from orchestrator.errors import Forbidden, NotFound
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot, service_of
+from orchestrator.descriptors.process_limit import open_descriptors
+from orchestrator.http.auth import Caller, acting_user, caller_for, require_admin, require_bot, service_of
 from orchestrator.http.models import (
     GroupOut,
     IdentityModeIn,
@@ -39,9 +40,13 @@ def _mode_out(state: IdentityModeState) -> IdentityModeOut:
 
 
 @router.get("/healthz", tags=["health"])
-async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
+async def healthz(
+    service: OrchestratorService = Depends(service_of),
+    authorization: str | None = Header(None, include_in_schema=False),
+) -> dict:
     # In memory only: answered on the loop, never queued behind the thread pool.
     state = service.switch.state()
+    caller = caller_for(service, authorization)
     return {
         "status": "ok",
         "version": __version__,
@@ -62,7 +67,22 @@ async def healthz(service: OrchestratorService = Depends(service_of)) -> dict:
         "kernel_boundary": kernel_boundaries(service.settings, service.sandboxes.backends),
         # The kubernetes backend's API server and namespace; null when it is not registered.
         "kubernetes": _kubernetes_status(service),
+        "descriptors": _descriptor_status(service, admin=caller is not None and caller.role in ("admin", "local")),
     }
+
+
+def _descriptor_status(service: OrchestratorService, *, admin: bool) -> dict[str, object]:
+    """The process's descriptor limit for everyone; for the admin (or with auth off) also the
+    reserve, each pool's size, share and use, its largest users and refusals (docs/operations.md)."""
+    plan = service.descriptors.plan
+    if not admin:
+        return {"limit": plan.limit}
+    usage = service.descriptors.usage()
+    pools = {
+        feature.value: {"size": size, "user_share": plan.user_shares[feature], **usage[feature.value]}  # type: ignore[dict-item]
+        for feature, size in plan.pools.items()
+    }
+    return {"limit": plan.limit, "reserve": plan.reserve, "open": open_descriptors(), "pools": pools, "refused": usage["refused"]}
 
 
 def _kubernetes_status(service: OrchestratorService) -> dict | None:

@@ -20,6 +20,7 @@ from orchestrator.errors import InvalidInput, OrchestratorError, Unauthorized
 from orchestrator.http.acting import own_run
 from orchestrator.http.auth import caller_for, parse_acting_user
 from orchestrator.http.request_guard import body_limit, replay_body
+from orchestrator.http.stream_descriptors import hold_stream_descriptors
 from orchestrator.mcp.caller import McpCaller
 from orchestrator.mcp.endpoint import McpEndpoint, wants_stream
 from orchestrator.service import OrchestratorService
@@ -45,7 +46,19 @@ class McpRoute:
             await JSONResponse({"error": exc.body()}, status_code=exc.status_code, headers=headers)(scope, receive, send)
             return
         body = await _whole_body(receive)
-        await self._endpoint.handle(caller, scope, replay_body(body, receive), send, stream=wants_stream(body))
+        stream = wants_stream(body)
+        hold = None
+        if stream:  # an SSE answer holds its connection as long as the call runs
+            try:
+                hold = await hold_stream_descriptors(self._service, caller.run_id)
+            except OrchestratorError as exc:
+                await JSONResponse({"error": exc.body()}, status_code=exc.status_code)(scope, receive, send)
+                return
+        try:
+            await self._endpoint.handle(caller, scope, replay_body(body, receive), send, stream=stream)
+        finally:
+            if hold is not None:
+                hold.release()
 
     async def _caller(self, scope: Scope) -> McpCaller:
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]

@@ -37,6 +37,7 @@ from orchestrator.http.models import (
 from orchestrator.http.params import run_id_param, session_id_param
 from orchestrator.http.people import person_user_id, with_run_identities, with_session_identities
 from orchestrator.http.streamed_json import StreamedReadBytesResponse
+from orchestrator.http.stream_descriptors import hold_stream_descriptors
 from orchestrator.http.tool_stream import stream_tool_call, wants_events
 from orchestrator.runs.records import RunStatus
 from orchestrator.runs.service import StartRun
@@ -250,7 +251,8 @@ async def call_tool(
         return await stream_tool_call(
             lambda on_output: service.dispatcher.dispatch_async(
                 run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, on_output=on_output
-            )
+            ),
+            await hold_stream_descriptors(service, run_id),
         )
     outcome = await service.dispatcher.dispatch_async(
         run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, stream=True

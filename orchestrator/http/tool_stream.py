@@ -17,7 +17,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
+
+from orchestrator.descriptors.budget import DescriptorHold
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.log import kv
@@ -41,7 +44,18 @@ def sse_event(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {body}\n\n".encode()
 
 
-async def stream_tool_call(run: Callable[[OutputSink], Awaitable[ToolOutcome]]) -> Response:
+async def stream_tool_call(run: Callable[[OutputSink], Awaitable[ToolOutcome]], hold: DescriptorHold | None) -> Response:
+    """`hold`: the stream's descriptors, given back when it ends (however it ends); None for
+    a run that is not there (the call refuses it)."""
+    release = hold.release if hold is not None else lambda: None
+    try:
+        return await _stream(run, release)
+    except BaseException:
+        release()
+        raise
+
+
+async def _stream(run: Callable[[OutputSink], Awaitable[ToolOutcome]], release: Callable[[], None]) -> Response:
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
     def on_output(stream: str, text: str) -> None:
@@ -67,20 +81,26 @@ async def stream_tool_call(run: Callable[[OutputSink], Awaitable[ToolOutcome]]) 
         raise getter.result()[1]  # nothing streamed yet: the ordinary HTTP error
 
     async def events() -> AsyncIterator[bytes]:
-        if not getter.done():
-            yield b": running\n\n"  # an SSE comment: the stream is open, the command runs
-        item = await getter
-        while True:
-            kind, data = item
-            if kind == "error":
-                body = data.body() if isinstance(data, OrchestratorError) else {"code": "internal_error", "message": "the call failed"}
-                yield sse_event("error", {"error": body})
-                return
-            yield sse_event(kind, data)
-            if kind == "result":
-                return
-            item = await queue.get()
+        try:
+            if not getter.done():
+                yield b": running\n\n"  # an SSE comment: the stream is open, the command runs
+            item = await getter
+            while True:
+                kind, data = item
+                if kind == "error":
+                    body = data.body() if isinstance(data, OrchestratorError) else {"code": "internal_error", "message": "the call failed"}
+                    yield sse_event("error", {"error": body})
+                    return
+                yield sse_event(kind, data)
+                if kind == "result":
+                    return
+                item = await queue.get()
+        finally:  # the bot read the end, or went away
+            release()
 
-    response = StreamingResponse(events(), media_type=EVENT_STREAM, headers={"Cache-Control": "no-cache"})
+    response = StreamingResponse(
+        events(), media_type=EVENT_STREAM, headers={"Cache-Control": "no-cache"},
+        background=BackgroundTask(release),  # also when the stream never started
+    )  # fmt: skip
     keep_to_its_end(task)
     return response

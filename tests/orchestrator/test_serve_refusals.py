@@ -89,3 +89,41 @@ def test_a_bad_setting_is_one_line_naming_the_variable_and_its_values(tmp_path: 
         env=_env(tmp_path / "data", ORCH_URL_FETCH_ALLOW_LOOPBACK="maybe"), capture_output=True, text=True, timeout=60,
     )
     assert _one_line(gc).endswith("ORCH_URL_FETCH_ALLOW_LOOPBACK='maybe': it must be true or false (also 1/0, yes/no, on/off)")
+
+
+def _limited(soft: int, hard: int):
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_descriptor_budget_that_does_not_fit_the_limit_is_one_line(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "serve", "--port", str(free_port())],
+        env=_env(tmp_path / "data", ORCH_FD_RESERVE="600"), capture_output=True, text=True, timeout=60,
+        preexec_fn=_limited(512, 512),
+    )  # fmt: skip
+    line = _one_line(result)
+    assert "the descriptor reserve (600, ORCH_FD_RESERVE) must be below the process's descriptor limit (512)" in line
+    assert not (tmp_path / "data" / "state").exists()  # refused before anything was opened
+    line = _one_line(_serve(_env(tmp_path / "data", ORCH_FD_EGRESS_PCT="90", ORCH_FD_STREAMS_PCT="20")))
+    assert "ORCH_FD_EGRESS_PCT (90) and ORCH_FD_STREAMS_PCT (20) together take more than 100 %" in line
+
+
+def test_serve_raises_its_descriptor_limit_to_the_hard_one_or_the_setting(tmp_path: Path) -> None:
+    for extra, expected in (({}, 4096), ({"ORCH_FD_LIMIT": "2048"}, 2048)):
+        port = free_port()
+        log_path = tmp_path / "serve.log"
+        with open(log_path, "w") as log:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator", "serve", "--port", str(port)],
+                env=_env(tmp_path / "data", **extra), stdout=log, stderr=subprocess.STDOUT, preexec_fn=_limited(512, 4096),
+            )  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for_health(server, url, str(log_path), 60, "the server")
+            assert httpx.get(f"{url}/healthz", timeout=10).json()["descriptors"]["limit"] == expected
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+        assert f"descriptor limit before=512 now={expected} hard=4096" in log_path.read_text()

@@ -305,7 +305,7 @@ for _ in range(n):
     s = socket.socket(socket.AF_UNIX)
     s.connect(path)  # and never a byte: each would wait for its head timeout
     held.append(s)
-time.sleep(1)
+time.sleep(4)  # past the cap, a listener closes one each 50 ms (proxy.REFUSED_PAUSE_S)
 for s in held:
     s.setblocking(False)
     try:
