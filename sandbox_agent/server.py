@@ -22,7 +22,7 @@ from sandbox_agent.app import AgentState, create_app
 from sandbox_agent.build import own_build_id
 from sandbox_agent.egress_forwarder import start_egress
 from sandbox_agent.path_sandbox import PathSandbox, Root
-from sandbox_agent.supervisor import dead_man_check_s
+from sandbox_agent.supervisor import dead_man_check_s, make_undumpable
 from sandbox_agent.wire import AgentConfig, valid_token
 
 log = logging.getLogger("sandbox_agent")
@@ -143,6 +143,9 @@ def limit_processes(limit: int | None) -> None:
 
 
 def serve(config: AgentConfig) -> None:
+    # First: the tenant's processes run as this very uid; undumpable, the agent cannot be
+    # ptraced, nor its memory, descriptors or environment read through /proc, by them.
+    make_undumpable()
     limit_processes(config.max_processes)
     process_tree.adopt_orphans()
     process_tree.sweep_uid(config.sweep_uid)

@@ -78,8 +78,15 @@ def test_container_runs_as_the_users_uid_hardened_and_offline() -> None:
     assert kwargs["network_mode"] == "none"
     assert kwargs["cap_drop"] == ["ALL"] and kwargs["security_opt"][0] == "no-new-privileges"
     profile = json.loads(kwargs["security_opt"][1].removeprefix("seccomp="))
-    denied = {name for rule in profile["syscalls"] if "args" not in rule for name in rule["names"]}
-    assert {"io_uring_setup", "io_uring_enter", "io_uring_register", "unshare", "setns"} <= denied
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"  # an allow list
+    allowed = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for name in rule["names"]}
+    for name in ("io_uring_setup", "io_uring_enter", "io_uring_register", "unshare", "setns", "memfd_secret",
+                 "set_mempolicy_home_node", "bpf", "keyctl", "userfaultfd", "clone3"):  # fmt: skip
+        assert name not in allowed, name
+    unconditional = {name for rule in profile["syscalls"] if "args" not in rule for name in rule["names"]}
+    assert not {"socket", "socketpair", "personality", "clone"} & unconditional  # by their arguments only
+    families = {rule["args"][0]["value"] for rule in profile["syscalls"] if rule["names"] == ["socket"]}
+    assert families == {1, 2, 10, 16}  # AF_VSOCK (40) is not among them
     # The supervisor is PID 1 (no engine init), and the block devices of the host are masked.
     assert kwargs["read_only"] is True and kwargs["init"] is False
     assert {"/sys/block", "/sys/devices/virtual/block", "/sys/fs/ext4", "/proc/diskstats", "/proc/kcore"} <= set(
