@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 KEEPER = 17  # calls its own agent with its own token, forever
 FREEZER = 18  # SIGSTOPs its own agent, whose idle timer then never runs
+KILLER = 19  # kills its own agent: the container ends with it, nothing of the sandbox stays
 
 
 def keep_alive_command(token_path: Path, socket_path: Path, cwd: str) -> str:
@@ -64,7 +65,7 @@ def _running_after(container, seconds: float) -> bool:  # type: ignore[no-untype
     return True
 
 
-def test_neither_calling_nor_freezing_its_own_agent_keeps_an_orphaned_sandbox_alive(
+def test_neither_calling_freezing_nor_killing_its_own_agent_keeps_an_orphaned_sandbox_alive(
     docker_data_dir: Path, sandbox_image: str, engine: docker.DockerClient
 ) -> None:
     # Dead-man limit: 1.5 + 0.5 = 2 s. No reaper runs (service.start() is never called), so
@@ -88,11 +89,20 @@ def test_neither_calling_nor_freezing_its_own_agent_keeps_an_orphaned_sandbox_al
             cwd=workdir(service, FREEZER), context=session_context(service, FREEZER),
         )
         assert freeze, freeze
+        killer = sandbox_user(service, KILLER)
+        killed_pid = backend.ensure(killer).blocking.health().pid
+        kill = blocking_call(
+            backend, killer, "process_start", {"command": f"sleep 1; kill -KILL {killed_pid}"},
+            cwd=workdir(service, KILLER), context=session_context(service, KILLER),
+        )  # fmt: skip
+        assert kill, kill
         kept, frozen = the_container(engine, service, KEEPER), the_container(engine, service, FREEZER)
+        killed = the_container(engine, service, KILLER)
         # While the orchestrator lives its lease is renewed: both run on past the limit.
         time.sleep(4)
-        kept.reload(), frozen.reload()
+        kept.reload(), frozen.reload(), killed.reload()
         assert kept.status == frozen.status == "running"
+        assert killed.status == "exited" and killed.attrs["State"]["ExitCode"] == 137  # replaced at the next call
     finally:
         service.close()  # the orchestrator is gone: nobody renews the lease any more
     assert not _running_after(kept, 12), "the tenant kept its sandbox alive by calling its own agent"
