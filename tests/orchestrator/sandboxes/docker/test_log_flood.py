@@ -45,5 +45,6 @@ def test_flooding_the_containers_stdout_costs_the_engine_nothing(docker_client: 
     answer = tool(docker_client, run["run_id"], "shell", command=FLOOD)
     spent = engine_cpu_s() - before
     assert answer["ok"] and "flooded" in answer["result"]["stdout"], answer
-    # Unbounded, the engine spent most of a core on it (~0.9 s per second of flood).
-    assert spent < 0.1 * FLOOD_S, f"the engine spent {spent:.2f} s of CPU on {FLOOD_S} s of sandbox output"
+    # Unbounded, the engine spent 2.2 s on 4 s of flood (more on an idle host); bounded, 0.05 s.
+    # The margin is for other containers' engine work on a shared host.
+    assert spent < 0.25 * FLOOD_S, f"the engine spent {spent:.2f} s of CPU on {FLOOD_S} s of sandbox output"
