@@ -20,6 +20,7 @@ OUTPUTS_SUBDIR = "outputs"  # in a session runtime dir: a run's results (charts,
 COMPACTION_SUBDIR = "compaction"  # archives are the owner's: only the owner's runtime dir has one
 TOKEN_FILE = "token"  # in agent_secrets_dir
 AGENT_CONFIG_FILE = "agent.json"  # in agent_secrets_dir
+LEASE_FILE = "lease"  # in agent_secrets_dir: the orchestrator's lease on a docker sandbox
 EGRESS_SOCKET_FILE = "egress.sock"  # in socket_dir: the orchestrator's egress proxy listens there
 EGRESS_STAGING_DIR = ".egress-staging"  # in sockets_root, root-only: where it binds before the rename
 
@@ -339,6 +340,9 @@ class DataLayout:
 
     def agent_config_path(self, user_id: int) -> Path:
         return self.agent_secrets_dir(user_id) / AGENT_CONFIG_FILE
+
+    def lease_path(self, user_id: int) -> Path:
+        return self.agent_secrets_dir(user_id) / LEASE_FILE
 
     # per-volume disk images (host only: below state/, root 0700) -------------------
     @property

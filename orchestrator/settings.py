@@ -357,7 +357,8 @@ class Settings(BaseSettings):
         60.0,
         ge=0,
         description="A sandbox with no call for ORCH_IDLE_TIMEOUT_S plus this margin stops itself, "
-        "even when no orchestrator is left to stop it (docs/lifecycle.md).",
+        "even when no orchestrator is left to stop it; a docker sandbox also ends that long after the "
+        "orchestrator last renewed its lease (docs/lifecycle.md).",
     )
     transfers_max: int = Field(
         4,

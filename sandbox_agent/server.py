@@ -22,6 +22,7 @@ from sandbox_agent.app import AgentState, create_app
 from sandbox_agent.build import own_build_id
 from sandbox_agent.egress_forwarder import start_egress
 from sandbox_agent.path_sandbox import PathSandbox, Root
+from sandbox_agent.supervisor import dead_man_check_s, make_undumpable
 from sandbox_agent.unix_path import reachable
 from sandbox_agent.wire import AgentConfig, valid_token
 
@@ -105,15 +106,12 @@ def _watch_parent(server: uvicorn.Server, parent_pid: int) -> None:
         time.sleep(0.5)
 
 
-def dead_man_check_s(idle_exit_s: float) -> float:
-    """How often the dead-man switch looks: a tenth of its timeout, within [0.1, 10] s."""
-    return min(max(idle_exit_s / 10, 0.1), 10.0)
-
-
 def _dead_man_switch(server: uvicorn.Server, state: AgentState, idle_exit_s: float) -> None:
     """Exit after `idle_exit_s` without a call: the orchestrator normally stops an idle sandbox
     first (its idle timeout is shorter); this one acts when no orchestrator is left to. The
-    monotonic clock also runs while the agent is frozen, so a thawed orphan exits at once."""
+    monotonic clock also runs while the agent is frozen, so a thawed orphan exits at once.
+    A second line only: the tenant can call, stop or kill its agent, so in a docker sandbox
+    the supervisor's lease is what bounds an orphan (sandbox_agent/supervisor.py)."""
     while not server.should_exit:
         time.sleep(dead_man_check_s(idle_exit_s))
         idle = state.idle_for(time.monotonic())
@@ -147,6 +145,9 @@ def limit_processes(limit: int | None) -> None:
 
 
 def serve(config: AgentConfig) -> None:
+    # First: the tenant's processes run as this very uid; undumpable, the agent cannot be
+    # ptraced, nor its memory, descriptors or environment read through /proc, by them.
+    make_undumpable()
     limit_processes(config.max_processes)
     process_tree.adopt_orphans()
     process_tree.sweep_uid(config.sweep_uid)

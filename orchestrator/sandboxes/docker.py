@@ -13,8 +13,9 @@ talked to over the agent's Unix socket (never over the container's IP).
 - Idle containers are paused (`docker pause`, the cgroup freezer) and later stopped by
   `reap_idle` (a periodic task of the composition root, whose first round also adopts, deciding
   with `idle_action`); the next call unpauses a paused one. Containers outlive the orchestrator,
-  but each agent stops itself after the idle timeout (its dead-man switch), and adoption thaws
-  the paused ones of this instance so their switch runs again (docs/lifecycle.md).
+  but not for long: each container's supervisor (PID 1) ends it once the lease this backend
+  renews for it has expired (`lease.py`), and adoption renews the leases and thaws the paused
+  ones of this instance (docs/lifecycle.md).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from orchestrator.sandboxes.docker_spec import (
     LABEL_PLAN,
     MANAGED_VALUE,
     Action,
+    ContainerSpec,
     Desired,
     Limits,
     container_name,
@@ -62,6 +64,7 @@ from orchestrator.sandboxes.docker_spec import (
     observed_from_attrs,
     user_of,
 )
+from orchestrator.sandboxes.lease import LeaseRenewer
 from orchestrator.sandboxes.slots import AgentSlot, SlotTable, live_agent, reconnect
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
@@ -160,10 +163,16 @@ class DockerBackend:
         self._adopted = False
         self._adopt_lock = threading.Lock()
         self._warden = Warden(self.instance)  # thaws our paused containers should we vanish
+        # The lease each container's supervisor ends it without (sandboxes/lease.py).
+        self._leases = LeaseRenewer(
+            directories, settings.idle_timeout_s + settings.dead_man_margin_s, self._leased_users
+        )  # fmt: skip
 
     # --- the backend's own lifecycle ------------------------------------------------------
     def close(self) -> None:
-        """Drop the agents' clients; sandboxes keep running and are adopted by the next start."""
+        """Drop the agents' clients; sandboxes keep running and are adopted by the next start
+        (or end by themselves once their lease, no longer renewed, has expired)."""
+        self._leases.close()
         self._slots.drop_agents()
         self.client.close()
         self._warden.close()  # thaws the paused ones: their agents' own switch bounds them
@@ -181,6 +190,7 @@ class DockerBackend:
                     log.warning("removing the sandbox of an unknown user %s", kv(container=container.name, user=user_id))
                     self._remove(container)
                     continue
+                self._leases.renew(user_id)  # before a thaw: an expired lease would end it at once
                 if container.status == "paused":
                     # Frozen by a predecessor: thawed, so its agent's own idle timer runs again
                     # (it stops itself if idle too long) and calls reach it as usual.
@@ -195,7 +205,12 @@ class DockerBackend:
                 adopted.append(user_id)
                 log.info("adopted a sandbox %s", kv(user=user_id, container=container.short_id, status=container.status))
             self._adopted = True
+            self._leases.start()  # renews the leases of the managed ones periodically
             return adopted
+
+    def _leased_users(self) -> list[int]:
+        """The users whose container this orchestrator manages: their leases are renewed."""
+        return [slot.user_id for slot in self._slots.all() if slot.container_id is not None]
 
     # --- SandboxBackend -------------------------------------------------------------------
     def ensure(self, user: SandboxUser) -> LiveAgent:
@@ -349,6 +364,7 @@ class DockerBackend:
             except (OSError, RuntimeError, UnsafeDirectory) as exc:
                 raise sandbox_unavailable(user.user_id, f"preparing it failed: {exc}") from exc
             try:
+                self._leases.renew(user.user_id)  # before the start: its supervisor reads it first
                 if action in (Action.CREATE, Action.RECREATE):
                     if container is not None:
                         self._remove(container)
@@ -396,18 +412,25 @@ class DockerBackend:
             agent_dir=self.layout.agent_current,
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),
+            lease_path=self.layout.lease_path(user.user_id),
             ca_bundle=self._ca_bundle(),
             runtime=self.settings.sandbox_runtime,
         )
         try:
-            return self.client.containers.create(**spec.create_kwargs())
+            return self._create_from(spec)
         except APIError as exc:
             if exc.status_code != 409:
                 raise
         # The name is taken: a container this slot did not know (e.g. one created by a crashed
         # orchestrator between `create` and its bookkeeping). Ours by label: replace it.
         self._remove(self.client.containers.get(spec.name))
-        return self.client.containers.create(**spec.create_kwargs())
+        return self._create_from(spec)
+
+    def _create_from(self, spec: ContainerSpec) -> Container:
+        """Through the low-level API: docker-py's `containers.create` cannot mask paths."""
+        api = self.client.api
+        created = api.create_container(host_config=spec.host_config(api), **spec.create_container_kwargs())
+        return self.client.containers.get(created["Id"])
 
     def _ca_bundle(self) -> Path | None:
         """The host's CA bundle for pip and npm behind the egress proxy (docs/egress.md)."""

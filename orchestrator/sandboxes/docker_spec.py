@@ -26,6 +26,23 @@ MANAGED_VALUE = "sandbox"
 # bind mount (tmp/{uid}), and TMPDIR points there.
 TMPFS = {"/run": "rw,nosuid,nodev,noexec,size=16m"}
 
+# What the kernel publishes about the host to every container, masked (an empty read-only
+# directory, or /dev/null for a file). A list of ours replaces the engine's, so it starts with
+# what the engine masks by default...
+ENGINE_MASKED_PATHS = (
+    "/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+    "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+)  # fmt: skip
+# ... and the host's block devices: every loop image of every instance (its backing file names
+# a data dir, a user id, a group digest; its size is a quota) and their I/O and ext4/jbd2
+# counters, a live side channel on other users' writes.
+BLOCK_DEVICE_PATHS = (
+    "/sys/block", "/sys/class/block", "/sys/dev/block", "/sys/devices/virtual/block", "/sys/devices/virtual/bdi",
+    "/sys/class/bdi", "/sys/fs/ext4", "/sys/fs/xfs", "/sys/fs/btrfs", "/proc/fs", "/proc/diskstats",
+    "/proc/partitions", "/proc/swaps",
+)  # fmt: skip
+MASKED_PATHS = ENGINE_MASKED_PATHS + BLOCK_DEVICE_PATHS
+
 
 def instance_id(data_root: Path) -> str:
     """Which orchestrator a container belongs to: one per data directory, so two orchestrators
@@ -69,20 +86,14 @@ class ContainerSpec:
     runtime: str = "runc"  # the OCI runtime dockerd runs it with (`runsc`: gVisor)
     group_add: tuple[int, ...] = ()
     tmpfs: Mapping[str, str] = field(default_factory=lambda: dict(TMPFS))
+    masked_paths: tuple[str, ...] = MASKED_PATHS
 
-    def create_kwargs(self) -> dict[str, object]:
-        """Keyword arguments for `docker.DockerClient.containers.create`."""
+    def host_config_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for `docker.APIClient.create_host_config`."""
         from docker.types import LogConfig, Mount
 
         return {
-            "image": self.image,
-            "command": list(self.command),
-            "name": self.name,
-            "hostname": self.hostname,
-            "user": self.user,
             "group_add": [str(gid) for gid in self.group_add],
-            "environment": dict(self.environment),
-            "labels": dict(self.labels),
             "mounts": [Mount(m.target, m.source, type="bind", read_only=m.read_only) for m in self.mounts],
             "network_mode": self.network,
             "nano_cpus": int(self.limits.cpus * 1e9),
@@ -90,14 +101,37 @@ class ContainerSpec:
             "memswap_limit": f"{self.limits.memory_mb}m",  # no swap beyond the memory limit
             "pids_limit": self.limits.pids,
             "cap_drop": ["ALL"],
-            "security_opt": ["no-new-privileges", seccomp_security_opt()],  # io_uring denied
+            "security_opt": ["no-new-privileges", seccomp_security_opt()],  # an allow list (seccomp.py)
             "read_only": True,
             "tmpfs": dict(self.tmpfs),
-            "init": True,  # reaps the zombies a user's shell commands leave behind
-            "detach": True,
+            # No engine init: the image's entrypoint becomes the sandbox supervisor, PID 1, which
+            # reaps zombies and ends the container when the orchestrator's lease has expired.
+            "init": False,
             "runtime": self.runtime,
+            # Only the supervisor writes the container's stdout, within its own budget: a
+            # sandbox's output costs the engine no more than that (docs/docker.md).
             "log_config": LogConfig(type="json-file", config={"max-size": "1m", "max-file": "2"}),
         }
+
+    def create_container_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for `docker.APIClient.create_container`, but `host_config`."""
+        return {
+            "image": self.image,
+            "command": list(self.command),
+            "name": self.name,
+            "hostname": self.hostname,
+            "user": self.user,
+            "environment": dict(self.environment),
+            "labels": dict(self.labels),
+            "detach": True,
+        }
+
+    def host_config(self, api: object) -> dict[str, object]:
+        """The HostConfig for `api` (a `docker.APIClient`), with the masked paths, which
+        docker-py has no argument for (the engine's API has, since 1.30)."""
+        config = api.create_host_config(**self.host_config_kwargs())  # type: ignore[attr-defined]
+        config["MaskedPaths"] = list(self.masked_paths)
+        return dict(config)
 
 
 def container_spec(
@@ -115,13 +149,14 @@ def container_spec(
     agent_dir: Path,
     home_dir: Path,
     config_path: Path,
+    lease_path: Path,
     ca_bundle: Path | None = None,
     runtime: str = "runc",
 ) -> ContainerSpec:
     """The container of `plan.user_id`: the plan's mounts at the same paths (tmp at /tmp),
     running as the user's own uid (plus the shared group of `share/` and the gid of each of
     the user's group workspaces),
-    the agent started from the read-only agent mount."""
+    the agent started from the read-only agent mount under the sandbox supervisor."""
     mounts = tuple(
         BindMount(str(m.host_path), str(m.sandbox_path), m.access is Access.READ_ONLY) for m in plan.mounts
     )
@@ -145,7 +180,8 @@ def container_spec(
     return ContainerSpec(
         name=container_name(instance, plan.user_id),
         image=image,
-        command=("--config", str(config_path)),
+        # The supervisor reads the lease; the agent gets the rest (images/sandbox-entrypoint).
+        command=("--lease", str(lease_path), "--config", str(config_path)),
         user=f"{sandbox_uid}:{sandbox_gid}",
         group_add=extra_gids,
         environment=environment,

@@ -48,6 +48,7 @@ def spec_for(user_id: int = 7, groups=(), **overrides):  # type: ignore[no-untyp
         agent_dir=LAYOUT.agent_dir,
         home_dir=LAYOUT.home_dir(user_id),
         config_path=LAYOUT.socket_dir(user_id) / "agent.json",
+        lease_path=LAYOUT.lease_path(user_id),
         **overrides,
     )
 
@@ -73,14 +74,25 @@ def test_mounts_are_exactly_the_plan_at_the_same_paths_with_tmp_at_slash_tmp() -
 
 def test_container_runs_as_the_users_uid_hardened_and_offline() -> None:
     _, spec = spec_for()
-    kwargs = spec.create_kwargs()
+    kwargs = {**spec.create_container_kwargs(), **spec.host_config_kwargs()}
     assert kwargs["user"] == "100007:100007" and kwargs["group_add"] == ["100000"]
     assert kwargs["network_mode"] == "none"
     assert kwargs["cap_drop"] == ["ALL"] and kwargs["security_opt"][0] == "no-new-privileges"
     profile = json.loads(kwargs["security_opt"][1].removeprefix("seccomp="))
-    denied = {name for rule in profile["syscalls"] if "args" not in rule for name in rule["names"]}
-    assert {"io_uring_setup", "io_uring_enter", "io_uring_register", "unshare", "setns"} <= denied
-    assert kwargs["read_only"] is True and kwargs["init"] is True
+    assert profile["defaultAction"] == "SCMP_ACT_ERRNO"  # an allow list
+    allowed = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for name in rule["names"]}
+    for name in ("io_uring_setup", "io_uring_enter", "io_uring_register", "unshare", "setns", "memfd_secret",
+                 "set_mempolicy_home_node", "bpf", "keyctl", "userfaultfd", "clone3"):  # fmt: skip
+        assert name not in allowed, name
+    unconditional = {name for rule in profile["syscalls"] if "args" not in rule for name in rule["names"]}
+    assert not {"socket", "socketpair", "personality", "clone"} & unconditional  # by their arguments only
+    families = {rule["args"][0]["value"] for rule in profile["syscalls"] if rule["names"] == ["socket"]}
+    assert families == {1, 2, 10, 16}  # AF_VSOCK (40) is not among them
+    # The supervisor is PID 1 (no engine init), and the block devices of the host are masked.
+    assert kwargs["read_only"] is True and kwargs["init"] is False
+    assert {"/sys/block", "/sys/devices/virtual/block", "/sys/fs/ext4", "/proc/diskstats", "/proc/kcore"} <= set(
+        spec.masked_paths
+    )
     assert kwargs["nano_cpus"] == 1_500_000_000 and kwargs["mem_limit"] == "512m" and kwargs["pids_limit"] == 256
     assert "/tmp" not in kwargs["tmpfs"]  # /tmp is the user's persistent tmp/{uid}
     assert kwargs["name"] == container_name("abc123", 7) == "orch-abc123-user-7"
@@ -97,8 +109,11 @@ def test_labels_name_user_plan_image_and_build_and_no_secret_travels_in_env_or_a
     assert spec.labels[LABEL_IMAGE] == "sha256:img" and spec.labels[LABEL_BUILD] == "build-1"
     assert spec.labels[LABEL_INSTANCE] == "abc123"
     visible = " ".join([*spec.command, *spec.environment.keys(), *spec.environment.values()]).lower()
+    visible = visible.replace(str(LAYOUT.agent_secrets_root), "")  # the directory's name is no secret
     assert "token" not in visible and "secret" not in visible
-    assert spec.command == ("--config", "/srv/orch/data/sockets/7/agent.json")
+    assert spec.command == (
+        "--lease", "/srv/orch/data/agent-secrets/7/lease", "--config", "/srv/orch/data/sockets/7/agent.json",
+    )  # fmt: skip
 
 
 def test_instance_id_separates_data_directories() -> None:

@@ -87,7 +87,9 @@ def test_container_is_hardened_runs_as_the_user_and_holds_no_secret(
     host, config = attrs["HostConfig"], attrs["Config"]
     assert host["NetworkMode"] == "none" and host["CapDrop"] == ["ALL"]
     assert host["SecurityOpt"][0] == "no-new-privileges" and host["SecurityOpt"][1].startswith("seccomp=")
-    assert host["ReadonlyRootfs"] is True and host["Init"] is True
+    # No engine init: the sandbox supervisor is PID 1; the host's block devices are masked.
+    assert host["ReadonlyRootfs"] is True and not host["Init"]
+    assert {"/sys/block", "/sys/devices/virtual/block", "/proc/diskstats", "/proc/kcore"} <= set(host["MaskedPaths"])
     assert host["NanoCpus"] == 1_000_000_000 and host["Memory"] == 1024 * 2**20 and host["PidsLimit"] == 512
     base = docker_service.settings.sandbox_uid_base  # the block in force; the shared gid is its base
     assert config["User"] == f"{base + USER}:{base + USER}" and host["GroupAdd"] == [str(base)]
@@ -101,6 +103,8 @@ def test_container_is_hardened_runs_as_the_user_and_holds_no_secret(
     # root's, readable by the sandbox's gid only, in a directory the sandbox cannot write
     assert (token.stat().st_mode & 0o777, token.stat().st_uid, token.stat().st_gid) == (0o640, 0, base + USER)
     assert mounts[str(token.parent)] == (str(token.parent), False)
+    lease = docker_service.layout.lease_path(USER)  # the same for the lease its supervisor reads
+    assert (lease.stat().st_mode & 0o777, lease.stat().st_uid, lease.stat().st_gid) == (0o640, 0, base + USER)
     secret = token.read_text().strip()
     visible = " ".join([*config["Env"], *(config["Cmd"] or []), *(config["Entrypoint"] or []), *attrs["Args"]])
     assert secret not in visible and "token" not in visible.lower()

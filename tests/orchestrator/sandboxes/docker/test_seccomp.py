@@ -32,3 +32,68 @@ def test_item_seccomp_io_uring_is_denied_in_a_container(docker_client: TestClien
     for name in ("io_uring_setup", "io_uring_enter", "io_uring_register"):
         assert lines[name] in ("Operation not permitted", "Function not implemented"), lines
     assert lines["unshare"] == "Operation not permitted", lines  # no user namespaces either
+
+
+# What the engine's default profile denies or bounds, and the agent's memory: refused to a
+# sandbox's own processes (x86_64 and aarch64 numbers where they differ are chosen at run time).
+TENANT_PROBE = r"""AGENT=AGENT_PID python3 - <<'PY'
+import ctypes, os, platform, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+def outcome(result):
+    return "ALLOWED" if result >= 0 else os.strerror(ctypes.get_errno())
+try:
+    socket.socket(40, socket.SOCK_STREAM).close()  # AF_VSOCK: the hypervisor, on a VM host
+    print("vsock ALLOWED")
+except OSError as exc:
+    print("vsock", os.strerror(exc.errno))
+libc.personality.argtypes = [ctypes.c_ulong]  # as the C library declares it
+print("personality", outcome(libc.personality(0x0040000)))  # ADDR_NO_RANDOMIZE
+print("personality_query", outcome(libc.personality(0xffffffff)))
+memfd_secret = 447
+print("memfd_secret", outcome(libc.syscall(memfd_secret, 0)))
+agent = int(os.environ["AGENT"])
+print("agent", open(f"/proc/{agent}/cmdline", "rb").read().split(b"\0")[:3])
+PTRACE_ATTACH, PTRACE_DETACH = 16, 17
+result = libc.ptrace(PTRACE_ATTACH, agent, None, None)
+print("ptrace", outcome(result))
+if result == 0:
+    os.waitpid(agent, 0)
+    libc.ptrace(PTRACE_DETACH, agent, None, None)
+class iovec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+buf = ctypes.create_string_buffer(64)
+try:
+    address = int(open(f"/proc/{agent}/maps").readline().split("-")[0], 16)
+except OSError:
+    address = 0x400000
+local, remote = iovec(ctypes.cast(buf, ctypes.c_void_p), 64), iovec(address, 64)
+libc.process_vm_readv.restype = ctypes.c_ssize_t
+print("process_vm_readv", outcome(libc.process_vm_readv(agent, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)))
+for name in ("mem", "environ", "fd/0"):
+    try:
+        open(f"/proc/{agent}/{name}", "rb").close()
+        print("open_" + name, "ALLOWED")
+    except OSError as exc:
+        print("open_" + name, os.strerror(exc.errno))
+print("unix", socket.socket(socket.AF_UNIX).fileno() > 0, "inet6", socket.socket(socket.AF_INET6).fileno() > 0)
+PY"""
+
+
+def test_vsock_personality_memfd_secret_and_the_agents_memory_are_refused(docker_client: TestClient) -> None:
+    run = start_run(docker_client, group_session(docker_client), trigger="web")
+    # The call's shell is the agent's child: its parent is the agent.
+    answer = tool(docker_client, run["run_id"], "shell", command=TENANT_PROBE.replace("AGENT_PID", "$PPID"))
+    assert answer["ok"], answer
+    lines = dict(line.split(" ", 1) for line in answer["result"]["stdout"].splitlines())
+    assert "sandbox_agent" in lines["agent"], lines
+    denied = "Operation not permitted"
+    assert lines["vsock"] == denied, lines
+    assert lines["personality"] == denied, lines
+    assert lines["personality_query"] == "ALLOWED", lines  # reading it stays possible
+    assert lines["memfd_secret"] == denied, lines
+    assert lines["ptrace"] == denied, lines
+    assert lines["process_vm_readv"] == denied, lines
+    for name in ("mem", "environ", "fd/0"):
+        assert lines["open_" + name] == "Permission denied", lines
+    assert lines["unix"] == "True inet6 True", lines  # ordinary sockets still work
