@@ -1,7 +1,8 @@
 """The fallback where loop images cannot be used: a periodic usage scan (forced here with
 ORCH_DISK_QUOTA=scan) stops an over-quota user's sandbox within its interval and refuses its
 writes until it is under again; the scan follows no link a sandbox planted and its cost is
-bounded by the inode quota."""
+bounded by the inode quota. share/ is measured per member too: one member past its share of it
+is stopped, its writes there refused, and an admin frees its files."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tests.conftest import admin_headers
 from tests.orchestrator.quotas.world import QuotaWorld, quota_settings, traversable_data_dir
 
 OVER, PLANTER = 31, 32
+HOG, NEIGHBOUR = 41, 42
 INTERVAL_S = 1.0
 
 
@@ -69,6 +71,36 @@ def test_the_scan_stops_an_over_quota_sandbox_within_its_interval_and_refuses_wr
     while world.client.get("/healthz").json()["disk_quota"]["over_quota_users"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert world.tool(OVER, "write_file", path="more.txt", content="x")["ok"]
+
+
+def test_a_member_past_its_share_of_share_is_stopped_refused_there_and_freed_by_an_admin(world: QuotaWorld) -> None:
+    # share/ has no image in scan mode: it was not scanned at all, so one member could fill the
+    # data filesystem through it, counted on no one's quota.
+    share = world.service.layout.share_dir
+    world.shell(NEIGHBOUR, f"head -c 100000 /dev/urandom > {share}/neighbour.bin")
+    world.shell(HOG, f"head -c 6000000 /dev/urandom > {share}/hog.bin")  # past 25 % of 16 MiB
+    deadline = time.monotonic() + 2 * INTERVAL_S + 2
+    while HOG in running_users(world) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert HOG not in running_users(world), "the member over its share kept running"
+    assert world.client.get("/healthz").json()["disk_quota"]["over_share"] == {"share": [HOG]}
+
+    refused = world.tool(HOG, "write_file", path=f"{share}/more.bin", content="x")
+    assert not refused["ok"] and refused["error"]["code"] == "no_space", refused
+    assert "your files there hold 5.7 MiB" in refused["error"]["message"], refused
+    assert world.tool(HOG, "write_file", path="private.txt", content="x")["ok"]  # its own places are not affected
+    assert world.tool(NEIGHBOUR, "write_file", path=f"{share}/fine.txt", content="y")["ok"]
+
+    listed = world.client.get("/v1/admin/disk/volumes/share/members", headers=admin_headers())
+    assert listed.status_code == 200, listed.text
+    by_user = {m["user_id"]: m for m in listed.json()["members"]}
+    assert by_user[HOG]["over_share"] and by_user[HOG]["bytes_used"] > 5_900_000
+    assert not by_user[NEIGHBOUR]["over_share"]
+    freed = world.client.delete(f"/v1/admin/disk/volumes/share/members/{HOG}", headers=admin_headers())
+    assert freed.status_code == 200 and freed.json()["removed"] == 1, freed.text
+    assert HOG not in {m["user_id"] for m in freed.json()["members"]}
+    assert world.tool(HOG, "write_file", path=f"{share}/more.bin", content="x")["ok"]
+    assert world.shell(NEIGHBOUR, f"wc -c < {share}/neighbour.bin")["stdout"].strip() == "100000"  # not the hog's
 
 
 def test_the_scan_follows_no_planted_link_and_counts_a_hard_linked_file_once(world: QuotaWorld) -> None:
