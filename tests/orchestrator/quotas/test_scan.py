@@ -6,17 +6,23 @@ is stopped, its writes there refused, and an admin frees its files."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from mounts.layout import GroupRef
+from orchestrator.quotas.model import group_volume
 from orchestrator.quotas.scan import scan_usage
+from tests.api_calls import tool
 from tests.conftest import admin_headers
 from tests.orchestrator.quotas.world import QuotaWorld, quota_settings, traversable_data_dir
+from tests.orchestrator.sandboxes.test_group_workspaces import group_session, shell, speak
 
 OVER, PLANTER = 31, 32
 HOG, NEIGHBOUR = 41, 42
+TEAM = GroupRef("feishu", "oc_shared_space")
 INTERVAL_S = 1.0
 
 
@@ -87,7 +93,8 @@ def test_a_member_past_its_share_of_share_is_stopped_refused_there_and_freed_by_
 
     refused = world.tool(HOG, "write_file", path=f"{share}/more.bin", content="x")
     assert not refused["ok"] and refused["error"]["code"] == "no_space", refused
-    assert "your files there hold 5.7 MiB" in refused["error"]["message"], refused
+    assert "your files there hold 5." in refused["error"]["message"], refused  # st_blocks: 5.6 or 5.7 MiB
+    assert "over the 4.0 MiB / 64 files one member may hold" in refused["error"]["message"], refused
     assert world.tool(HOG, "write_file", path="private.txt", content="x")["ok"]  # its own places are not affected
     assert world.tool(NEIGHBOUR, "write_file", path=f"{share}/fine.txt", content="y")["ok"]
 
@@ -101,6 +108,30 @@ def test_a_member_past_its_share_of_share_is_stopped_refused_there_and_freed_by_
     assert HOG not in {m["user_id"] for m in freed.json()["members"]}
     assert world.tool(HOG, "write_file", path=f"{share}/more.bin", content="x")["ok"]
     assert world.shell(NEIGHBOUR, f"wc -c < {share}/neighbour.bin")["stdout"].strip() == "100000"  # not the hog's
+
+
+def test_a_member_past_its_share_of_a_group_workspace_is_refused_there_and_freed(world: QuotaWorld) -> None:
+    client = world.client
+    sid = group_session(client, HOG, TEAM)
+    hog_run, neighbour_run = speak(client, sid, HOG), speak(client, sid, NEIGHBOUR)
+    workspace = world.service.layout.group_dir(TEAM)
+    shell(client, neighbour_run, f"echo mine > {workspace}/neighbour.txt")
+    shell(client, hog_run, f"mkdir {workspace}/hog && head -c 6000000 /dev/urandom > {workspace}/hog/big.bin")
+    key = group_volume(world.service.layout, TEAM).key
+    deadline = time.monotonic() + 2 * INTERVAL_S + 2
+    while HOG not in client.get("/healthz").json()["disk_quota"].get("over_share", {}).get(key, []):
+        assert time.monotonic() < deadline, "the member over its share of the workspace was not found"
+        time.sleep(0.05)
+
+    refused = tool(client, hog_run, "write_file", path=f"{workspace}/more.txt", content="x")
+    assert not refused["ok"] and refused["error"]["code"] == "no_space", refused
+    assert f"shared place ({key})" in refused["error"]["message"]
+    assert tool(client, neighbour_run, "write_file", path=f"{workspace}/fine.txt", content="y")["ok"]
+
+    freed = client.delete(f"/v1/admin/disk/volumes/{key}/members/{HOG}", headers=admin_headers())
+    assert freed.status_code == 200 and freed.json()["removed"] == 2, freed.text  # big.bin, hog/
+    assert sorted(os.listdir(workspace)) == ["fine.txt", "neighbour.txt"]
+    assert tool(client, hog_run, "write_file", path=f"{workspace}/more.txt", content="x")["ok"]
 
 
 def test_the_scan_follows_no_planted_link_and_counts_a_hard_linked_file_once(world: QuotaWorld) -> None:
