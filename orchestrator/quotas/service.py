@@ -359,10 +359,11 @@ class DiskQuotas:
             for member in found.members:
                 if member.over_share and member.user_id is not None and member.user_id not in before:
                     log.error(
-                        "shared place: a member is over its share, sandbox stopped, writes there refused %s",
+                        "shared place: a member is over its share, writes there refused, stopping the sandbox %s",
                         kv(volume=volume.key, user=member.user_id, usage=member.summary(), of=found.usage.summary()),
                     )
                     self.stop_sandbox(member.user_id)
+                    log.info("shared place: sandbox stopped %s", kv(volume=volume.key, user=member.user_id))
                     stopped.append(member.user_id)
         return stopped
 
