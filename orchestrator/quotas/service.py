@@ -230,11 +230,13 @@ class DiskQuotas:
         return None
 
     def all_usage(self) -> list[DiskUsage]:
-        """Every volume's usage (loop: each mounted image; scan: each user of the last round)."""
+        """Every volume's usage (loop: each mounted image; scan: each user and each shared place
+        of the last round)."""
         if self.loop is not None:
             found = [self.loop.usage(key) for key in self.loop.image_keys()]
             return [u for u in found if u is not None]
-        return [self._scanned[uid] for uid in sorted(self._scanned)]
+        shared = [self._members[key].usage for key in sorted(self._members)]
+        return [self._scanned[uid] for uid in sorted(self._scanned)] + shared
 
     def image_mb(self, volume_key: str) -> int | None:
         """The size of a volume's image (its configured quota), None without loop images."""

@@ -108,6 +108,9 @@ def test_a_member_past_its_share_of_share_is_stopped_refused_there_and_freed_by_
     assert world.tool(HOG, "write_file", path="private.txt", content="x")["ok"]  # its own places are not affected
     assert world.tool(NEIGHBOUR, "write_file", path=f"{share}/fine.txt", content="y")["ok"]
 
+    overview = world.client.get("/v1/admin/disk", headers=admin_headers()).json()
+    assert overview["over_share"] == {"share": [HOG]}
+    assert "share" in {v["volume"] for v in overview["volumes"]}  # an admin learns the shared volumes' names
     listed = world.client.get("/v1/admin/disk/volumes/share/members", headers=admin_headers())
     assert listed.status_code == 200, listed.text
     by_user = {m["user_id"]: m for m in listed.json()["members"]}

@@ -79,6 +79,19 @@ def test_one_member_filling_share_is_named_refused_and_freed_by_an_admin(world: 
     assert world.tool(FILLER, "write_file", path=f"{share}/more.txt", content="x")["ok"]
 
 
+def test_a_member_found_past_its_share_is_stopped_and_the_others_keep_their_room(world: QuotaWorld) -> None:
+    share = world.service.layout.share_dir
+    world.shell(FILLER, f"head -c 9000000 /dev/zero > {share}/filler-9mb")  # past its half of ~14.7 MiB
+    assert world.service.disk_quotas.shared_round() == [FILLER]  # what the periodic round runs
+    assert FILLER not in {s.user_id for s in world.service.sandboxes.status() if s.state == "running"}
+    refused = world.tool(FILLER, "write_file", path=f"{share}/more.txt", content="x")
+    assert not refused["ok"] and "your files there hold 8." in refused["error"]["message"], refused
+    # The place is not full: the other member still writes its share there.
+    assert world.tool(OTHER, "write_file", path=f"{share}/other-3mb.txt", content="z" * 3_000_000)["ok"]
+    freed = world.client.delete(f"/v1/admin/disk/volumes/share/members/{FILLER}", headers=admin_headers())
+    assert freed.status_code == 200 and freed.json()["removed"] == 2, freed.text  # and more.txt of the test above
+
+
 def test_the_member_routes_refuse_an_unknown_volume_and_need_the_admin_token(world: QuotaWorld) -> None:
     unknown = world.client.get("/v1/admin/disk/volumes/nope/members", headers=admin_headers())
     assert unknown.status_code == 404, unknown.text
