@@ -253,6 +253,17 @@ class MemberUsage:
         }
 
 
+def needs_stop(member: MemberUsage, stopped_at: MemberUsage | None) -> bool:
+    """Whether a round stops this member's sandbox: over its share, and not stopped yet at this
+    usage or more (one that wrote more since its last stop, through a shell, is stopped again;
+    one that stays put, deleting or doing its own work, is left running)."""
+    if not member.over_share or member.user_id is None:
+        return False
+    if stopped_at is None:
+        return True
+    return member.bytes_used > stopped_at.bytes_used or member.inodes_used > stopped_at.inodes_used
+
+
 def members_of(owners: dict[int, OwnerUsage], share: MemberShare, user_of_uid: Callable[[int], int | None]) -> list[MemberUsage]:
     """Each owner of a shared place's files as a member, the largest holder first."""
     found = [MemberUsage(uid, user_of_uid(uid), held.bytes_used, held.inodes_used, share) for uid, held in owners.items()]

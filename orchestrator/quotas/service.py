@@ -43,6 +43,7 @@ from orchestrator.quotas.model import (
     group_volume,
     member_share,
     members_of,
+    needs_stop,
     no_space_message,
     over_share_message,
     share_volume,
@@ -131,6 +132,8 @@ class DiskQuotas:
         # Shared volume key -> the members found over their share there (their writes refused).
         self._over_share: dict[str, frozenset[int]] = {}
         self._members: dict[str, SharedMembers] = {}
+        # Shared volume key -> member -> its usage when the round last stopped its sandbox.
+        self._stopped_at: dict[str, dict[int, MemberUsage]] = {}
         # Set by the composition root: stops a user's sandbox (scan mode, over quota).
         self.stop_sandbox: Callable[[int], None] = lambda user_id: None
 
@@ -338,13 +341,18 @@ class DiskQuotas:
         found = SharedMembers(usage, members_of(owners, share, self._user_of_uid), partial, time.monotonic())
         with self._over_lock:
             self._members[volume.key] = found
-            self._over_share[volume.key] = frozenset(m.user_id for m in found.members if m.over_share and m.user_id is not None)
+            over = frozenset(m.user_id for m in found.members if m.over_share and m.user_id is not None)
+            self._over_share[volume.key] = over
+            # A member found under its share (it deleted, or an admin freed it) starts afresh.
+            stopped_at = self._stopped_at.get(volume.key, {})
+            self._stopped_at[volume.key] = {user: usage for user, usage in stopped_at.items() if user in over}
         return found
 
     def shared_round(self) -> list[int]:
-        """Measure every shared place by owner; stop the sandbox of each member newly found over
-        its share (its writes there are refused until it is under). Returns them. On loop
-        images a place holding less than one share in all is not walked."""
+        """Measure every shared place by owner; stop the sandbox of each member found over its
+        share, unless it was stopped at this usage already (its writes there are refused until
+        it is under). Returns them. On loop images a place holding less than one share in all
+        is not walked."""
         stopped = []
         for volume in self._shared_volumes():
             if self.loop is not None:
@@ -353,20 +361,28 @@ class DiskQuotas:
                 if usage is None or not anyone_may_be_over(usage, member_share(usage, share_pct)):
                     with self._over_lock:
                         self._over_share.pop(volume.key, None)
+                    self._stopped_at.pop(volume.key, None)
                     continue
-            before = self._over_share.get(volume.key, frozenset())
             found = self.members(volume)
             if found is None:
                 continue
+            last = self._stopped_at.get(volume.key, {})
+            stopped_at: dict[int, MemberUsage] = {}  # members under their share are forgotten
             for member in found.members:
-                if member.over_share and member.user_id is not None and member.user_id not in before:
-                    log.error(
-                        "shared place: a member is over its share, writes there refused, stopping the sandbox %s",
-                        kv(volume=volume.key, user=member.user_id, usage=member.summary(), of=found.usage.summary()),
-                    )
-                    self.stop_sandbox(member.user_id)
-                    log.info("shared place: sandbox stopped %s", kv(volume=volume.key, user=member.user_id))
-                    stopped.append(member.user_id)
+                if member.user_id is None or not member.over_share:
+                    continue
+                if not needs_stop(member, last.get(member.user_id)):
+                    stopped_at[member.user_id] = last[member.user_id]
+                    continue
+                stopped_at[member.user_id] = member
+                log.error(
+                    "shared place: a member is over its share, writes there refused, stopping the sandbox %s",
+                    kv(volume=volume.key, user=member.user_id, usage=member.summary(), of=found.usage.summary()),
+                )
+                self.stop_sandbox(member.user_id)
+                log.info("shared place: sandbox stopped %s", kv(volume=volume.key, user=member.user_id))
+                stopped.append(member.user_id)
+            self._stopped_at[volume.key] = stopped_at
         return stopped
 
     def free_member(self, volume: Volume, user_id: int) -> tuple[Removal, SharedMembers | None]:

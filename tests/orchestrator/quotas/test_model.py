@@ -18,6 +18,7 @@ from orchestrator.quotas.model import (
     grow_problem,
     member_share,
     members_of,
+    needs_stop,
     no_space_message,
     over_share_message,
     shared_no_space_message,
@@ -86,6 +87,18 @@ def test_a_full_shared_place_names_its_holders_and_who_can_free_them_never_the_c
     assert "DELETE /v1/admin/disk/volumes/share/members/{user_id}" in text
     refusal = over_share_message("share", members[0])
     assert "your files there hold 15.0 MiB" in refusal and "4.0 MiB / 64 files" in refusal
+
+
+def test_a_member_over_its_share_is_stopped_again_only_when_it_wrote_more() -> None:
+    usage = DiskUsage("share", QuotaMechanism.LOOP, 16 * 2**20, 16 * 2**20, 30, 256)
+    share = member_share(usage, 25)
+    at = {n: members_of({1061: OwnerUsage(n * 2**20, 3)}, share, lambda uid: uid - 1000)[0] for n in (2, 9, 12)}
+    assert not needs_stop(at[2], None)  # under its share
+    assert needs_stop(at[9], None)  # over, never stopped
+    assert not needs_stop(at[9], at[9]) and not needs_stop(at[9], at[12])  # stayed put, or deleted some
+    assert needs_stop(at[12], at[9])  # wrote more since (a shell)
+    stranger = members_of({0: OwnerUsage(12 * 2**20, 3)}, share, lambda uid: None)[0]
+    assert not needs_stop(stranger, None)  # root's files: no sandbox to stop
 
 
 def test_a_place_holding_less_than_one_share_needs_no_walk() -> None:

@@ -62,6 +62,9 @@ def test_one_member_filling_share_is_named_refused_and_freed_by_an_admin(world: 
     again = world.tool(FILLER, "write_file", path=f"{share}/more.txt", content="x")
     assert not again["ok"] and again["error"]["code"] == "no_space", again
     assert "your files there hold" in again["error"]["message"], again
+    # The round (what the periodic task runs) stops its sandbox, once while it stays put.
+    assert world.service.disk_quotas.shared_round() == [FILLER]
+    assert world.service.disk_quotas.shared_round() == []
     # Its private places are not affected.
     assert world.tool(FILLER, "write_file", path="private.txt", content="x")["ok"]
 
