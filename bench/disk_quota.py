@@ -85,19 +85,20 @@ def tool_calls(base: Path) -> None:
 
 
 def guard_cost() -> None:
-    """The one thing a call pays for the scan mechanism: the over-quota check of the router's
-    guard (the loop and off paths register no guard: an empty loop)."""
+    """What a call pays for disk quotas: the router's guard (over quota, or over a member's share
+    of a shared place), registered with `scan` and `loop` alike; `off` registers none (the
+    empty loop printed as `call_guard_off`)."""
     from orchestrator.quotas.service import DiskQuotas
     from orchestrator.settings import Settings
 
     quotas = DiskQuotas(Settings(disk_quota="scan", data_dir=REPO), sandbox_uid=lambda uid: uid)
-    guards_scan, guards_none = [quotas.refuse_write], []
+    guards_quota, guards_none = [quotas.refuse_write], []
     n = 1_000_000
-    for name, guards in (("scan", guards_scan), ("loop", guards_none)):
+    for name, guards in (("quota", guards_quota), ("off", guards_none)):
         t0 = time.perf_counter()
         for _ in range(n):
             for guard in guards:
-                guard(7, "write_file")
+                guard(7, "write_file", {"path": "out.txt"})
         print(f"call_guard_{name}: {(time.perf_counter() - t0) / n * 1e9:.0f} ns")
 
 

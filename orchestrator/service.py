@@ -167,7 +167,7 @@ class OrchestratorService:
         if self.disk_quotas.mechanism is not QuotaMechanism.OFF:
             self.sandboxes.explain_no_space = self.disk_quotas.explain_no_space
         self.disk_quotas.stop_sandbox = self._stop_sandbox_of  # over quota (scan), an offline grow (loop)
-        if self.disk_quotas.mechanism is QuotaMechanism.SCAN:
+        if self.disk_quotas.mechanism is not QuotaMechanism.OFF:  # over quota (scan), over a share of a shared place
             self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
         self.egress: EgressService | None = None
         if settings.egress != "off":
@@ -330,6 +330,9 @@ class OrchestratorService:
             self._schedule(sweep)
         if self.disk_quotas.mechanism is QuotaMechanism.SCAN:
             self._schedule(PeriodicTask("disk-scan", self.settings.disk_scan_interval_s, self.disk_quotas.scan_round))
+        if self.disk_quotas.mechanism is not QuotaMechanism.OFF:
+            shared = PeriodicTask("shared-disk-scan", self.settings.disk_scan_interval_s, self.disk_quotas.shared_round)
+            self._schedule(shared)
         if self.settings.run_max_idle_s > 0:
             idle = PeriodicTask("idle-runs", sweep_interval_s(self.settings.run_max_idle_s), self.idle_runs.sweep)
             self._schedule(idle)

@@ -324,8 +324,19 @@ class Settings(BaseSettings):
         4096, ge=8, description="Disk quota of share/ and of each group workspace (MiB), each its own image."
     )
     shared_inode_quota: int = Field(200_000, ge=64, description="Inode quota of share/ and of each group workspace.")
+    shared_member_share_pct: float = Field(
+        25.0,
+        gt=0,
+        le=100,
+        description="How much of share/ or of a group workspace one member's files may hold (percent of its bytes and "
+        "of its files): a member over it has its sandbox stopped and its writes there refused (docs/disk-quotas.md).",
+    )
     disk_scan_interval_s: float = Field(
-        30.0, gt=0, le=30.0, description="scan mechanism: how often every user's usage is counted (at most 30 s apart)."
+        30.0,
+        gt=0,
+        le=30.0,
+        description="scan: how often every user's usage is counted; either mechanism: how often each member's "
+        "share of share/ and the group workspaces is measured (at most 30 s apart).",
     )
     disk_unmount_on_close: bool = Field(
         False, description="Unmount the disk images when the orchestrator stops (default: keep; the next start adopts them)."

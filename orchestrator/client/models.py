@@ -117,7 +117,36 @@ class DiskOverview(Model):
     host_free_pct: float
     watermark_problem: str | None = None
     over_quota_users: list[int]
+    over_share: dict[str, list[int]] = {}  # shared volume -> the members over their share there
     volumes: list[DiskUsage]
+
+
+class SharedMember(Model):
+    """One member's files in a shared place against the share one member may hold."""
+
+    user_id: int | None  # None: files of an owner that is no user's sandbox (root)
+    uid: int
+    bytes_used: int
+    inodes_used: int
+    share_bytes: int
+    share_inodes: int
+    over_share: bool
+
+
+class SharedMembers(Model):
+    """A shared place (share/, a group workspace): its usage and each member's, largest first."""
+
+    volume: str
+    usage: DiskUsage
+    members: list[SharedMember]
+    partial: bool
+
+
+class SharedMemberFreed(SharedMembers):
+    user_id: int
+    removed: int
+    kept_dirs: int
+    complete: bool  # False: stopped at its bound; call again
 
 
 class User(Model):

@@ -40,6 +40,8 @@ from orchestrator.client.models import (
     SandboxState,
     Session,
     SessionDeleted,
+    SharedMemberFreed,
+    SharedMembers,
     SkillDetail,
     SkillFiles,
     SkillInstalled,
@@ -547,6 +549,16 @@ class ClientMethods:
     def set_user_disk(self, user_id: UserRef, disk_mb: int) -> Request[UserDisk]:
         """Grow the user's disk quota to `disk_mb` MiB (a shrink is refused: 409)."""
         return Request(_json_of(UserDisk), {"user_id": user_ref_text(user_id)}, json={"disk_mb": disk_mb}, admin=True)
+
+    @route("GET", "/v1/admin/disk/volumes/{volume}/members")
+    def shared_members(self, volume: str) -> Request[SharedMembers]:
+        """Each member's files in a shared place (`share`, `group-…` as `disk()` lists them)."""
+        return Request(_json_of(SharedMembers), {"volume": volume}, admin=True)
+
+    @route("DELETE", "/v1/admin/disk/volumes/{volume}/members/{user_id}")
+    def free_shared_member(self, volume: str, user_id: int) -> Request[SharedMemberFreed]:
+        """Stop the member's sandbox and remove its files from the shared place."""
+        return Request(_json_of(SharedMemberFreed), {"volume": volume, "user_id": user_id}, admin=True)
 
     # skills --------------------------------------------------------------------------------
     @route("GET", "/v1/admin/skills")

@@ -43,4 +43,31 @@ class DiskOverviewOut(BaseModel):
     host_free_pct: float
     watermark_problem: str | None
     over_quota_users: list[int]
+    over_share: dict[str, list[int]] = Field(description="Shared volume -> the members over their share there.")
     volumes: list[DiskUsageOut]
+
+
+class MemberUsageOut(BaseModel):
+    user_id: int | None = Field(description="The member whose sandbox owns these files (None: another owner, e.g. root).")
+    uid: int
+    bytes_used: int
+    inodes_used: int
+    share_bytes: int = Field(description="How much one member may hold here (ORCH_SHARED_MEMBER_SHARE_PCT).")
+    share_inodes: int
+    over_share: bool
+
+
+class SharedMembersOut(BaseModel):
+    """A shared place (share/ or a group workspace): its usage and each member's files in it."""
+
+    volume: str
+    usage: DiskUsageOut
+    members: list[MemberUsageOut] = Field(description="The largest holder first.")
+    partial: bool = Field(description="The walk stopped at its bound (the place's inode quota): lower bounds.")
+
+
+class MemberFreedOut(SharedMembersOut):
+    user_id: int
+    removed: int = Field(description="The member's entries removed (files, links, directories).")
+    kept_dirs: int = Field(description="The member's directories kept: they still hold other members' files.")
+    complete: bool = Field(description="False: the removal stopped at its bound; call again.")

@@ -1,13 +1,24 @@
-"""Admin routes of disk quotas: usage of every volume, one user's, and growing a user's limit."""
+"""Admin routes of disk quotas: usage of every volume, one user's, growing a user's limit, and
+each member's files in a shared place (listed, and freed)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Path
 
 from orchestrator.http.auth import Caller, require_admin, service_of
-from orchestrator.http.disk_models import DiskLimitIn, DiskOverviewOut, DiskUsageOut, UserDiskOut
+from orchestrator.http.disk_models import (
+    DiskLimitIn,
+    DiskOverviewOut,
+    DiskUsageOut,
+    MemberFreedOut,
+    MemberUsageOut,
+    SharedMembersOut,
+    UserDiskOut,
+)
 from orchestrator.http.params import user_id_param
+from orchestrator.errors import NotFound
 from orchestrator.quotas.model import DiskUsage
+from orchestrator.quotas.service import SharedMembers
 from orchestrator.service import OrchestratorService
 
 router = APIRouter()
@@ -28,6 +39,7 @@ def get_disk(service: OrchestratorService = Depends(service_of), _: Caller = Dep
         host_free_pct=health.host_free_pct,
         watermark_problem=health.watermark_problem,
         over_quota_users=list(health.over_quota_users),
+        over_share={key: list(users) for key, users in health.over_share.items()},
         volumes=[_out(service, usage) for usage in quotas.all_usage()],
     )
 
@@ -56,4 +68,47 @@ def put_user_disk(
     usage, online = service.disk_quotas.set_disk_limit(user_id, body.disk_mb)
     return UserDiskOut(
         user_id=user_id, mechanism=service.disk_quotas.mechanism.value, usage=_out(service, usage), grown_online=online
+    )
+
+
+VolumeKey = Path(..., max_length=64, description="A shared volume as GET /v1/admin/disk lists it: share, group-...")
+
+
+def _members_out(service: OrchestratorService, found: SharedMembers) -> dict[str, object]:
+    return {
+        "volume": found.usage.volume,
+        "usage": _out(service, found.usage),
+        "members": [MemberUsageOut(**m.as_dict()) for m in found.members],
+        "partial": found.partial,
+    }
+
+
+@router.get("/v1/admin/disk/volumes/{volume}/members", response_model=SharedMembersOut, tags=["admin"])
+def get_shared_members(
+    volume: str = VolumeKey, service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
+) -> SharedMembersOut:
+    quotas = service.disk_quotas
+    found = quotas.members(quotas.shared_volume(volume))
+    if found is None:
+        raise NotFound(f"the shared place {volume} is not mounted")
+    return SharedMembersOut(**_members_out(service, found))
+
+
+@router.delete("/v1/admin/disk/volumes/{volume}/members/{user_id}", response_model=MemberFreedOut, tags=["admin"])
+def delete_shared_member_files(
+    volume: str = VolumeKey,
+    user_id: int = Depends(user_id_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_admin),
+) -> MemberFreedOut:
+    quotas = service.disk_quotas
+    removal, found = quotas.free_member(quotas.shared_volume(volume), user_id)
+    if found is None:
+        raise NotFound(f"the shared place {volume} is not mounted")
+    return MemberFreedOut(
+        **_members_out(service, found),
+        user_id=user_id,
+        removed=removal.removed,
+        kept_dirs=removal.kept_dirs,
+        complete=removal.complete,
     )

@@ -4,6 +4,7 @@ and the decisions made from them. No file is touched here."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -186,4 +187,113 @@ def watermark_problem(free: float, min_free_pct: float) -> str | None:
     return (
         f"the data filesystem has {free:.1f}% free, below ORCH_MIN_FREE_DISK_PCT={min_free_pct:g}%; "
         "new sandboxes and host writes are refused until space is freed"
+    )
+
+
+# --- shared places: each member's share --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OwnerUsage:
+    """What the files of one owner take in a shared place."""
+
+    bytes_used: int
+    inodes_used: int
+
+
+@dataclass(frozen=True)
+class MemberShare:
+    """How much of a shared place one member may hold (ORCH_SHARED_MEMBER_SHARE_PCT of it)."""
+
+    bytes_limit: int
+    inodes_limit: int
+
+
+def member_share(volume: DiskUsage, pct: float) -> MemberShare:
+    return MemberShare(int(volume.bytes_limit * pct / 100), int(volume.inodes_limit * pct / 100))
+
+
+def anyone_may_be_over(volume: DiskUsage, share: MemberShare) -> bool:
+    """Whether a member can hold more than its share: not while the whole place holds less than
+    one share (then the per-owner walk is skipped)."""
+    return volume.bytes_used > share.bytes_limit or volume.inodes_used > share.inodes_limit
+
+
+@dataclass(frozen=True)
+class MemberUsage:
+    """One owner's files in a shared place against a member's share. `user_id` is None for a
+    file owner that is no user's sandbox (root, the orchestrator)."""
+
+    uid: int
+    user_id: int | None
+    bytes_used: int
+    inodes_used: int
+    share: MemberShare
+
+    @property
+    def over_share(self) -> bool:
+        return self.bytes_used > self.share.bytes_limit or self.inodes_used > self.share.inodes_limit
+
+    @property
+    def who(self) -> str:
+        return f"user {self.user_id}" if self.user_id is not None else f"uid {self.uid} (not a user's sandbox)"
+
+    def summary(self) -> str:
+        return f"{self.bytes_used / MIB:.1f} MiB in {self.inodes_used} files"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "user_id": self.user_id,
+            "uid": self.uid,
+            "bytes_used": self.bytes_used,
+            "inodes_used": self.inodes_used,
+            "share_bytes": self.share.bytes_limit,
+            "share_inodes": self.share.inodes_limit,
+            "over_share": self.over_share,
+        }
+
+
+def needs_stop(member: MemberUsage, stopped_at: MemberUsage | None) -> bool:
+    """Whether a round stops this member's sandbox: over its share, and not stopped yet at this
+    usage or more (one that wrote more since its last stop, through a shell, is stopped again;
+    one that stays put, deleting or doing its own work, is left running)."""
+    if not member.over_share or member.user_id is None:
+        return False
+    if stopped_at is None:
+        return True
+    return member.bytes_used > stopped_at.bytes_used or member.inodes_used > stopped_at.inodes_used
+
+
+def members_of(owners: dict[int, OwnerUsage], share: MemberShare, user_of_uid: Callable[[int], int | None]) -> list[MemberUsage]:
+    """Each owner of a shared place's files as a member, the largest holder first."""
+    found = [MemberUsage(uid, user_of_uid(uid), held.bytes_used, held.inodes_used, share) for uid, held in owners.items()]
+    return sorted(found, key=lambda m: (-m.bytes_used, -m.inodes_used, m.uid))
+
+
+def member_route(volume_key: str) -> str:
+    return f"DELETE /v1/admin/disk/volumes/{volume_key}/members/{{user_id}}"
+
+
+def shared_no_space_message(original: str, volume: DiskUsage, members: list[MemberUsage], caller: int, *, top: int = 3) -> str:
+    """A write into a full shared place failed: who holds it, that the caller cannot delete the
+    others' files (the place is sticky), and who can."""
+    shown = [m for m in members if m.user_id != caller][:top]
+    holders = "; ".join(f"{m.who} holds {m.summary()}" + (" (over its share)" if m.over_share else "") for m in shown)
+    mine = next((m for m in members if m.user_id == caller), None)
+    own = f" Your own files there take {mine.summary()}." if mine is not None else ""
+    return (
+        f"{original} (this shared place ({volume.volume}) is full: {volume.summary()} used. "
+        f"{holders or 'No other member holds files there'}.{own} You cannot delete other members' files here "
+        f"(the directory is sticky); each member can delete its own, and an admin can free a member's files with "
+        f"{member_route(volume.volume)}.)"
+    )
+
+
+def over_share_message(volume: str, member: MemberUsage) -> str:
+    """A member over its share of a shared place: why its write there is refused."""
+    return (
+        f"No space for you in this shared place ({volume}): your files there hold {member.summary()}, over the "
+        f"{member.share.bytes_limit / MIB:.1f} MiB / {member.share.inodes_limit} files one member may hold. "
+        "Delete some of your own files there (the shell still works), or ask an admin "
+        f"({member_route(volume)})."
     )

@@ -7,7 +7,9 @@
   so can /metrics);
 - `set_disk_limit(...)`: grow online, refuse a shrink;
 - `explain_no_space(...)`: a sandbox's no_space answer, told it is the quota and how full;
-- `refuse_write(...)` and `scan_round()`: the non-root fallback.
+- `refuse_write(...)` and `scan_round()`: the non-root fallback;
+- `members(...)`, `shared_round()`, `free_member(...)`: each member's share of share/ and of a
+  group workspace (no member may fill one for everyone), measured by file owner and refused.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from mounts import ids
+from mounts.fs.nofollow import UnsafePath, closing_fd, open_below
 from mounts.layout import GroupRef
 from mounts.plan import MountPlan
 from orchestrator.errors import Conflict, NotFound, OrchestratorError, ToolError
@@ -30,17 +34,25 @@ from orchestrator.quotas.model import (
     DiskUsage,
     Limits,
     MechanismChoice,
+    MemberUsage,
     QuotaMechanism,
     Volume,
+    anyone_may_be_over,
     choose_mechanism,
     free_pct,
     group_volume,
+    member_share,
+    members_of,
+    needs_stop,
     no_space_message,
+    over_share_message,
     share_volume,
+    shared_no_space_message,
     user_volume,
     watermark_problem,
 )
-from orchestrator.quotas.scan import scan_usage
+from orchestrator.quotas.member_files import Removal, remove_member_files
+from orchestrator.quotas.scan import scan_usage, usage_by_owner
 from orchestrator.quotas.volumes import LoopVolumes, VolumeRefused
 from orchestrator.settings import Settings
 from orchestrator.startup_checks import StartupRefused
@@ -50,6 +62,8 @@ log = logging.getLogger(__name__)
 # The container tools that only write: refused for an over-quota user in scan mode (shell stays,
 # so the user can delete; a shell that writes is stopped again by the next scan).
 WRITING_TOOLS = frozenset({"write_file", "write_bytes", "edit_file"})
+# A shared place's no_space answer reuses a per-owner measure this young.
+NO_SPACE_REMEASURE_S = 1.0
 
 
 class HostDiskLow(OrchestratorError):
@@ -78,6 +92,17 @@ class HealthView:
     host_free_pct: float
     watermark_problem: str | None
     over_quota_users: tuple[int, ...]
+    over_share: dict[str, tuple[int, ...]]  # shared volume -> the members over their share there
+
+
+@dataclass(frozen=True)
+class SharedMembers:
+    """A shared place's usage and each of its file owners against a member's share."""
+
+    usage: DiskUsage
+    members: list[MemberUsage]
+    partial: bool  # the walk stopped at its bound: figures are lower bounds
+    measured_at: float  # time.monotonic()
 
 
 class DiskQuotas:
@@ -104,6 +129,11 @@ class DiskQuotas:
         self._over: set[int] = set()
         self._scanned: dict[int, DiskUsage] = {}
         self._over_lock = threading.Lock()
+        # Shared volume key -> the members found over their share there (their writes refused).
+        self._over_share: dict[str, frozenset[int]] = {}
+        self._members: dict[str, SharedMembers] = {}
+        # Shared volume key -> member -> its usage when the round last stopped its sandbox.
+        self._stopped_at: dict[str, dict[int, MemberUsage]] = {}
         # Set by the composition root: stops a user's sandbox (scan mode, over quota).
         self.stop_sandbox: Callable[[int], None] = lambda user_id: None
 
@@ -203,11 +233,13 @@ class DiskQuotas:
         return None
 
     def all_usage(self) -> list[DiskUsage]:
-        """Every volume's usage (loop: each mounted image; scan: each user of the last round)."""
+        """Every volume's usage (loop: each mounted image; scan: each user and each shared place
+        of the last round)."""
         if self.loop is not None:
             found = [self.loop.usage(key) for key in self.loop.image_keys()]
             return [u for u in found if u is not None]
-        return [self._scanned[uid] for uid in sorted(self._scanned)]
+        shared = [self._members[key].usage for key in sorted(self._members)]
+        return [self._scanned[uid] for uid in sorted(self._scanned)] + shared
 
     def image_mb(self, volume_key: str) -> int | None:
         """The size of a volume's image (its configured quota), None without loop images."""
@@ -237,34 +269,166 @@ class DiskQuotas:
         return usage, online
 
     def explain_no_space(self, user_id: int, error: ToolError) -> ToolError:
-        """A sandbox answered no_space: the same error, its message saying whose quota is full."""
-        usage = self._usage_for_path(user_id, error.details.get("path"))
+        """A sandbox answered no_space: the same error, its message saying whose quota is full
+        (in a shared place: who holds it and who can free it)."""
+        shared = self._shared_volume_at(error.details.get("path"))
+        if shared is not None:
+            # A walk per failed write, at most one a second per place: members failing in a loop
+            # against a full place cannot keep the host walking it.
+            recent = self._members.get(shared.key)
+            fresh = recent is not None and time.monotonic() - recent.measured_at < NO_SPACE_REMEASURE_S
+            found = recent if fresh else self.members(shared)
+            if found is None:
+                return error
+            holders = [m.as_dict() for m in found.members[:10]]
+            message = shared_no_space_message(error.message, found.usage, found.members, user_id)
+            return ToolError(error.code, message, **error.details, quota=found.usage.as_dict(), holders=holders)
+        usage = self._own_usage(user_id)
         if usage is None:
             return error
         return ToolError(error.code, no_space_message(error.message, usage), **error.details, quota=usage.as_dict())
 
-    def _usage_for_path(self, user_id: int, path: object) -> DiskUsage | None:
+    def _own_usage(self, user_id: int) -> DiskUsage | None:
         if self.loop is None:
             return self._scanned.get(user_id) if self.mechanism is QuotaMechanism.SCAN else None
-        volume = user_volume(self.layout, user_id)
-        if isinstance(path, str) and path.startswith("/"):
-            shown = Path(path)
-            if shown == self.layout.share_dir or self.layout.share_dir in shown.parents:
-                volume = share_volume(self.layout)
-            elif self.layout.groups_root in shown.parents:
-                parts = shown.relative_to(self.layout.groups_root).parts
-                try:
-                    volume = group_volume(self.layout, GroupRef(parts[0], parts[1]))
-                except (IndexError, ValueError):
-                    pass
-        return self.loop.usage(volume.key)
+        return self.loop.usage(user_volume(self.layout, user_id).key)
+
+    def _shared_volume_at(self, path: object) -> Volume | None:
+        """The shared volume (share/, a group workspace) an absolute path a tool named lies in."""
+        if not isinstance(path, str) or not path.startswith("/"):
+            return None
+        shown = Path(os.path.normpath(path))
+        if shown == self.layout.share_dir or self.layout.share_dir in shown.parents:
+            return share_volume(self.layout)
+        if self.layout.groups_root in shown.parents:
+            parts = shown.relative_to(self.layout.groups_root).parts
+            try:
+                return group_volume(self.layout, GroupRef(parts[0], parts[1]))
+            except (IndexError, ValueError):
+                return None
+        return None
+
+    # --- shared places: each member's share ---------------------------------------------------
+
+    def shared_volume(self, key: str) -> Volume:
+        """share/ or a group workspace by its volume key (as `GET /v1/admin/disk` lists them)."""
+        volume = self._volume_of_key(key)
+        if volume is None or volume.user_id is not None:
+            raise NotFound(f"no shared place {key!r} (share, or group-... as GET /v1/admin/disk lists them)")
+        return volume
+
+    def members(self, volume: Volume) -> SharedMembers | None:
+        """Each file owner's usage of a shared place against a member's share, measured now (a
+        walk bounded by the place's inode quota); members over their share are recorded, so
+        their writes there are refused. None when the place is not there (loop: not mounted)."""
+        place = volume.places[0].layout_path
+        if self.loop is not None:
+            usage = self.loop.usage(volume.key)
+            if usage is None:
+                return None
+        owners, partial = usage_by_owner(self.layout.root, place, max_entries=self.shared_limits.inodes + 1)
+        if self.loop is None:
+            usage = DiskUsage(
+                volume=volume.key,
+                mechanism=self.mechanism,
+                bytes_used=sum(o.bytes_used for o in owners.values()),
+                bytes_limit=self.shared_limits.disk_mb * MIB,
+                inodes_used=sum(o.inodes_used for o in owners.values()),
+                inodes_limit=self.shared_limits.inodes,
+                partial=partial,
+            )
+        share = member_share(usage, self.settings.shared_member_share_pct)
+        found = SharedMembers(usage, members_of(owners, share, self._user_of_uid), partial, time.monotonic())
+        with self._over_lock:
+            self._members[volume.key] = found
+            over = frozenset(m.user_id for m in found.members if m.over_share and m.user_id is not None)
+            self._over_share[volume.key] = over
+            # A member found under its share (it deleted, or an admin freed it) starts afresh.
+            stopped_at = self._stopped_at.get(volume.key, {})
+            self._stopped_at[volume.key] = {user: usage for user, usage in stopped_at.items() if user in over}
+        return found
+
+    def shared_round(self) -> list[int]:
+        """Measure every shared place by owner; stop the sandbox of each member found over its
+        share, unless it was stopped at this usage already (its writes there are refused until
+        it is under). Returns them. On loop images a place holding less than one share in all
+        is not walked."""
+        stopped = []
+        for volume in self._shared_volumes():
+            if self.loop is not None:
+                usage = self.loop.usage(volume.key)
+                share_pct = self.settings.shared_member_share_pct
+                if usage is None or not anyone_may_be_over(usage, member_share(usage, share_pct)):
+                    with self._over_lock:
+                        self._over_share.pop(volume.key, None)
+                    self._stopped_at.pop(volume.key, None)
+                    continue
+            found = self.members(volume)
+            if found is None:
+                continue
+            last = self._stopped_at.get(volume.key, {})
+            stopped_at: dict[int, MemberUsage] = {}  # members under their share are forgotten
+            for member in found.members:
+                if member.user_id is None or not member.over_share:
+                    continue
+                if not needs_stop(member, last.get(member.user_id)):
+                    stopped_at[member.user_id] = last[member.user_id]
+                    continue
+                stopped_at[member.user_id] = member
+                log.error(
+                    "shared place: a member is over its share, writes there refused, stopping the sandbox %s",
+                    kv(volume=volume.key, user=member.user_id, usage=member.summary(), of=found.usage.summary()),
+                )
+                self.stop_sandbox(member.user_id)
+                log.info("shared place: sandbox stopped %s", kv(volume=volume.key, user=member.user_id))
+                stopped.append(member.user_id)
+            self._stopped_at[volume.key] = stopped_at
+        return stopped
+
+    def free_member(self, volume: Volume, user_id: int) -> tuple[Removal, SharedMembers | None]:
+        """Remove every file of `user_id` from a shared place (admin), its sandbox stopped
+        first so it writes nothing meanwhile; the place is measured again afterwards."""
+        uid = ids.user_id(user_id)
+        if not self.is_root:
+            raise QuotaChangeRefused("a member's files in a shared place are told apart by owner, which needs a root orchestrator")
+        self.stop_sandbox(uid)
+        place = volume.places[0].layout_path
+        try:
+            place_fd = open_below(self.layout.root, place.relative_to(self.layout.root).parts)
+        except (UnsafePath, OSError) as exc:
+            raise NotFound(f"the shared place {volume.key} cannot be opened: {exc}") from None
+        if place_fd is None:
+            raise NotFound(f"the shared place {volume.key} does not exist yet")
+        with closing_fd(place_fd):
+            removal = remove_member_files(place_fd, self._sandbox_uid(uid), max_entries=2 * self.shared_limits.inodes + 2)
+        log.info(
+            "shared place: a member's files removed %s",
+            kv(volume=volume.key, user=uid, removed=removal.removed, kept_dirs=removal.kept_dirs, complete=removal.complete),
+        )
+        return removal, self.members(volume)
+
+    def _user_of_uid(self, uid: int) -> int | None:
+        user_id = uid - self.settings.sandbox_uid_base
+        return user_id if self.is_root and 0 < user_id <= self.settings.max_user_id else None
+
+    def _shared_volumes(self) -> list[Volume]:
+        return [share_volume(self.layout), *(group_volume(self.layout, g) for g in self._groups_on_disk())]
 
     # --- the scan fallback ------------------------------------------------------------------
 
-    def refuse_write(self, user_id: int, tool: str) -> None:
-        """Scan mode: an over-quota user's writing tools answer no_space until it is under."""
-        if tool in WRITING_TOOLS and user_id in self._over:
+    def refuse_write(self, user_id: int, tool: str, arguments: dict[str, object] | None = None) -> None:
+        """Scan mode: an over-quota user's writing tools answer no_space until it is under. Any
+        mechanism: so do a member's writes into a shared place where it is over its share."""
+        if tool not in WRITING_TOOLS:
+            return
+        if user_id in self._over:
             raise ToolError("no_space", self._over_message(user_id))
+        if self._over_share and arguments is not None:
+            volume = self._shared_volume_at(arguments.get("path"))
+            if volume is not None and user_id in self._over_share.get(volume.key, ()):
+                member = next((m for m in self._members[volume.key].members if m.user_id == user_id), None)
+                if member is not None:
+                    raise ToolError("no_space", over_share_message(volume.key, member), quota=member.as_dict())
 
     def _over_message(self, user_id: int) -> str:
         usage = self._scanned.get(user_id)
@@ -319,6 +483,7 @@ class DiskQuotas:
             host_free_pct=round(free, 2),
             watermark_problem=watermark_problem(free, self.settings.min_free_disk_pct),
             over_quota_users=tuple(sorted(self._over)),
+            over_share={key: tuple(sorted(users)) for key, users in self._over_share.items() if users},
         )
 
     # --- helpers ----------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, BinaryIO, TypeVar
 
+import anyio
+
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
 from orchestrator.sandboxes.base import SandboxBackend, SandboxStatus, SandboxUser
@@ -152,7 +154,8 @@ class SandboxRouter:
         # Disk quotas (orchestrator/quotas/): checks before a call (scan mode refuses an
         # over-quota user's writes; none on the kernel path) and the rewording of a no_space
         # answer so it names the quota.
-        self.call_guards: list[Callable[[int, str], None]] = []
+        # Run before every call with (user, tool, arguments): a refusal raises (disk quotas).
+        self.call_guards: list[Callable[[int, str, dict[str, Any]], None]] = []
         self.explain_no_space: Callable[[int, ToolError], ToolError] | None = None
         # Run before every call with (user, context): the egress proxy keeps its listener up.
         self.call_hooks: list[Callable[[int, CallContext | None], None]] = []
@@ -213,7 +216,7 @@ class SandboxRouter:
         # The user and membership reads are SQLite reads in WAL mode: they never wait for a
         # writer, so they stay on the loop instead of costing a thread hop.
         for guard in self.call_guards:
-            guard(user_id, tool)
+            guard(user_id, tool, arguments)
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
         for hook in self.call_hooks:
             hook(user_id, context)
@@ -223,7 +226,10 @@ class SandboxRouter:
                     backend, user, tool, arguments, cwd=cwd, context=context, on_output=on_output, spool=spool
                 )
             except ToolError as exc:
-                raise self._named_no_space(user_id, exc) from None
+                if exc.code != "no_space" or self.explain_no_space is None:
+                    raise
+                # Naming who fills a shared place walks it: in a worker thread, not on the loop.
+                raise await anyio.to_thread.run_sync(self.explain_no_space, user_id, exc) from None
 
     def call_blocking(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None,
@@ -233,7 +239,7 @@ class SandboxRouter:
         agent's blocking client instead of hopping back to the loop (`anyio.from_thread`): the
         hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
         for guard in self.call_guards:
-            guard(user_id, tool)
+            guard(user_id, tool, arguments)
         backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
         for hook in self.call_hooks:
             hook(user_id, context)

@@ -10,11 +10,18 @@ import pytest
 from mounts.layout import DataLayout, GroupRef
 from orchestrator.quotas.model import (
     DiskUsage,
+    OwnerUsage,
     QuotaMechanism,
+    anyone_may_be_over,
     choose_mechanism,
     group_volume,
     grow_problem,
+    member_share,
+    members_of,
+    needs_stop,
     no_space_message,
+    over_share_message,
+    shared_no_space_message,
     user_volume,
     watermark_problem,
 )
@@ -62,6 +69,44 @@ def test_a_no_space_message_names_the_quota_and_how_full_it_is() -> None:
     usage = DiskUsage("user-7", QuotaMechanism.LOOP, 15 * 2**20, 16 * 2**20, 40, 256)
     text = no_space_message("No space left on the device while writing: a.txt", usage)
     assert "disk quota" in text and "15.0 of 16.0 MiB" in text and "40 of 256 files" in text
+
+
+def test_a_full_shared_place_names_its_holders_and_who_can_free_them_never_the_caller_deleting() -> None:
+    usage = DiskUsage("share", QuotaMechanism.LOOP, 16 * 2**20, 16 * 2**20, 30, 256)
+    share = member_share(usage, 25)
+    assert (share.bytes_limit, share.inodes_limit) == (4 * 2**20, 64)
+    owners = {1061: OwnerUsage(15 * 2**20, 3), 1062: OwnerUsage(2**20, 20), 0: OwnerUsage(4096, 1)}
+    members = members_of(owners, share, lambda uid: uid - 1000 if uid > 1000 else None)
+    assert [m.user_id for m in members] == [61, 62, None]  # the largest holder first
+    assert members[0].over_share and not members[1].over_share
+    text = shared_no_space_message("No space left", usage, members, caller=62)
+    assert "user 61 holds 15.0 MiB in 3 files (over its share)" in text
+    assert "Your own files there take 1.0 MiB in 20 files" in text and "user 62 holds" not in text
+    assert "uid 0 (not a user's sandbox)" in text
+    assert "cannot delete other members' files" in text and "delete files to free space" not in text
+    assert "DELETE /v1/admin/disk/volumes/share/members/{user_id}" in text
+    refusal = over_share_message("share", members[0])
+    assert "your files there hold 15.0 MiB" in refusal and "4.0 MiB / 64 files" in refusal
+
+
+def test_a_member_over_its_share_is_stopped_again_only_when_it_wrote_more() -> None:
+    usage = DiskUsage("share", QuotaMechanism.LOOP, 16 * 2**20, 16 * 2**20, 30, 256)
+    share = member_share(usage, 25)
+    at = {n: members_of({1061: OwnerUsage(n * 2**20, 3)}, share, lambda uid: uid - 1000)[0] for n in (2, 9, 12)}
+    assert not needs_stop(at[2], None)  # under its share
+    assert needs_stop(at[9], None)  # over, never stopped
+    assert not needs_stop(at[9], at[9]) and not needs_stop(at[9], at[12])  # stayed put, or deleted some
+    assert needs_stop(at[12], at[9])  # wrote more since (a shell)
+    stranger = members_of({0: OwnerUsage(12 * 2**20, 3)}, share, lambda uid: None)[0]
+    assert not needs_stop(stranger, None)  # root's files: no sandbox to stop
+
+
+def test_a_place_holding_less_than_one_share_needs_no_walk() -> None:
+    usage = DiskUsage("share", QuotaMechanism.LOOP, 3 * 2**20, 16 * 2**20, 10, 256)
+    assert not anyone_may_be_over(usage, member_share(usage, 25))
+    assert anyone_may_be_over(usage, member_share(usage, 10))  # 1.6 MiB share: one may hold 3
+    many_files = DiskUsage("share", QuotaMechanism.LOOP, 2**20, 16 * 2**20, 100, 256)
+    assert anyone_may_be_over(many_files, member_share(many_files, 25))
 
 
 def test_mountinfo_parsing_unescapes_and_the_top_mount_wins() -> None:

@@ -1,20 +1,28 @@
 """The fallback where loop images cannot be used: a periodic usage scan (forced here with
 ORCH_DISK_QUOTA=scan) stops an over-quota user's sandbox within its interval and refuses its
 writes until it is under again; the scan follows no link a sandbox planted and its cost is
-bounded by the inode quota."""
+bounded by the inode quota. share/ is measured per member too: one member past its share of it
+is stopped, its writes there refused, and an admin frees its files."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from mounts.layout import GroupRef
+from orchestrator.quotas.model import group_volume
 from orchestrator.quotas.scan import scan_usage
+from tests.api_calls import tool
 from tests.conftest import admin_headers
 from tests.orchestrator.quotas.world import QuotaWorld, quota_settings, traversable_data_dir
+from tests.orchestrator.sandboxes.test_group_workspaces import group_session, shell, speak
 
 OVER, PLANTER = 31, 32
+HOG, NEIGHBOUR = 41, 42
+TEAM = GroupRef("feishu", "oc_shared_space")
 INTERVAL_S = 1.0
 
 
@@ -33,6 +41,10 @@ def world() -> Iterator[QuotaWorld]:
 
 def running_users(world: QuotaWorld) -> set[int]:
     return {s.user_id for s in world.service.sandboxes.status()}
+
+
+def over_share(world: QuotaWorld) -> dict[str, list[int]]:
+    return world.client.get("/healthz").json()["disk_quota"].get("over_share", {})
 
 
 def test_the_scan_stops_an_over_quota_sandbox_within_its_interval_and_refuses_writes_until_under(world: QuotaWorld) -> None:
@@ -69,6 +81,70 @@ def test_the_scan_stops_an_over_quota_sandbox_within_its_interval_and_refuses_wr
     while world.client.get("/healthz").json()["disk_quota"]["over_quota_users"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert world.tool(OVER, "write_file", path="more.txt", content="x")["ok"]
+
+
+def test_a_member_past_its_share_of_share_is_stopped_refused_there_and_freed_by_an_admin(world: QuotaWorld) -> None:
+    # share/ has no image in scan mode: it was not scanned at all, so one member could fill the
+    # data filesystem through it, counted on no one's quota.
+    share = world.service.layout.share_dir
+    world.shell(NEIGHBOUR, f"head -c 100000 /dev/urandom > {share}/neighbour.bin")
+    world.shell(HOG, f"head -c 6000000 /dev/urandom > {share}/hog.bin")  # past 25 % of 16 MiB
+    written = time.monotonic()
+    # The decision is the round's and comes within its interval; the stop it triggers takes what
+    # a stop takes on this host.
+    deadline = written + 2 * INTERVAL_S + 5
+    while not over_share(world) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert over_share(world) == {"share": [HOG]}, "no round noticed the member over its share"
+    deadline = time.monotonic() + 60
+    while HOG in running_users(world) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert HOG not in running_users(world), "the member over its share kept running"
+
+    refused = world.tool(HOG, "write_file", path=f"{share}/more.bin", content="x")
+    assert not refused["ok"] and refused["error"]["code"] == "no_space", refused
+    assert "your files there hold 5." in refused["error"]["message"], refused  # st_blocks: 5.6 or 5.7 MiB
+    assert "over the 4.0 MiB / 64 files one member may hold" in refused["error"]["message"], refused
+    assert world.tool(HOG, "write_file", path="private.txt", content="x")["ok"]  # its own places are not affected
+    assert world.tool(NEIGHBOUR, "write_file", path=f"{share}/fine.txt", content="y")["ok"]
+
+    overview = world.client.get("/v1/admin/disk", headers=admin_headers()).json()
+    assert overview["over_share"] == {"share": [HOG]}
+    assert "share" in {v["volume"] for v in overview["volumes"]}  # an admin learns the shared volumes' names
+    listed = world.client.get("/v1/admin/disk/volumes/share/members", headers=admin_headers())
+    assert listed.status_code == 200, listed.text
+    by_user = {m["user_id"]: m for m in listed.json()["members"]}
+    assert by_user[HOG]["over_share"] and by_user[HOG]["bytes_used"] > 5_900_000
+    assert not by_user[NEIGHBOUR]["over_share"]
+    freed = world.client.delete(f"/v1/admin/disk/volumes/share/members/{HOG}", headers=admin_headers())
+    assert freed.status_code == 200 and freed.json()["removed"] == 1, freed.text
+    assert HOG not in {m["user_id"] for m in freed.json()["members"]}
+    assert world.tool(HOG, "write_file", path=f"{share}/more.bin", content="x")["ok"]
+    assert world.shell(NEIGHBOUR, f"wc -c < {share}/neighbour.bin")["stdout"].strip() == "100000"  # not the hog's
+
+
+def test_a_member_past_its_share_of_a_group_workspace_is_refused_there_and_freed(world: QuotaWorld) -> None:
+    client = world.client
+    sid = group_session(client, HOG, TEAM)
+    hog_run, neighbour_run = speak(client, sid, HOG), speak(client, sid, NEIGHBOUR)
+    workspace = world.service.layout.group_dir(TEAM)
+    shell(client, neighbour_run, f"echo mine > {workspace}/neighbour.txt")
+    shell(client, hog_run, f"mkdir {workspace}/hog && head -c 6000000 /dev/urandom > {workspace}/hog/big.bin")
+    key = group_volume(world.service.layout, TEAM).key
+    deadline = time.monotonic() + 2 * INTERVAL_S + 5
+    while HOG not in over_share(world).get(key, []):
+        assert time.monotonic() < deadline, "the member over its share of the workspace was not found"
+        time.sleep(0.05)
+
+    refused = tool(client, hog_run, "write_file", path=f"{workspace}/more.txt", content="x")
+    assert not refused["ok"] and refused["error"]["code"] == "no_space", refused
+    assert f"shared place ({key})" in refused["error"]["message"]
+    assert tool(client, neighbour_run, "write_file", path=f"{workspace}/fine.txt", content="y")["ok"]
+
+    freed = client.delete(f"/v1/admin/disk/volumes/{key}/members/{HOG}", headers=admin_headers())
+    assert freed.status_code == 200 and freed.json()["removed"] == 2, freed.text  # big.bin, hog/
+    assert sorted(os.listdir(workspace)) == ["fine.txt", "neighbour.txt"]
+    assert tool(client, hog_run, "write_file", path=f"{workspace}/more.txt", content="x")["ok"]
 
 
 def test_the_scan_follows_no_planted_link_and_counts_a_hard_linked_file_once(world: QuotaWorld) -> None:
