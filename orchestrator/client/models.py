@@ -69,10 +69,12 @@ class IdentityPage(Model):
 
 
 class Health(Model):
+    """`/healthz`: anyone sees status, version and the mode; the rest needs the admin token."""
+
     status: str
     version: str
-    backend: str
     runtime_identity: str
+    backend: str | None = None
     runtime_identity_source: str | None = None
     egress: dict[str, Any] | None = None  # {"mode": "off" | "allowlist", ...} (docs/egress.md)
     isolation: dict[str, Any] | None = None  # {"uid_block": [first, last], ...} (docs/operations.md)

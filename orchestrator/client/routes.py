@@ -223,7 +223,8 @@ class ClientMethods:
     # health, users, groups, projects -----------------------------------------------------
     @route("GET", "/healthz")
     def health(self) -> Request[Health]:
-        return Request(_json_of(Health))
+        """With an admin token the whole answer (isolation, disk, egress, descriptors); else the mode."""
+        return Request(_json_of(Health), admin=bool(self._admin_headers))
 
     @route("PUT", "/v1/users/{user_id}")
     def put_user(self, user_id: UserRef, *, display_name: str | None = None, backend: str | None = None) -> Request[User]:

@@ -44,9 +44,14 @@ async def healthz(
     service: OrchestratorService = Depends(service_of),
     authorization: str | None = Header(None, include_in_schema=False),
 ) -> dict:
+    """Up, and the runtime identity mode, for anyone (a load balancer, a bot); what the host
+    exposes (isolation, uid block, disk, egress list, descriptors) with the admin token only,
+    or with authentication off (docs/operations.md)."""
     # In memory only: answered on the loop, never queued behind the thread pool.
     state = service.switch.state()
     caller = caller_for(service, authorization)
+    if caller is None or caller.role not in ("admin", "local"):
+        return {"status": "ok", "version": __version__, "runtime_identity": state.mode.value}
     return {
         "status": "ok",
         "version": __version__,
@@ -67,16 +72,14 @@ async def healthz(
         "kernel_boundary": kernel_boundaries(service.settings, service.sandboxes.backends),
         # The kubernetes backend's API server and namespace; null when it is not registered.
         "kubernetes": _kubernetes_status(service),
-        "descriptors": _descriptor_status(service, admin=caller is not None and caller.role in ("admin", "local")),
+        "descriptors": _descriptor_status(service),
     }
 
 
-def _descriptor_status(service: OrchestratorService, *, admin: bool) -> dict[str, object]:
-    """The process's descriptor limit for everyone; for the admin (or with auth off) also the
-    reserve, each pool's size, share and use, its largest users and refusals (docs/operations.md)."""
+def _descriptor_status(service: OrchestratorService) -> dict[str, object]:
+    """The process's descriptor limit, the reserve, each pool's size, share and use, its largest
+    users and refusals (docs/operations.md)."""
     plan = service.descriptors.plan
-    if not admin:
-        return {"limit": plan.limit}
     usage = service.descriptors.usage()
     pools = {
         feature.value: {"size": size, "user_share": plan.user_shares[feature], **usage[feature.value]}  # type: ignore[dict-item]

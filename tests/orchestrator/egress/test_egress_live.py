@@ -235,7 +235,7 @@ DIRECT = (
 @pytest.mark.skipif(shutil.which("bwrap") is None, reason="bwrap is not installed")
 def test_a_bwrap_sandbox_has_only_loopback_and_the_forwarder(upstream: int) -> None:
     with served(**uid_slice(2), process_sandbox="bwrap", egress_allow_loopback=True) as (client, service):
-        health = client.get("/healthz").json()
+        health = client.get("/healthz", headers=admin_headers()).json()
         assert health["egress"]["enforced"] == {"process": True}, health["egress"]
         put_rules(client, 71, allow=[f"127.0.0.1:{upstream}"])
         run_id = web_run(client, 71)

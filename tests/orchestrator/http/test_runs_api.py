@@ -119,7 +119,7 @@ def test_invalid_configured_mode_falls_back_and_is_reported(data_dir: Path, capl
             state = client.get("/v1/admin/runtime-identity").json()
             assert state["mode"] == "execution"
             assert state["invalid_value"] == "bogus"
-            assert client.get("/healthz").json()["runtime_identity_invalid_value"] == "bogus"
+            assert client.get("/healthz", headers=admin_headers()).json()["runtime_identity_invalid_value"] == "bogus"
         assert any("invalid runtime identity mode" in r.getMessage() for r in caplog.records)
     finally:
         service.close()

@@ -39,7 +39,7 @@ def world() -> Iterator[QuotaWorld]:
 
 
 def test_a_write_past_the_quota_is_no_space_naming_the_quota_and_the_neighbour_still_writes(world: QuotaWorld) -> None:
-    health = world.client.get("/healthz").json()["disk_quota"]
+    health = world.client.get("/healthz", headers=admin_headers()).json()["disk_quota"]
     assert health["mechanism"] == "loop" and health["reason"] == "ORCH_DISK_QUOTA=loop"
     filled = world.shell(FILLER, "head -c 20000000 /dev/zero > big; echo exit=$?")
     assert "No space left on device" in filled["stderr"], filled

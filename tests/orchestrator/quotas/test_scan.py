@@ -44,11 +44,11 @@ def running_users(world: QuotaWorld) -> set[int]:
 
 
 def over_share(world: QuotaWorld) -> dict[str, list[int]]:
-    return world.client.get("/healthz").json()["disk_quota"].get("over_share", {})
+    return world.client.get("/healthz", headers=admin_headers()).json()["disk_quota"].get("over_share", {})
 
 
 def test_the_scan_stops_an_over_quota_sandbox_within_its_interval_and_refuses_writes_until_under(world: QuotaWorld) -> None:
-    health = world.client.get("/healthz").json()["disk_quota"]
+    health = world.client.get("/healthz", headers=admin_headers()).json()["disk_quota"]
     assert health["mechanism"] == "scan"
     world.shell(OVER, "head -c 9500000 /dev/urandom > big")
     assert OVER in running_users(world)
@@ -56,9 +56,9 @@ def test_the_scan_stops_an_over_quota_sandbox_within_its_interval_and_refuses_wr
     # The decision is the scan's and comes within its interval (plus one round's own time);
     # the stop it triggers takes what a stop takes on this host, which is not what is tested.
     deadline = written + 2 * INTERVAL_S + 5
-    while not world.client.get("/healthz").json()["disk_quota"]["over_quota_users"] and time.monotonic() < deadline:
+    while not world.client.get("/healthz", headers=admin_headers()).json()["disk_quota"]["over_quota_users"] and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert world.client.get("/healthz").json()["disk_quota"]["over_quota_users"] == [OVER]
+    assert world.client.get("/healthz", headers=admin_headers()).json()["disk_quota"]["over_quota_users"] == [OVER]
     assert time.monotonic() - written < 2 * INTERVAL_S + 5, "no scan noticed the over-quota user"
     deadline = time.monotonic() + 60
     while OVER in running_users(world) and time.monotonic() < deadline:
@@ -78,7 +78,7 @@ def test_the_scan_stops_an_over_quota_sandbox_within_its_interval_and_refuses_wr
     assert world.tool(OVER, "read_file", path="big", limit=1)["ok"] is not None
     world.shell(OVER, "rm big")
     deadline = time.monotonic() + 2 * INTERVAL_S + 2
-    while world.client.get("/healthz").json()["disk_quota"]["over_quota_users"] and time.monotonic() < deadline:
+    while world.client.get("/healthz", headers=admin_headers()).json()["disk_quota"]["over_quota_users"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert world.tool(OVER, "write_file", path="more.txt", content="x")["ok"]
 

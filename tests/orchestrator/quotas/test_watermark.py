@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import API_TOKEN, TEST_ROOT
+from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers
 from tests.orchestrator.quotas.world import QuotaWorld, quota_settings
 
 
@@ -44,7 +44,7 @@ def test_a_nearly_full_data_filesystem_refuses_a_new_sandbox_and_host_writes(
         st = os.statvfs(small_data_fs)
         with open(filler, "wb") as f:  # someone else's bytes, until 5% is left free
             f.write(b"\0" * ((st.f_bavail - st.f_blocks // 20) * st.f_frsize))
-        assert world.client.get("/healthz").json()["disk_quota"]["watermark_problem"]
+        assert world.client.get("/healthz", headers=admin_headers()).json()["disk_quota"]["watermark_problem"]
         with caplog.at_level(logging.ERROR, logger="orchestrator.quotas.service"):
             answer = world.tool(42, "write_file", path="a.txt", content="hello")
         assert not answer["ok"], answer

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.api_calls import tool
-from tests.conftest import API_TOKEN, make_settings
+from tests.conftest import API_TOKEN, admin_headers, make_settings
 
 AS_ROOT = os.geteuid() == 0
 pytestmark = pytest.mark.skipif(not AS_ROOT, reason="network namespaces need a root orchestrator")
@@ -86,7 +86,7 @@ def test_item9_bwrap_sandbox_cannot_reach_host_loopback(agent_data_dir, host_lis
 
 
 def test_item9_healthz_reports_the_isolation(agent_client: TestClient, agent_service: OrchestratorService) -> None:
-    isolation = agent_client.get("/healthz").json()["isolation"]
+    isolation = agent_client.get("/healthz", headers=admin_headers()).json()["isolation"]
     base, top = agent_service.settings.sandbox_uid_base, agent_service.settings.max_user_id  # the block in force
     assert isolation == {
         "users_isolated": True, "process_network": "namespace", "uid_base": base, "uid_block": [base, base + top]

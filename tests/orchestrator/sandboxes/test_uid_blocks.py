@@ -18,7 +18,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.startup_checks import StartupRefused
 from orchestrator.sandboxes.uid_blocks import Claim, UidBlock, conflict_message, overlapping_claim
-from tests.conftest import API_TOKEN, make_settings
+from tests.conftest import API_TOKEN, admin_headers, make_settings
 from tests.live_server import free_port, serve_process
 
 AS_ROOT = os.geteuid() == 0
@@ -95,7 +95,7 @@ def test_disjoint_blocks_both_start_and_healthz_reports_the_block(tmp_path: Path
                 (100000, 1000, os.getpid()), (200000, 1000, os.getpid())
             ]  # fmt: skip
             with TestClient(create_app(second)) as client:
-                assert client.get("/healthz").json()["isolation"]["uid_block"] == [200000, 201000]
+                assert client.get("/healthz", headers=admin_headers()).json()["isolation"]["uid_block"] == [200000, 201000]
         finally:
             second.close()
     finally:

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
-from tests.conftest import API_TOKEN
+from tests.conftest import API_TOKEN, admin_headers
 from tests.orchestrator.sandboxes.docker.conftest import docker_settings
 from orchestrator.sandboxes.docker_spec import LABEL_INSTANCE, instance_id
 from orchestrator.sandboxes.image.recipe import LABEL_AGENT_LOCK, LABEL_ROLE, ROLE_SANDBOX
@@ -31,7 +31,7 @@ def api(service: OrchestratorService) -> TestClient:
 def test_auto_picks_docker_when_the_image_exists(docker_data_dir: Path, sandbox_image: str) -> None:
     service = OrchestratorService(docker_settings(docker_data_dir, sandbox_image, backend="auto"))
     with api(service) as client:
-        health = client.get("/healthz").json()
+        health = client.get("/healthz", headers=admin_headers()).json()
     assert health["backend"] == "docker" and health["backends_available"] == ["docker", "process"]
     assert "image fits" in health["backend_reason"]
 
@@ -54,7 +54,7 @@ def test_auto_falls_back_to_process_with_an_image_for_other_agent_dependencies(
 ) -> None:
     service = OrchestratorService(docker_settings(docker_data_dir, foreign_image, backend="auto"))
     with api(service) as client:
-        health = client.get("/healthz").json()
+        health = client.get("/healthz", headers=admin_headers()).json()
         assert health["backend"] == "process" and foreign_image in health["backend_reason"]
         assert "build-image" in health["backend_reason"]
         run = start_run(client, group_session(client), trigger="web")
@@ -66,7 +66,7 @@ def test_docker_refuses_an_image_for_other_agent_dependencies_with_the_fix(
 ) -> None:
     service = OrchestratorService(docker_settings(docker_data_dir, foreign_image))
     with api(service) as client:
-        assert client.get("/healthz").json()["backend"] == "docker"
+        assert client.get("/healthz", headers=admin_headers()).json()["backend"] == "docker"
         run = start_run(client, group_session(client), trigger="web")
         answer = tool(client, run["run_id"], "read_file", path="x.txt")
     assert answer["ok"] is False and answer["error"]["code"] == "sandbox_unavailable"
@@ -84,7 +84,7 @@ def test_auto_falls_back_to_process_without_the_image(docker_data_dir: Path) -> 
     missing = "sandbox-orchestrator/sandbox:never-built"
     service = OrchestratorService(docker_settings(docker_data_dir, missing, backend="auto"))
     with api(service) as client:
-        health = client.get("/healthz").json()
+        health = client.get("/healthz", headers=admin_headers()).json()
         assert health["backend"] == "process" and health["backends_available"] == ["process"]
         assert missing in health["backend_reason"]
         run = start_run(client, group_session(client), trigger="web")

@@ -74,7 +74,7 @@ def test_healthz_says_where_egress_is_not_enforced(docker_data_dir, sandbox_imag
     from tests.orchestrator.sandboxes.docker.conftest import docker_settings
 
     with serving(docker_settings(docker_data_dir, sandbox_image, backend="auto", sandbox_network="bridge")) as (client, _):
-        egress = client.get("/healthz").json()["egress"]
+        egress = client.get("/healthz", headers=admin_headers()).json()["egress"]
     assert egress["mode"] == "allowlist" and egress["enforced"]["docker"] is False, egress
     assert "not enforced for docker" in egress["warning"], egress
     assert egress["allow_default"] == ["pypi.org", "*.pythonhosted.org", "registry.npmjs.org"]
