@@ -190,7 +190,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     from orchestrator.mcp.stdio_relay import RelayOptions, main
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # stderr stays readable; stdout is the protocol
+    # stderr stays readable (stdout is the protocol): no line per HTTP request from either
+    # client library (the API client's httpx, the MCP transport's httpx2) at INFO.
+    for name in ("httpx", "httpx2", "httpcore", "httpcore2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     options = RelayOptions(
         url=args.url,
         token=args.token or os.environ.get("ORCH_API_TOKEN"),

@@ -94,3 +94,22 @@ def test_without_a_server_the_relay_says_so_in_one_line() -> None:
         capture_output=True, text=True, cwd=REPO, timeout=60, stdin=subprocess.DEVNULL,
     )
     assert done.returncode == 1 and "cannot start a run" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_at_info_the_relay_logs_no_line_per_http_request(live: Live, bot: OrchestratorClient, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    params = relay_command(live, "--owner", "4243")
+    params = params.model_copy(update={"args": [a for a in params.args if a not in ("--log-level", "WARNING")]})
+    errlog_path = tmp_path / "stderr.log"
+
+    async def scenario() -> None:
+        with open(errlog_path, "w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write):
+                async with ClientSession(read, write) as mcp:
+                    await mcp.initialize()
+                    for _ in range(5):
+                        await mcp.list_tools()
+
+    anyio.run(scenario)
+    logged = errlog_path.read_text()
+    assert "mcp relay run started" in logged  # INFO is on
+    assert "HTTP Request" not in logged, logged
