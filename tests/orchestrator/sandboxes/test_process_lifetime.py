@@ -5,6 +5,7 @@ busy hopper running on through a pause, memory and /dev/shm filled past their bo
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -215,3 +216,30 @@ def test_healthz_tells_the_truth_about_host_tmp_and_lifetime(agent_data_dir: Pat
         if not isolated:
             assert "/tmp" in isolation["reason"]
         assert isolation["process_lifetime"] == "cgroup", isolation
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandbox", ["none", "bwrap"])
+def test_a_fork_hopper_dies_with_a_killed_server(agent_data_dir: Path, sandbox: str) -> None:
+    # kill -9 of a real `orchestrator serve`: no stop runs. Its thaw warden kills the sandbox
+    # cgroups it was told about; under bwrap the PID namespace also dies with the server.
+    import httpx
+
+    from tests.live_server import free_port
+    from tests.orchestrator.tools.test_processes_restart import _serve
+
+    if sandbox == "bwrap" and (problem := bwrap_problem()) is not None:
+        pytest.skip(problem)
+    env = {"ORCH_BACKEND": "process", "ORCH_PROCESS_SANDBOX": sandbox, "ORCH_SANDBOX_PIDS": str(HOPPER_PIDS)}
+    uid = make_settings(agent_data_dir).sandbox_uid_base + USER
+    port = free_port()
+    with _serve(agent_data_dir, port, env) as server, httpx.Client(
+        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=60
+    ) as http:
+        hops = start_hopper(http, new_run(http), HOPPER)  # type: ignore[arg-type]
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        deadline = time.monotonic() + 10  # the warden's kill follows the pipe's end
+        while uid_processes(uid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        nothing_of_the_sandbox_runs_for(uid, hops, 2.5)
