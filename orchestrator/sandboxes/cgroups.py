@@ -209,6 +209,21 @@ def _wait_for(v2_dir: Path, key: str, value: str, timeout_s: float) -> bool:
     return True
 
 
+def kill_cgroup(v2_dir: Path) -> bool:
+    """Kill everything in the v2 cgroup `v2_dir` (frozen or not) and wait until it is empty;
+    False when something was still in it after the wait. A missing cgroup is empty."""
+    try:
+        _write(v2_dir / "cgroup.kill", "1")
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        log.error("cgroup.kill failed %s", kv(cgroup=v2_dir, error=exc))
+    empty = _wait_for(v2_dir, "populated", "0", KILL_WAIT_S)
+    if not empty:
+        log.error("a sandbox cgroup is still populated after cgroup.kill %s", kv(cgroup=v2_dir))
+    return empty
+
+
 class SandboxCgroups:
     """The shell: finds the host's cgroups once, then makes, kills, freezes and removes
     sandbox cgroups. `usable` is False (with a `reason`) when this process cannot manage
@@ -274,15 +289,7 @@ class SandboxCgroups:
     def kill(self, plan: CgroupPlan, *, remove: bool = True) -> bool:
         """Kill everything in the sandbox's cgroup and wait until it is empty; then remove its
         directories. False when something was still in it after the wait."""
-        try:
-            _write(plan.v2_dir / "cgroup.kill", "1")
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.error("cgroup.kill failed %s", kv(cgroup=plan.v2_dir, error=exc))
-        empty = _wait_for(plan.v2_dir, "populated", "0", KILL_WAIT_S)
-        if not empty:
-            log.error("a sandbox cgroup is still populated after cgroup.kill %s", kv(cgroup=plan.v2_dir))
+        empty = kill_cgroup(plan.v2_dir)
         if remove:
             self.remove(plan)
         return empty

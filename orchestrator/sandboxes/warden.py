@@ -32,7 +32,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from orchestrator.log import kv
@@ -141,22 +140,13 @@ def parse_line(line: str, frozen: dict[int, float], cgroups: set[Path] | None = 
 
 
 def kill_cgroups(cgroups: set[Path]) -> int:
-    from orchestrator.sandboxes.cgroups import KILL_WAIT_S, parse_events
+    from orchestrator.sandboxes.cgroups import kill_cgroup
 
     killed = 0
     for path in cgroups:
-        try:
-            (path / "cgroup.kill").write_text("1")
-        except OSError:
+        if not path.is_dir():
             continue
-        deadline = time.monotonic() + KILL_WAIT_S
-        while time.monotonic() < deadline:
-            try:
-                if parse_events((path / "cgroup.events").read_text()).get("populated") == "0":
-                    break
-            except OSError:
-                break
-            time.sleep(0.01)
+        kill_cgroup(path)
         try:
             path.rmdir()
         except OSError:
