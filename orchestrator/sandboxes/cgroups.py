@@ -306,18 +306,19 @@ class SandboxCgroups:
 
     def kill_leftovers(self) -> int:
         """Kill and remove every sandbox cgroup of this instance (at start: nothing is adopted)."""
-        assert self.mounts.v2 is not None
         killed = 0
-        try:
-            names = os.listdir(self.mounts.v2 / instance_name(self.uid_base))
-        except OSError:
-            return 0
-        for name in names:
-            if name.startswith("user-") and name[5:].isdigit():
-                plan = self.plan(int(name[5:]))
-                if self.populated(plan):
-                    killed += 1
-                self.kill(plan)
+        uids: set[int] = set()
+        # v1 leaves too: a dead orchestrator's warden removed only the v2 ones.
+        for instance in (d for d in self.plan(0).create if d.name == instance_name(self.uid_base)):
+            try:
+                uids |= {int(n[5:]) for n in os.listdir(instance) if n.startswith("user-") and n[5:].isdigit()}
+            except OSError:
+                continue
+        for uid in sorted(uids):
+            plan = self.plan(uid)
+            if self.populated(plan):
+                killed += 1
+            self.kill(plan)
         if killed:
             log.warning("killed sandbox cgroups an earlier server left %s", kv(count=killed))
         return killed

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator.http.app import create_app
+from orchestrator.sandboxes.cgroups import SandboxCgroups, SandboxLimits
 from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.service import OrchestratorService
 from tests.conftest import API_TOKEN, make_settings
@@ -231,15 +232,23 @@ def test_a_fork_hopper_dies_with_a_killed_server(agent_data_dir: Path, sandbox: 
     if sandbox == "bwrap" and (problem := bwrap_problem()) is not None:
         pytest.skip(problem)
     env = {"ORCH_BACKEND": "process", "ORCH_PROCESS_SANDBOX": sandbox, "ORCH_SANDBOX_PIDS": str(HOPPER_PIDS)}
-    uid = make_settings(agent_data_dir).sandbox_uid_base + USER
+    settings = make_settings(agent_data_dir)
+    uid = settings.sandbox_uid_base + USER
     port = free_port()
-    with _serve(agent_data_dir, port, env) as server, httpx.Client(
-        base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=60
-    ) as http:
-        hops = start_hopper(http, new_run(http), HOPPER)  # type: ignore[arg-type]
-        server.send_signal(signal.SIGKILL)
-        server.wait()
-        deadline = time.monotonic() + 10  # the warden's kill follows the pipe's end
-        while uid_processes(uid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        nothing_of_the_sandbox_runs_for(uid, hops, 2.5)
+    try:
+        with _serve(agent_data_dir, port, env) as server, httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=60
+        ) as http:
+            hops = start_hopper(http, new_run(http), HOPPER)  # type: ignore[arg-type]
+            server.send_signal(signal.SIGKILL)
+            server.wait()
+            deadline = time.monotonic() + 10  # the warden's kill follows the pipe's end
+            while uid_processes(uid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            nothing_of_the_sandbox_runs_for(uid, hops, 2.5)
+    finally:
+        # What a next server of the instance would do: remove what the killed one left.
+        leftovers = SandboxCgroups(settings.sandbox_uid_base, SandboxLimits(1, 2**30, 64))
+        if leftovers.usable:
+            leftovers.kill_leftovers()
+            leftovers.close()
