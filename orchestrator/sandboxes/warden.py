@@ -4,7 +4,7 @@ process backend's sandbox cgroups then.
 Each agent stops itself after the idle timeout (its dead-man switch), but a frozen agent
 runs no timer: a container paused by an orchestrator that was then killed and never came
 back would stay frozen, holding its memory, forever. The warden is a small process outside
-every freezer, started (in a session of its own) with the first pause. The orchestrator
+every freezer, started (in a session of its own) with the first pause or sandbox cgroup. The orchestrator
 tells it over a pipe what it froze and thawed; the pipe's end, however the orchestrator
 ends (SIGKILL included: the kernel closes the pipe), makes the warden thaw whatever is
 still frozen: the paused containers of this instance (by label) and the SIGSTOPped process
