@@ -255,6 +255,9 @@ class Settings(BaseSettings):
     sandbox_cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox.")
     sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit per sandbox (MiB).")
     sandbox_pids: int = Field(512, gt=0, description="Process limit per sandbox.")
+    sandbox_shm_mb: int = Field(
+        64, gt=0, description="Size of /dev/shm (a tmpfs of its own) in a bwrap sandbox of the process backend (MiB)."
+    )
     sandbox_ready_timeout_s: float = Field(
         30.0, gt=0, description="How long a starting sandbox's agent may take to answer /health."
     )

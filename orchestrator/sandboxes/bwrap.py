@@ -2,10 +2,15 @@
 installed it may apply the plan's mounts), opt-in with `ORCH_PROCESS_SANDBOX=bwrap`.
 
 Inside, the agent and its shells see the system read-only (/usr, /etc and the merged-/usr
-links), /dev, /proc, and exactly the plan's mounts at their sandbox paths (`tmp/{uid}` at
-/tmp); no network (a new, empty network namespace), no other user's or host-only directory.
-The PID namespace stays shared: the agent finds and kills a shell call's processes through
-/proc, and watches the orchestrator's pid to exit with it.
+links), /dev with a /dev/shm of ORCH_SANDBOX_SHM_MB (a tmpfs of its own), a /proc of their
+own, and exactly the plan's mounts at their sandbox paths (`tmp/{uid}` at /tmp); no network (a
+new, empty network namespace), no other user's or host-only directory.
+
+A PID namespace of its own (`--unshare-pid`): bwrap is its init, the agent its first child;
+the agent's sweeps see and kill only the sandbox's processes, and when the namespace's init
+dies the kernel kills everything left in it. `--die-with-parent`: bwrap gets SIGKILL when the
+orchestrator dies (however it dies), so the whole namespace ends with it; the agent, which
+cannot see the orchestrator's pid from inside, does not watch it itself.
 
 `bwrap_command` is a pure function of the plan; `BwrapProbe` checks once that bwrap works for
 sandbox uids (it needs unprivileged user namespaces when not setuid).
@@ -26,7 +31,11 @@ from mounts.plan import Access, MountPlan
 
 SYSTEM_READ_ONLY = ("/usr", "/etc")
 TOP_LEVEL_LIBS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-ISOLATION_FLAGS = ("--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--new-session")
+ISOLATION_FLAGS = (
+    "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-pid", "--unshare-cgroup-try",
+    "--new-session", "--die-with-parent",
+)  # fmt: skip
+MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,7 @@ def bwrap_command(
     *,
     chdir: Path,
     system: HostSystem,
+    shm_mb: int,
     extra_read_only: Sequence[str] = (),
     bwrap: str = "bwrap",
 ) -> list[str]:
@@ -74,7 +84,8 @@ def bwrap_command(
         args += ["--symlink", target, path]
     for path in system.dirs:
         args += ["--ro-bind", path, path]
-    args += ["--dev", "/dev", "--bind", "/proc", "/proc"]
+    # /dev's own tmpfs is sized from the host's RAM; /dev/shm gets a bounded one.
+    args += ["--dev", "/dev", "--size", str(shm_mb * MIB), "--tmpfs", "/dev/shm", "--proc", "/proc"]
     for path in extra_read_only:
         args += ["--ro-bind", path, path]
     # Shallow mounts first: /tmp before a data dir that happens to live below /tmp.

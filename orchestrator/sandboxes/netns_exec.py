@@ -1,9 +1,14 @@
-"""Start a command in a new, empty network namespace, then as a sandbox uid (run as root).
+"""Start a command in its cgroups and a new, empty network namespace, then as a sandbox uid
+(run as root).
 
-    python -I -S netns_exec.py UID GID GIDS -- COMMAND...      (GIDS: comma-separated, may be empty)
+    python -I -S netns_exec.py [--cgroup-procs FILE]... [--keep-network] UID GID GIDS -- COMMAND...
+    (GIDS: comma-separated, may be empty)
 
-The process backend (without bwrap) launches every agent through this, so a sandbox has only
-`lo`, like docker's `none` network: no host loopback services (the orchestrator's own API), no
+The process backend (as root) launches every agent through this. First it writes its own pid
+into each `cgroup.procs` given (orchestrator/sandboxes/cgroups.py): the agent, and everything
+it will ever fork, is in the sandbox's cgroups before it runs a line of its own. Then (unless
+`--keep-network`: bwrap makes its own) a new network namespace, so a sandbox has only `lo`,
+like docker's `none` network: no host loopback services (the orchestrator's own API), no
 outside network. The namespace must be made while still root (CAP_SYS_ADMIN), so the identity
 switch happens here, after it, and not in subprocess.Popen. The agent's Unix socket lives on
 the filesystem and works across network namespaces.
@@ -47,7 +52,28 @@ def loopback_up() -> None:
         fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
 
 
+def join_cgroups(procs_files: list) -> None:
+    for path in procs_files:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.write(fd, str(os.getpid()).encode())
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            fail(f"joining the cgroup {path}", exc)
+
+
 def main(argv: list) -> None:
+    procs_files, keep_network = [], False
+    while argv and argv[0] in ("--cgroup-procs", "--keep-network"):
+        if argv[0] == "--keep-network":
+            keep_network, argv = True, argv[1:]
+        elif len(argv) > 1:
+            procs_files.append(argv[1])
+            argv = argv[2:]
+        else:
+            fail("parsing the arguments", "--cgroup-procs needs a file")
     try:
         uid, gid, gids_csv, separator, *command = argv
         uid_n, gid_n = int(uid), int(gid)
@@ -56,11 +82,13 @@ def main(argv: list) -> None:
         fail("parsing the arguments", "usage: netns_exec.py UID GID GIDS -- COMMAND...")
     if separator != "--" or not command:
         fail("parsing the arguments", "usage: netns_exec.py UID GID GIDS -- COMMAND...")
-    new_network_namespace()
-    try:
-        loopback_up()
-    except OSError as exc:
-        fail("bringing lo up", exc)
+    join_cgroups(procs_files)
+    if not keep_network:
+        new_network_namespace()
+        try:
+            loopback_up()
+        except OSError as exc:
+            fail("bringing lo up", exc)
     try:
         os.setgroups(gids)
         os.setresgid(gid_n, gid_n, gid_n)

@@ -7,9 +7,15 @@
   one that missed a deadline (stopped, hung) is killed without asking. The calls themselves,
   their one retry and their errors are the router's (docs/backends.md).
 - An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
-- Idle agents are paused (SIGSTOP of the agent's whole process tree) and later stopped by
-  `reap_idle` (a periodic task of the composition root, deciding with `idle_action`); the next
-  call resumes a paused one (SIGCONT). All agents are stopped at `close()`.
+- Idle agents are paused and later stopped by `reap_idle` (a periodic task of the composition
+  root, deciding with `idle_action`); the next call resumes a paused one. All agents are
+  stopped at `close()`.
+- As root, each sandbox lives in a cgroup of its own (orchestrator/sandboxes/cgroups.py),
+  joined by its launcher before the agent runs: stop is `cgroup.kill` (nothing it forked
+  survives), pause is `cgroup.freeze`, and ORCH_SANDBOX_CPUS / _MEMORY_MB / _PIDS are its
+  limits. Without cgroups (not root) pause is a SIGSTOP of the agent's process tree and stop a
+  kill of that tree, which a process forking faster than the scan can outlive; /healthz says
+  so (`process_lifetime`).
 - As root, an agent runs as the user's own uid (base + user id) with the shared sandbox
   group and the gids of the user's group workspaces (exactly those of the plan), umask 002,
   and an interpreter that uid can execute, in a network namespace of its own with only `lo`
@@ -21,10 +27,13 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import queue
 import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,6 +58,7 @@ from orchestrator.sandboxes.base import (
     runs_processes,
 )
 from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
+from orchestrator.sandboxes.cgroups import CgroupError, CgroupPlan, SandboxCgroups, SandboxLimits
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
 from orchestrator.errors import ToolError
@@ -78,6 +88,7 @@ class _Agent:
     run_as_uid: int | None
     started_at: float = field(default_factory=time.time)
     group_gids: tuple[int, ...] = ()  # of the plan it was started with
+    cgroup: CgroupPlan | None = None  # as root: the sandbox's cgroup, which the agent joined before it ran
     stalled: bool = False  # missed a call's deadline: killed before the next call
     forgotten: bool = False  # failed a call: replaced before the next call
     stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
@@ -95,8 +106,35 @@ class _Agent:
         return self.live.count.last_used
 
     @property
-    def paused(self) -> bool:  # SIGSTOPped by the reaper: resumed (SIGCONT) before the next call
+    def paused(self) -> bool:  # frozen by the reaper: thawed before the next call
         return self.live.count.paused
+
+
+class SpawnThread:
+    """Starts the agents' processes from one thread that lives as long as the backend. bwrap's
+    --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that forked it exits, and the
+    threads calls run on come and go: an agent started from one would die with it."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="agent-spawner")
+        self._thread.start()
+
+    def run(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        done: Future[subprocess.Popen[bytes]] = Future()
+        self._queue.put((start, done))
+        return done.result()
+
+    def _loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            start, done = job
+            try:
+                done.set_result(start())
+            except BaseException as exc:  # handed to the caller's thread
+                done.set_exception(exc)
+
+    def close(self) -> None:
+        self._queue.put(None)
 
 
 class ProcessBackend:
@@ -122,16 +160,33 @@ class ProcessBackend:
         self._bwrap = BwrapProbe() if settings.process_sandbox == "bwrap" else None
         netns = netns_usable() if directories.chown and self._bwrap is None else (False, "not needed")
         self._netns = netns[0]
+        self._cgroups: SandboxCgroups | None = None
+        cgroups: tuple[bool, str | None, str] = (False, "not root: sandbox cgroups cannot be made", "none")
+        if directories.chown:
+            limits = SandboxLimits(
+                cpus=settings.sandbox_cpus, memory_bytes=settings.sandbox_memory_mb * 1024 * 1024,
+                pids=settings.sandbox_pids,
+            )  # fmt: skip
+            found = SandboxCgroups(directories.uid_base, limits)
+            cgroups = (found.usable, found.reason, found.limited_by)
+            if found.usable:
+                self._cgroups = found
+                # No adoption: whatever an earlier server of this instance left is ended.
+                found.kill_leftovers()
+            else:
+                log.error("process-backend sandboxes get no cgroup; their lifetime is not kernel-bounded %s", kv(reason=found.reason))
         self.isolation: Isolation = decide_isolation(
-            as_root=directories.chown, bwrap=self._bwrap is not None, netns=netns, uid_base=directories.uid_base
-        )
+            as_root=directories.chown, bwrap=self._bwrap is not None, netns=netns, uid_base=directories.uid_base,
+            cgroups=cgroups,
+        )  # fmt: skip
         if not self.isolation.complete:
             log.error(
                 "process-backend sandboxes are NOT isolated from each other or the host network %s",
                 kv(reason=self.isolation.reason, network=self.isolation.process_network),
             )
         self._answer_limits = answer_limits(settings)
-        self._warden = Warden(None)  # thaws our SIGSTOPped agents should we vanish
+        self._spawner = SpawnThread()
+        self._warden = Warden(None)  # thaws our SIGSTOPped agents, kills our cgroups, should we vanish
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -180,6 +235,16 @@ class ProcessBackend:
     def _freeze(self, agent: _Agent) -> bool:
         if not agent.live.count.pause_if_idle():
             return False  # a call came first
+        if agent.cgroup is not None and self._cgroups is not None:
+            try:
+                if self._cgroups.freeze(agent.cgroup):
+                    return True
+                log.warning("a sandbox cgroup did not freeze in time %s", kv(user=agent.user_id))
+            except OSError as exc:
+                log.warning("freezing a sandbox cgroup failed %s", kv(user=agent.user_id, error=exc))
+            self._cgroups.thaw(agent.cgroup)
+            agent.live.count.unpause()
+            return False
         try:
             self._warden.frozen(agent.proc.pid, psutil.Process(agent.proc.pid).create_time())
         except psutil.Error:  # it just exited: nothing to freeze
@@ -193,6 +258,10 @@ class ProcessBackend:
         return True
 
     def _thaw(self, agent: _Agent) -> None:
+        if agent.cgroup is not None and self._cgroups is not None:
+            self._cgroups.thaw(agent.cgroup)
+            agent.live.count.unpause()
+            return
         for proc in reversed(self._tree(agent)):
             try:
                 proc.resume()
@@ -253,9 +322,12 @@ class ProcessBackend:
         try:
             release = self.deployment.ensure()
             launch = prepare_agent_launch(
-                self.settings, self.directories, user, in_sandbox=namespaced, parent_pid=os.getpid(),
+                self.settings, self.directories, user, in_sandbox=namespaced,
+                # In its own PID namespace the agent cannot see our pid: bwrap --die-with-parent
+                # ends the sandbox with us instead.
+                parent_pid=None if namespaced else os.getpid(),
                 private_network=self.isolation.process_network == "namespace",
-            )
+            )  # fmt: skip
             python = self.deployment.interpreter_for(run_as)
         except (OSError, RuntimeError, UnsafeDirectory) as exc:  # incl. GroupWithoutGid
             log.error("cannot prepare the agent %s", kv(user=user_id, error=exc))
@@ -272,6 +344,7 @@ class ProcessBackend:
                 command,
                 chdir=self.layout.home_dir(user_id),
                 system=HostSystem.inspect(),
+                shm_mb=self.settings.sandbox_shm_mb,
                 extra_read_only=interpreter_mounts(python),
                 bwrap=binary,
             )
@@ -280,16 +353,27 @@ class ProcessBackend:
         except OSError as exc:  # the user's shell keeps changing its socket dir under us
             raise sandbox_unavailable(user_id, f"clearing its socket path failed: {exc}") from exc
         identity: dict[str, Any] = {}
+        cgroup: CgroupPlan | None = None
         if run_as is not None:
             # The shared gid opens share/; each group gid one workspace of the plan, no other.
             extra_groups = [self.directories.shared_gid, *user.plan.group_gids]
             identity = {"user": run_as, "group": run_as, "extra_groups": extra_groups}
-            if self._netns:
-                # The namespace needs root: the launcher makes it, then switches to the uid.
-                command = netns_command(command, uid=run_as, gid=run_as, groups=extra_groups)
+            if self._cgroups is not None:
+                try:
+                    cgroup = self._cgroups.prepare(run_as)
+                except CgroupError as exc:
+                    raise sandbox_unavailable(user_id, f"its cgroup: {exc}") from exc
+                self._warden.watch_cgroup(cgroup.v2_dir)
+            if self._netns or cgroup is not None:
+                # Both need root: the launcher joins the cgroup and makes the namespace (bwrap
+                # makes its own), then switches to the uid and executes the agent.
+                command = netns_command(
+                    command, uid=run_as, gid=run_as, groups=extra_groups,
+                    cgroup_procs=cgroup.procs if cgroup is not None else (), new_network=self._netns,
+                )  # fmt: skip
                 identity = {}
         try:
-            proc = subprocess.Popen(
+            proc = self._spawner.run(lambda: subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -299,8 +383,9 @@ class ProcessBackend:
                 start_new_session=True,  # its own process group: signals to us do not hit it
                 umask=0o002,  # group-writable files in shared dirs; private dirs are 0700 anyway
                 **identity,
-            )
+            ))  # fmt: skip
         except OSError as exc:
+            self._end_cgroup(cgroup)
             raise sandbox_unavailable(user_id, f"starting it failed: {exc}") from exc
         started = time.monotonic()
         peer = ExpectedPeer(uid=run_as) if run_as is not None else None
@@ -323,6 +408,7 @@ class ProcessBackend:
             build=release.build,
             instance_id=launch.config.instance_id,
             run_as_uid=run_as,
+            cgroup=cgroup,
         )
         threading.Thread(target=self._forward_stderr, args=(agent,), daemon=True, name=f"agent-{user_id}-stderr").start()
         try:
@@ -379,6 +465,19 @@ class ProcessBackend:
                 log.info("agent says %s", kv(user=agent.user_id, line=line))
         stream.close()
 
+    def _end_cgroup(self, cgroup: CgroupPlan | None) -> None:
+        """Everything in the sandbox's cgroup is killed (the kernel's `cgroup.kill`, which no
+        fork outruns) and the cgroup removed once empty."""
+        if cgroup is None or self._cgroups is None:
+            return
+        self._cgroups.kill(cgroup)
+        self._warden.forget_cgroup(cgroup.v2_dir)
+
+    def cgroup_of(self, user_id: int) -> CgroupPlan | None:
+        with self._lock:
+            agent = self._agents.get(user_id)
+        return agent.cgroup if agent is not None else None
+
     def _terminate(self, agent: _Agent) -> None:
         """Stop the agent and everything it started (shells run in their own sessions)."""
         with self._lock:
@@ -386,19 +485,22 @@ class ProcessBackend:
                 del self._agents[agent.user_id]
         if agent.paused and agent.alive:
             self._thaw(agent)  # a stopped process does not act on SIGTERM
-        try:
-            tree = psutil.Process(agent.proc.pid).children(recursive=True)
-        except psutil.Error:
-            tree = []
+        tree: list[psutil.Process] = []
+        if agent.cgroup is None:  # with a cgroup, its kill below takes everything
+            try:
+                tree = psutil.Process(agent.proc.pid).children(recursive=True)
+            except psutil.Error:
+                pass
         if agent.alive and agent.stalled:
             agent.proc.kill()  # a stopped agent would not see SIGTERM; SIGKILL needs no cooperation
         elif agent.alive:
             try:
                 if self._bwrap is not None:
-                    # bwrap does not forward signals: the agent (its child) shuts down gracefully
-                    # and bwrap exits with it.
-                    for child in psutil.Process(agent.proc.pid).children():
-                        child.terminate()
+                    # bwrap does not forward signals: the agent (the child of bwrap's init in
+                    # its PID namespace) shuts down gracefully and bwrap exits with it.
+                    for init in psutil.Process(agent.proc.pid).children():
+                        for child in init.children():
+                            child.terminate()
                 else:
                     agent.proc.send_signal(signal.SIGTERM)
                 agent.proc.wait(STOP_GRACE_S)
@@ -406,6 +508,7 @@ class ProcessBackend:
                 agent.proc.kill()
             except (OSError, psutil.Error):
                 pass
+        self._end_cgroup(agent.cgroup)  # what the agent left, and what outran its sweep
         agent.proc.wait()
         for proc in tree:
             try:
@@ -492,6 +595,7 @@ class ProcessBackend:
                 "uid": agent.run_as_uid if agent.run_as_uid is not None else os.geteuid(),
                 "socket": agent.live.blocking.socket_path,
                 "namespace": "bwrap" if self._bwrap is not None else "none",
+                "cgroup": str(agent.cgroup.v2_dir) if agent.cgroup is not None else None,
                 "network": self.isolation.process_network,
                 "started_at": agent.started_at,
                 "idle_s": round(time.monotonic() - agent.last_used, 3),
@@ -509,4 +613,7 @@ class ProcessBackend:
             agents = list(self._agents.values())
         for agent in agents:
             self._terminate(agent)
+        self._spawner.close()
         self._warden.close()
+        if self._cgroups is not None:
+            self._cgroups.close()

@@ -1,9 +1,10 @@
-"""The thaw warden: what bounds a paused sandbox whose orchestrator vanished.
+"""The thaw warden: what bounds a paused sandbox whose orchestrator vanished, and what ends the
+process backend's sandbox cgroups then.
 
 Each agent stops itself after the idle timeout (its dead-man switch), but a frozen agent
 runs no timer: a container paused by an orchestrator that was then killed and never came
 back would stay frozen, holding its memory, forever. The warden is a small process outside
-every freezer, started (in a session of its own) with the first pause. The orchestrator
+every freezer, started (in a session of its own) with the first pause or sandbox cgroup. The orchestrator
 tells it over a pipe what it froze and thawed; the pipe's end, however the orchestrator
 ends (SIGKILL included: the kernel closes the pipe), makes the warden thaw whatever is
 still frozen: the paused containers of this instance (by label) and the SIGSTOPped process
@@ -11,8 +12,15 @@ agents it was told about (pid and start time, so a reused pid is left alone). Th
 agent's own switch stops it once it has been idle for its timeout. A restarted orchestrator
 thaws the paused containers of its instance at adoption as well (docs/lifecycle.md).
 
-Wire: one line per event, `frozen PID START` / `thawed PID` (process agents); docker
-containers need no line (the label finds them).
+Process-backend sandboxes in cgroups of their own (orchestrator/sandboxes/cgroups.py) are not
+adopted by a next server: they end with this one. The warden is told each sandbox cgroup as it
+is made and kills (`cgroup.kill`, frozen or not) and removes those still there when the pipe
+ends, so a sandbox whose agent cannot act any more (frozen, or a process that outran it) does
+not outlive its orchestrator.
+
+Wire: one line per event, `frozen PID START` / `thawed PID` (SIGSTOPped process agents),
+`cgroup PATH` / `uncgroup PATH` (sandbox cgroups); docker containers need no line (the label
+finds them).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 from orchestrator.log import kv
 
@@ -75,6 +84,12 @@ class Warden:
     def thawed(self, pid: int) -> None:
         self._say(f"thawed {pid}")
 
+    def watch_cgroup(self, path: Path) -> None:
+        self._say(f"cgroup {path}")
+
+    def forget_cgroup(self, path: Path) -> None:
+        self._say(f"uncgroup {path}")
+
     def close(self) -> None:
         """At shutdown: the warden thaws what is left and exits (as it would if we died)."""
         with self._lock:
@@ -93,16 +108,51 @@ class Warden:
 # --- the warden process ------------------------------------------------------------------------
 
 
-def parse_line(line: str, frozen: dict[int, float]) -> None:
-    """Pure on `frozen`: apply one line of the wire; anything else is ignored."""
+def sandbox_cgroup_path(text: str) -> Path | None:
+    """A sandbox cgroup's path (`.../sandbox-orchestrator-N/user-M`, absolute), else None."""
+    path = Path(text)
+    leaf, parent = path.name, path.parent.name
+    if (
+        path.is_absolute() and ".." not in path.parts
+        and leaf.startswith("user-") and leaf[5:].isdigit()
+        and parent.startswith("sandbox-orchestrator-") and parent[21:].isdigit()
+    ):  # fmt: skip
+        return path
+    return None
+
+
+def parse_line(line: str, frozen: dict[int, float], cgroups: set[Path] | None = None) -> None:
+    """Pure on `frozen` and `cgroups`: apply one line of the wire; anything else is ignored."""
     parts = line.split()
     try:
         if len(parts) == 3 and parts[0] == "frozen":
             frozen[int(parts[1])] = float(parts[2])
         elif len(parts) == 2 and parts[0] == "thawed":
             frozen.pop(int(parts[1]), None)
+        elif len(parts) == 2 and parts[0] in ("cgroup", "uncgroup") and cgroups is not None:
+            path = sandbox_cgroup_path(parts[1])
+            if path is not None and parts[0] == "cgroup":
+                cgroups.add(path)
+            elif path is not None:
+                cgroups.discard(path)
     except ValueError:
         pass
+
+
+def kill_cgroups(cgroups: set[Path]) -> int:
+    from orchestrator.sandboxes.cgroups import kill_cgroup
+
+    killed = 0
+    for path in cgroups:
+        if not path.is_dir():
+            continue
+        kill_cgroup(path)
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+        killed += 1
+    return killed
 
 
 def thaw_processes(frozen: dict[int, float]) -> int:
@@ -152,12 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C meant for the orchestrator
     frozen: dict[int, float] = {}
+    cgroups: set[Path] = set()
     for raw in sys.stdin.buffer:
-        parse_line(raw[:200].decode("ascii", "replace"), frozen)
+        parse_line(raw[:4096].decode("utf-8", "replace"), frozen, cgroups)
+    sandboxes = kill_cgroups(cgroups)
     processes = thaw_processes(frozen)
     containers = thaw_containers(args.instance) if args.instance else 0
     print(
-        f"thaw warden: the orchestrator is gone {kv(pid=os.getpid(), processes=processes, containers=containers)}",
+        f"thaw warden: the orchestrator is gone {kv(pid=os.getpid(), processes=processes, containers=containers, cgroups_killed=sandboxes)}",
         file=sys.stderr,
     )
     return 0

@@ -26,8 +26,12 @@ def test_the_command_mounts_the_plan_shallow_first_with_its_access() -> None:
     layout = DataLayout(Path("/tmp/x/data"))
     plan = plan_mounts(layout, USER, [GroupRef("feishu", "g1")])
     system = HostSystem(links=(("usr/lib", "/lib"),), dirs=("/lib64",))
-    args = bwrap_command(plan, ["python", "-I"], chdir=layout.home_dir(USER), system=system)
+    args = bwrap_command(plan, ["python", "-I"], chdir=layout.home_dir(USER), system=system, shm_mb=8)
     assert args[:2] == ["bwrap", "--unshare-net"]
+    assert {"--unshare-pid", "--die-with-parent"} <= set(args)  # its own PID namespace, ending with us
+    shm = args.index("/dev/shm")
+    assert args[shm - 3 : shm] == ["--size", str(8 * 1024 * 1024), "--tmpfs"]  # a bounded tmpfs of its own
+    assert args[args.index("--proc") + 1] == "/proc"  # the namespace's own /proc, not the host's
     assert args[-3:] == ["--", "python", "-I"]
     binds = [(args[i], args[i + 1], args[i + 2]) for i, a in enumerate(args) if a in ("--bind", "--ro-bind")]
     targets = [b[2] for b in binds]

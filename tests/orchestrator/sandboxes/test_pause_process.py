@@ -1,6 +1,6 @@
 """Pause before stop and the dead-man switch on the process backend, with real agents: an idle
-agent is SIGSTOPped (its whole tree), the next call resumes it transparently, and an agent no
-orchestrator calls any more exits on its own."""
+agent is frozen (its cgroup as root, else a SIGSTOP of its whole tree), the next call resumes it
+transparently, and an agent no orchestrator calls any more exits on its own."""
 
 from __future__ import annotations
 
@@ -52,7 +52,18 @@ def _states(pid: int) -> set[str]:
     return {p.status() for p in [root, *root.children(recursive=True)]}
 
 
-def _stopped(pid: int) -> bool:
+def _cgroup_frozen(backend: ProcessBackend) -> bool | None:
+    """Whether the user's sandbox cgroup is frozen; None when it has none (not root)."""
+    cgroup = backend.cgroup_of(USER)
+    if cgroup is None:
+        return None
+    return "frozen 1" in (cgroup.v2_dir / "cgroup.events").read_text()
+
+
+def _stopped(pid: int, backend: ProcessBackend) -> bool:
+    frozen = _cgroup_frozen(backend)
+    if frozen is not None:
+        return frozen
     # A SIGSTOP takes effect when its target is next scheduled: a moment, not at once.
     deadline = time.monotonic() + 2
     while _states(pid) != {psutil.STATUS_STOPPED} and time.monotonic() < deadline:
@@ -60,7 +71,12 @@ def _stopped(pid: int) -> bool:
     return _states(pid) == {psutil.STATUS_STOPPED}
 
 
-def test_an_idle_agent_is_sigstopped_and_the_next_call_resumes_it(agent_data_dir: Path) -> None:
+def _running(pid: int, backend: ProcessBackend) -> bool:
+    frozen = _cgroup_frozen(backend)
+    return psutil.STATUS_STOPPED not in _states(pid) and not frozen
+
+
+def test_an_idle_agent_is_frozen_and_the_next_call_resumes_it(agent_data_dir: Path) -> None:
     # Times given to the reaper as `now`, not slept: the test does not depend on the load.
     service = OrchestratorService(make_settings(agent_data_dir, pause_after_s=30, idle_timeout_s=600))
     try:
@@ -70,17 +86,17 @@ def test_an_idle_agent_is_sigstopped_and_the_next_call_resumes_it(agent_data_dir
         blocking_call(backend, user, "write_file", {"path": "note.txt", "content": "still here\n"}, cwd=cwd)
         pid = backend.status()[0].detail["pid"]  # type: ignore[index]
         assert backend.reap_idle(now=time.monotonic() + 20) == []  # not idle long enough: nothing
-        assert psutil.STATUS_STOPPED not in _states(pid)
+        assert _running(pid, backend)
         assert backend.reap_idle(now=time.monotonic() + 31) == []  # paused, not stopped
         assert [s.state for s in backend.status()] == ["paused"]
-        assert _stopped(pid)  # the agent and all it runs: SIGSTOP
+        assert _stopped(pid, backend)  # the agent and all it runs
         resumes = _counter("orchestrator_sandbox_starts_total", backend="process", kind="resume")
         answer = blocking_call(backend, user, "read_file", {"path": "note.txt"}, cwd=cwd)
         assert "still here" in str(answer)
         assert backend.status()[0].detail["pid"] == pid  # the same agent, thawed  # type: ignore[index]
-        assert psutil.STATUS_STOPPED not in _states(pid)
+        assert _running(pid, backend)
         assert _counter("orchestrator_sandbox_starts_total", backend="process", kind="resume") == resumes + 1
-        # A paused agent is stopped at the idle timeout like any other (SIGCONT first).
+        # A paused agent is stopped at the idle timeout like any other (thawed first).
         backend.reap_idle(now=time.monotonic() + 31)
         assert [s.state for s in backend.status()] == ["paused"]
         assert backend.reap_idle(now=time.monotonic() + 601) == [USER]
@@ -112,18 +128,24 @@ def test_a_process_agent_nobody_calls_stops_itself(agent_data_dir: Path) -> None
         service.close()
 
 
-def test_the_warden_thaws_a_sigstopped_agent_when_the_orchestrators_pipe_ends(agent_data_dir: Path) -> None:
+def test_the_warden_ends_a_paused_agent_when_the_orchestrators_pipe_ends(agent_data_dir: Path) -> None:
     # The pipe ends as it would if the orchestrator were killed: the warden (a process of its
-    # own) then SIGCONTs the agent it was told about, whose own checks can run again.
+    # own) then kills the sandbox's cgroup, frozen as it is (as root), or SIGCONTs the agent it
+    # was told about, whose own checks can run again (not root: no cgroup).
     service = OrchestratorService(make_settings(agent_data_dir, pause_after_s=30, idle_timeout_s=600))
     try:
         backend, pid = _one_agent(service)
         backend.reap_idle(now=time.monotonic() + 31)
-        assert _stopped(pid)
+        assert _stopped(pid, backend)
+        cgroup = backend.cgroup_of(USER)
         warden = backend._warden._proc
         assert warden is not None and warden.poll() is None
         backend._warden.close()  # EOF on the warden's stdin
         assert warden.returncode == 0
-        assert psutil.STATUS_STOPPED not in _states(pid)
+        if cgroup is not None:
+            assert not cgroup.v2_dir.exists()  # killed to the last process, and removed
+            psutil.Process(pid).wait(5)
+        else:
+            assert psutil.STATUS_STOPPED not in _states(pid)
     finally:
         service.close()

@@ -88,9 +88,13 @@ def test_item9_bwrap_sandbox_cannot_reach_host_loopback(agent_data_dir, host_lis
 def test_item9_healthz_reports_the_isolation(agent_client: TestClient, agent_service: OrchestratorService) -> None:
     isolation = agent_client.get("/healthz", headers=admin_headers()).json()["isolation"]
     base, top = agent_service.settings.sandbox_uid_base, agent_service.settings.max_user_id  # the block in force
+    # A uid and a network namespace of its own, but the host's /tmp: not isolated (bwrap is).
     assert isolation == {
-        "users_isolated": True, "process_network": "namespace", "uid_base": base, "uid_block": [base, base + top]
+        "users_isolated": False, "process_network": "namespace", "uid_base": base, "uid_block": [base, base + top],
+        "reason": "without bwrap every sandbox can write the host's /tmp (and read what others leave there)",
+        "process_lifetime": "cgroup", "process_limits": isolation["process_limits"],
     }  # fmt: skip
+    assert isolation["process_limits"] in ("v1", "v2")
 
 
 def test_without_root_the_isolation_says_users_are_not_isolated() -> None:
@@ -102,3 +106,6 @@ def test_without_root_the_isolation_says_users_are_not_isolated() -> None:
     no_caps = decide_isolation(as_root=True, bwrap=False, netns=(False, "Operation not permitted"), uid_base=100000)
     assert no_caps.process_network == "host" and "Operation not permitted" in str(no_caps.reason)
     assert decide_isolation(as_root=True, bwrap=True, netns=(False, "not needed"), uid_base=1).complete
+    host_tmp = decide_isolation(as_root=True, bwrap=False, netns=(True, "ok"), uid_base=1)
+    assert not host_tmp.users_isolated and "/tmp" in str(host_tmp.reason)  # the host's /tmp is shared
+    assert plain.as_json()["process_lifetime"] == "unbounded" and "not root" in str(plain.lifetime_reason)
