@@ -19,7 +19,16 @@ how such a process used to count as dead and keep running. Here a process runs w
 its threads is not a zombie, and zombies are signalled like everything else.
 
 Killing repeats until nothing is left, so a process forked during a sweep is caught by the
-next round.
+next round. A fork-hopper (every generation forks its successor and exits at once) forks
+faster than any round, so where the uid is the sandbox's alone the sweep first freezes the
+whole uid: `kill(-1, SIGSTOP)` reaches every process the agent may signal but itself and the
+namespace's init, and the kernel applies it atomically with respect to fork (a fork under way
+when the signal is sent fails and is restarted, stopped). Nothing stopped can fork, so one
+calm round finds everything; the survivors are then continued (SIGCONT), but not those that
+were stopped before the sweep (a job the user suspended stays suspended). Spawning waits
+while the uid is frozen, so no process the agent starts is caught between fork and exec.
+Where the uid is shared (the process backend without root) nothing freezes it: kill(-1)
+would reach the orchestrator's own processes, and a hopper can outrun the rounds there.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from subprocess import Popen
 from typing import Any
@@ -38,7 +48,10 @@ from sandbox_agent import syscalls
 
 MARKER_ENV = "SANDBOX_AGENT_CALL"
 
-_lock = threading.Lock()  # spawning + registering a leader, and reaping, are atomic w.r.t. each other
+# Spawning + registering a leader, reaping and freezing the uid are atomic w.r.t. each other;
+# re-entrant, as a sweep under a freeze reads the registrations too.
+_lock = threading.RLock()
+spawned = threading.Event()  # set at every spawn: there may be children (and orphans) to reap
 _active: set[Leader] = set()  # shells of calls in flight: reaped by their own Popen
 # Background processes the agent owns (sandbox_agent/processes.py): they and their
 # descendants are never swept; their leaders are reaped by their own Popen, never here.
@@ -66,6 +79,7 @@ class ProcInfo:
     start: int
     uid: int
     running: bool  # some thread is not a zombie
+    stopped: bool = False  # stopped by a signal (state T): SIGSTOP, ^Z
 
 
 def adopt_orphans() -> bool:
@@ -132,7 +146,8 @@ def _info(pid: int) -> ProcInfo | None:
                 uid = int(line.split()[1])  # the real uid: a setuid program keeps it too
                 break
         # state(3) ppid(4) pgrp(5) session(6) ... starttime(22), numbered as in proc(5)
-        return ProcInfo(pid, int(fields[1]), int(fields[3]), int(fields[19]), uid, _running(pid, fields[0]))
+        state = fields[0]
+        return ProcInfo(pid, int(fields[1]), int(fields[3]), int(fields[19]), uid, _running(pid, state), state == b"T")
     except (OSError, ValueError, IndexError):
         return None  # gone meanwhile
 
@@ -145,6 +160,14 @@ def scan() -> dict[int, ProcInfo]:
             if info is not None:
                 table[info.pid] = info
     return table
+
+
+def is_zombie(pid: int) -> bool:
+    """Exited and waiting to be reaped (every thread a zombie)."""
+    try:
+        return not _running(pid, _stat_fields(f"/proc/{pid}/stat")[0])
+    except (OSError, IndexError):
+        return False
 
 
 def _has_marker(pid: int, needle: bytes) -> bool:
@@ -245,6 +268,7 @@ def spawn(start: Callable[[], Popen[Any]], marker: str, *, kept: bool = False) -
             _owned.add(proc.pid)
         else:
             _active.add(leader)
+    spawned.set()
     return proc, leader
 
 
@@ -267,46 +291,92 @@ def unregister(leader: Leader) -> None:
         _active.discard(leader)
 
 
-def _signal(pid: int, start: int) -> None:
-    """SIGKILL `pid` if it is still the process that started at `start` (a pidfd pins it)."""
+def _signal(pid: int, start: int, signum: int = signal.SIGKILL) -> None:
+    """Send `signum` to `pid` if it is still the process that started at `start` (a pidfd pins it)."""
     try:
         fd = os.pidfd_open(pid)
     except OSError as exc:
         if exc.errno != errno.ENOSYS:
             return  # gone already
         try:  # a kernel before 5.3
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
         except OSError:
             pass
         return
     try:
         if _start_of(pid) == start:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            signal.pidfd_send_signal(fd, signum)
     except (OSError, ValueError, IndexError):
         pass
     finally:
         os.close(fd)
 
 
-def _reap_orphans(table: Mapping[int, ProcInfo]) -> None:
-    """Reap the agent's zombie children that no call in flight owns (adopted orphans)."""
+def reap_unowned(zombies: Iterable[int]) -> int:
+    """Reap those of the agent's zombie children `zombies` that no Popen owns (adopted
+    orphans): a call's shell and a background process are reaped by their own Popen, which
+    would otherwise lose its exit status. Returns how many were reaped."""
     if not _adopting:
-        return
-    me = os.getpid()
+        return 0
+    reaped = 0
     with _lock:  # a shell spawned meanwhile is registered before its pid can be seen here
         leaders = {leader.pid for leader in _active} | _owned
-        for info in table.values():
-            if info.ppid == me and not info.running and info.pid not in leaders:
-                try:
-                    os.waitpid(info.pid, os.WNOHANG)
-                except OSError:
-                    pass  # not our child after all (or already reaped)
+        for pid in zombies:
+            if pid in leaders:
+                continue
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped += 1
+            except OSError:
+                pass  # not our child after all (or already reaped)
+    return reaped
+
+
+def _reap_orphans(table: Mapping[int, ProcInfo]) -> None:
+    me = os.getpid()
+    reap_unowned(info.pid for info in table.values() if info.ppid == me and not info.running)
+
+
+def freezes() -> bool:
+    """Whether the sweep freezes the uid first: only a uid of the sandbox's own (kill(-1)
+    reaches every process of it), and never root (it would reach every process there is)."""
+    return _sweep_uid and os.getuid() != 0
+
+
+@contextmanager
+def uid_frozen() -> Iterator[None]:
+    """Every process of the agent's uid but the agent (and the namespace's init) stopped for
+    the duration; afterwards the survivors that were not stopped before are continued. Holds
+    the registration lock throughout: no spawn runs (or is left between fork and exec, its
+    child stopped while its thread holds the lock) while the uid is frozen."""
+    me, my_uid = os.getpid(), os.getuid()
+    with _lock:
+        before = {info.pid: info.start for info in scan().values() if info.uid == my_uid and info.stopped}
+        try:
+            os.kill(-1, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass  # nothing of the uid but the agent
+        try:
+            yield
+        finally:
+            for info in scan().values():
+                if info.uid == my_uid and info.pid not in (me, INIT_PID) and before.get(info.pid) != info.start:
+                    # Also those not seen stopped yet (asleep in the kernel with the stop
+                    # pending): SIGCONT cancels a pending stop.
+                    _signal(info.pid, info.start, signal.SIGCONT)
 
 
 def kill_call(leader: Leader, *, rounds: int = 50) -> int:
     """SIGKILL everything of one call, and the leftovers of earlier ones, until nothing is
     left; returns how many were killed (the leader itself is not counted and not reaped: its
-    Popen does that)."""
+    Popen does that). With the uid frozen first where it is the sandbox's alone."""
+    if freezes():
+        with uid_frozen():
+            return _kill_rounds(leader, rounds)
+    return _kill_rounds(leader, rounds)
+
+
+def _kill_rounds(leader: Leader, rounds: int) -> int:
     me, my_uid = os.getpid(), os.getuid()
     needle = f"{MARKER_ENV}={leader.marker}".encode()
     killed: set[int] = set()
