@@ -79,7 +79,6 @@ class ProcInfo:
     start: int
     uid: int
     running: bool  # some thread is not a zombie
-    stopped: bool = False  # stopped by a signal (state T): SIGSTOP, ^Z
 
 
 def adopt_orphans() -> bool:
@@ -146,8 +145,7 @@ def _info(pid: int) -> ProcInfo | None:
                 uid = int(line.split()[1])  # the real uid: a setuid program keeps it too
                 break
         # state(3) ppid(4) pgrp(5) session(6) ... starttime(22), numbered as in proc(5)
-        state = fields[0]
-        return ProcInfo(pid, int(fields[1]), int(fields[3]), int(fields[19]), uid, _running(pid, state), state == b"T")
+        return ProcInfo(pid, int(fields[1]), int(fields[3]), int(fields[19]), uid, _running(pid, fields[0]))
     except (OSError, ValueError, IndexError):
         return None  # gone meanwhile
 
@@ -349,9 +347,9 @@ def uid_frozen() -> Iterator[None]:
     the duration; afterwards the survivors that were not stopped before are continued. Holds
     the registration lock throughout: no spawn runs (or is left between fork and exec, its
     child stopped while its thread holds the lock) while the uid is frozen."""
-    me, my_uid = os.getpid(), os.getuid()
+    me = os.getpid()
     with _lock:
-        before = {info.pid: info.start for info in scan().values() if info.uid == my_uid and info.stopped}
+        before = _stopped_now()
         try:
             os.kill(-1, signal.SIGSTOP)
         except ProcessLookupError:
@@ -359,11 +357,59 @@ def uid_frozen() -> Iterator[None]:
         try:
             yield
         finally:
-            for info in scan().values():
-                if info.uid == my_uid and info.pid not in (me, INIT_PID) and before.get(info.pid) != info.start:
-                    # Also those not seen stopped yet (asleep in the kernel with the stop
-                    # pending): SIGCONT cancels a pending stop.
-                    _signal(info.pid, info.start, signal.SIGCONT)
+            _continue_all_but(before, me)
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+_SIGSTOP_BIT = 1 << (signal.SIGSTOP - 1)
+
+
+def stopping(status: bytes) -> bool:
+    """From /proc/PID/status: stopped by a signal (state T), or about to be (a SIGSTOP still
+    pending: `kill -STOP` returns before the target has stopped)."""
+    for line in status.splitlines():
+        if line.startswith(b"State:") and line.split()[1] == b"T":
+            return True
+        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _SIGSTOP_BIT:
+            return True
+    return False
+
+
+def _stopped_now() -> dict[int, int]:
+    """pid -> start of the processes stopped (or stopping) by a signal, of any uid: only
+    ours matter, and another's cannot be continued by us anyway."""
+    stopped = {}
+    for pid in _pids():
+        try:
+            if stopping(_read(f"/proc/{pid}/status")):
+                stopped[pid] = _start_of(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return stopped
+
+
+def _continue_all_but(before: Mapping[int, int], me: int) -> None:
+    """SIGCONT every process but the agent, the namespace's init and those stopped `before`;
+    also those not seen stopped yet (asleep in the kernel with the stop pending): SIGCONT
+    cancels a pending stop. A plain kill(): nothing of the uid can fork or exit-and-reuse a
+    pid while it is frozen and the agent spawns nothing, and another uid's process refuses
+    the signal (EPERM)."""
+    for pid in _pids():
+        if pid in (me, INIT_PID):
+            continue
+        if pid in before:
+            try:
+                if _start_of(pid) == before[pid]:
+                    continue  # stopped before the sweep (a suspended job): stays so
+            except (OSError, ValueError, IndexError):
+                continue
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except OSError:
+            pass
 
 
 def kill_call(leader: Leader, *, rounds: int = 50) -> int:

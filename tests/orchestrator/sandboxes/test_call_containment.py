@@ -197,7 +197,23 @@ def a_hopper_dies_and_a_background_process_lives(client: TestClient, service: Or
         listed = tool(client, run["run_id"], "process_list")
         (kept,) = [p for p in listed["result"]["processes"] if p["process_id"] == process_id]
         assert kept["state"] == "running", kept
-        assert any("sleep 777" in line for line in strays(uid)), strays(uid)
+        # running, not left stopped by the sweep's freeze
+        assert [line.split()[1][0] for line in strays(uid) if "sleep 777" in line] == ["S"], strays(uid)
+    finally:
+        kill_all_of(uid)
+
+
+def a_suspended_process_stays_suspended(client: TestClient, service: OrchestratorService) -> None:
+    """The sweep continues what it stopped, not what the user had stopped (a ^Z'd job)."""
+    _, run = member_run(client)
+    uid = sandbox_uid(service, MEMBER)
+    try:
+        started = tool(client, run["run_id"], "process_start", command="exec sleep 778")
+        assert started["ok"], started
+        stopped = shell(client, run["run_id"], f"kill -STOP {started['result']['pid']}")
+        assert stopped["ok"] and stopped["result"]["exit_code"] == 0, stopped
+        assert shell(client, run["run_id"], "echo another call")["ok"]
+        assert [line.split()[1][0] for line in strays(uid) if "sleep 778" in line] == ["T"], strays(uid)
     finally:
         kill_all_of(uid)
 
@@ -344,6 +360,11 @@ def test_finding1_a_fork_hopper_does_not_outlive_its_call(contained: Served) -> 
 @root_only
 def test_finding1_a_fork_hopper_dies_and_a_background_process_lives(contained: Served) -> None:
     a_hopper_dies_and_a_background_process_lives(*contained)
+
+
+@root_only
+def test_finding1_the_sweep_leaves_a_suspended_background_process_suspended(contained: Served) -> None:
+    a_suspended_process_stays_suspended(*contained)
 
 
 @root_only

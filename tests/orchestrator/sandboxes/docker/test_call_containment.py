@@ -16,6 +16,7 @@ from tests.orchestrator.sandboxes.test_call_containment import (
     a_call_ending_spares_a_concurrent_call,
     a_hopper_dies_and_a_background_process_lives,
     a_hopper_does_not_outlive_its_call,
+    a_suspended_process_stays_suspended,
     deleting_the_session_stops_its_calls,
     ending_the_run_stops_its_calls,
     escape_leaves_nothing,
@@ -66,3 +67,9 @@ def test_finding1_a_fork_hopper_dies_and_a_background_process_lives_in_a_contain
 
 def test_finding14_the_zombies_of_a_hopper_are_reaped_in_a_container(contained: Served) -> None:
     zombies_do_not_pile_up(*contained)
+
+
+def test_finding1_the_sweep_leaves_a_suspended_background_process_suspended_in_a_container(
+    contained: Served,
+) -> None:
+    a_suspended_process_stays_suspended(*contained)
