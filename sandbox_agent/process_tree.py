@@ -136,14 +136,18 @@ def _running(pid: int, state: bytes) -> bool:
     return False
 
 
+def _real_uid(status: bytes) -> int:
+    """From /proc/PID/status: the real uid (a setuid program keeps it too)."""
+    for line in status.splitlines():
+        if line.startswith(b"Uid:"):
+            return int(line.split()[1])
+    return -1
+
+
 def _info(pid: int) -> ProcInfo | None:
     try:
         fields = _stat_fields(f"/proc/{pid}/stat")
-        uid = -1
-        for line in _read(f"/proc/{pid}/status").splitlines():
-            if line.startswith(b"Uid:"):
-                uid = int(line.split()[1])  # the real uid: a setuid program keeps it too
-                break
+        uid = _real_uid(_read(f"/proc/{pid}/status"))
         # state(3) ppid(4) pgrp(5) session(6) ... starttime(22), numbered as in proc(5)
         return ProcInfo(pid, int(fields[1]), int(fields[3]), int(fields[19]), uid, _running(pid, fields[0]))
     except (OSError, ValueError, IndexError):
@@ -347,9 +351,8 @@ def uid_frozen() -> Iterator[None]:
     the duration; afterwards the survivors that were not stopped before are continued. Holds
     the registration lock throughout: no spawn runs (or is left between fork and exec, its
     child stopped while its thread holds the lock) while the uid is frozen."""
-    me = os.getpid()
     with _lock:
-        before = _stopped_now()
+        before = _census(os.getuid())
         try:
             os.kill(-1, signal.SIGSTOP)
         except ProcessLookupError:
@@ -357,11 +360,17 @@ def uid_frozen() -> Iterator[None]:
         try:
             yield
         finally:
-            _continue_all_but(before, me)
+            _continue(before)
 
 
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+@dataclass(frozen=True)
+class Census:
+    """What the freeze found before it stopped anything: the pids of every uid it saw, those
+    of ours, and ours that were stopped already (pid -> start)."""
+
+    seen: frozenset[int]
+    mine: frozenset[int]
+    stopped: Mapping[int, int]
 
 
 _SIGSTOP_BIT = 1 << (signal.SIGSTOP - 1)
@@ -378,38 +387,47 @@ def stopping(status: bytes) -> bool:
     return False
 
 
-def _stopped_now() -> dict[int, int]:
-    """pid -> start of the processes stopped (or stopping) by a signal, of any uid: only
-    ours matter, and another's cannot be continued by us anyway."""
-    stopped = {}
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _census(my_uid: int) -> Census:
+    """One status read per process (no full scan)."""
+    seen, mine, stopped = set(), set(), {}
     for pid in _pids():
         try:
-            if stopping(_read(f"/proc/{pid}/status")):
-                stopped[pid] = _start_of(pid)
+            status = _read(f"/proc/{pid}/status")
+            seen.add(pid)
+            if _real_uid(status) == my_uid:
+                mine.add(pid)
+                if stopping(status):
+                    stopped[pid] = _start_of(pid)
         except (OSError, ValueError, IndexError):
             continue
-    return stopped
+    return Census(frozenset(seen), frozenset(mine), stopped)
 
 
-def _continue_all_but(before: Mapping[int, int], me: int) -> None:
-    """SIGCONT every process but the agent, the namespace's init and those stopped `before`;
-    also those not seen stopped yet (asleep in the kernel with the stop pending): SIGCONT
-    cancels a pending stop. A plain kill(): nothing of the uid can fork or exit-and-reuse a
-    pid while it is frozen and the agent spawns nothing, and another uid's process refuses
-    the signal (EPERM)."""
+def _continue(before: Census) -> None:
+    """SIGCONT every process of the uid but the agent, the namespace's init and those stopped
+    before; also those not seen stopped yet (asleep in the kernel with the stop pending):
+    SIGCONT cancels a pending stop. Of the pids the census saw, only ours are told, so a
+    process of another uid in the agent's session (which SIGCONT could reach) is not; a pid
+    new since is read again (it was forked just before the freeze). A plain kill(): nothing
+    of the uid can fork while it is frozen and the agent spawns nothing."""
+    me, my_uid = os.getpid(), os.getuid()
     for pid in _pids():
         if pid in (me, INIT_PID):
             continue
-        if pid in before:
-            try:
-                if _start_of(pid) == before[pid]:
-                    continue  # stopped before the sweep (a suspended job): stays so
-            except (OSError, ValueError, IndexError):
-                continue
         try:
+            if pid in before.stopped and _start_of(pid) == before.stopped[pid]:
+                continue  # stopped before the sweep (a suspended job): stays so
+            if pid in before.seen and pid not in before.mine:
+                continue
+            if pid not in before.seen and _real_uid(_read(f"/proc/{pid}/status")) != my_uid:
+                continue
             os.kill(pid, signal.SIGCONT)
-        except OSError:
-            pass
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 def kill_call(leader: Leader, *, rounds: int = 50) -> int:
