@@ -20,15 +20,12 @@ its threads is not a zombie, and zombies are signalled like everything else.
 
 Killing repeats until nothing is left, so a process forked during a sweep is caught by the
 next round. A fork-hopper (every generation forks its successor and exits at once) forks
-faster than any round, so where the uid is the sandbox's alone the sweep first freezes the
-whole uid: `kill(-1, SIGSTOP)` reaches every process the agent may signal but itself and the
-namespace's init, and the kernel applies it atomically with respect to fork (a fork under way
-when the signal is sent fails and is restarted, stopped). Nothing stopped can fork, so one
-calm round finds everything; the survivors are then continued (SIGCONT), but not those that
-were stopped before the sweep (a job the user suspended stays suspended). Spawning waits
-while the uid is frozen, so no process the agent starts is caught between fork and exec.
-Where the uid is shared (the process backend without root) nothing freezes it: kill(-1)
-would reach the orchestrator's own processes, and a hopper can outrun the rounds there.
+faster than any round, so where the uid is the sandbox's alone (and not root) the sweep first
+freezes the whole uid (uid_freeze.py: kill(-1, SIGSTOP), which the kernel applies atomically
+with respect to fork); nothing stopped can fork, so one calm round finds everything, and the
+survivors are continued after. Where the uid is shared (the process backend without root)
+nothing freezes it: kill(-1) would reach the orchestrator's own processes, and a hopper can
+outrun the rounds there.
 """
 
 from __future__ import annotations
@@ -38,18 +35,18 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from subprocess import Popen
 from typing import Any
 
-from sandbox_agent import syscalls
+from sandbox_agent import syscalls, uid_freeze
+from sandbox_agent.proc_view import INIT_PID, descendants_of, read, real_uid, start_of, stat_fields
 
 MARKER_ENV = "SANDBOX_AGENT_CALL"
 
-# Spawning + registering a leader, reaping and freezing the uid are atomic w.r.t. each other;
-# re-entrant, as a sweep under a freeze reads the registrations too.
+# Spawning + registering a leader, reaping and a sweep's freeze of the uid are atomic w.r.t.
+# each other; re-entrant, as a sweep under a freeze reads the registrations too.
 _lock = threading.RLock()
 spawned = threading.Event()  # set at every spawn: there may be children (and orphans) to reap
 _active: set[Leader] = set()  # shells of calls in flight: reaped by their own Popen
@@ -110,16 +107,6 @@ def release(pid: int) -> None:
 # --- reading /proc ----------------------------------------------------------------------------
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
-def _stat_fields(path: str) -> list[bytes]:
-    """The fields of a /proc stat file after the command name (which may hold spaces and parens)."""
-    return _read(path).rsplit(b")", 1)[1].split()
-
-
 def _running(pid: int, state: bytes) -> bool:
     if state != b"Z":
         return True
@@ -129,25 +116,17 @@ def _running(pid: int, state: bytes) -> bool:
         return False
     for tid in tids:
         try:
-            if _stat_fields(f"/proc/{pid}/task/{tid}/stat")[0] != b"Z":
+            if stat_fields(f"/proc/{pid}/task/{tid}/stat")[0] != b"Z":
                 return True
         except (OSError, IndexError):
             continue
     return False
 
 
-def _real_uid(status: bytes) -> int:
-    """From /proc/PID/status: the real uid (a setuid program keeps it too)."""
-    for line in status.splitlines():
-        if line.startswith(b"Uid:"):
-            return int(line.split()[1])
-    return -1
-
-
 def _info(pid: int) -> ProcInfo | None:
     try:
-        fields = _stat_fields(f"/proc/{pid}/stat")
-        uid = _real_uid(_read(f"/proc/{pid}/status"))
+        fields = stat_fields(f"/proc/{pid}/stat")
+        uid = real_uid(read(f"/proc/{pid}/status"))
         # state(3) ppid(4) pgrp(5) session(6) ... starttime(22), numbered as in proc(5)
         return ProcInfo(pid, int(fields[1]), int(fields[3]), int(fields[19]), uid, _running(pid, fields[0]))
     except (OSError, ValueError, IndexError):
@@ -167,38 +146,23 @@ def scan() -> dict[int, ProcInfo]:
 def is_zombie(pid: int) -> bool:
     """Exited and waiting to be reaped (every thread a zombie)."""
     try:
-        return not _running(pid, _stat_fields(f"/proc/{pid}/stat")[0])
+        return not _running(pid, stat_fields(f"/proc/{pid}/stat")[0])
     except (OSError, IndexError):
         return False
 
 
 def _has_marker(pid: int, needle: bytes) -> bool:
     try:
-        return needle in _read(f"/proc/{pid}/environ")
+        return needle in read(f"/proc/{pid}/environ")
     except OSError:
         return False
-
-
-def _start_of(pid: int) -> int:
-    return int(_stat_fields(f"/proc/{pid}/stat")[19])
 
 
 # --- deciding ---------------------------------------------------------------------------------
 
 
 def _descendants(table: Mapping[int, ProcInfo], roots: Iterable[int]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for info in table.values():
-        children.setdefault(info.ppid, []).append(info.pid)
-    found: set[int] = set()
-    stack = list(roots)
-    while stack:
-        pid = stack.pop()
-        for child in children.get(pid, ()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
+    return descendants_of({info.pid: info.ppid for info in table.values()}, roots)
 
 
 def _ancestors(table: Mapping[int, ProcInfo], pid: int) -> set[int]:
@@ -208,9 +172,6 @@ def _ancestors(table: Mapping[int, ProcInfo], pid: int) -> set[int]:
         found.add(info.ppid)
         info = table.get(info.ppid)
     return found
-
-
-INIT_PID = 1
 
 
 def select_victims(
@@ -262,7 +223,7 @@ def spawn(start: Callable[[], Popen[Any]], marker: str, *, kept: bool = False) -
     with _lock:
         proc = start()
         try:
-            leader = Leader(proc.pid, _start_of(proc.pid), marker)
+            leader = Leader(proc.pid, start_of(proc.pid), marker)
         except (OSError, ValueError, IndexError):
             leader = Leader(proc.pid, -1, marker)
         if kept:
@@ -306,7 +267,7 @@ def _signal(pid: int, start: int, signum: int = signal.SIGKILL) -> None:
             pass
         return
     try:
-        if _start_of(pid) == start:
+        if start_of(pid) == start:
             signal.pidfd_send_signal(fd, signum)
     except (OSError, ValueError, IndexError):
         pass
@@ -345,97 +306,14 @@ def freezes() -> bool:
     return _sweep_uid and os.getuid() != 0
 
 
-@contextmanager
-def uid_frozen() -> Iterator[None]:
-    """Every process of the agent's uid but the agent (and the namespace's init) stopped for
-    the duration; afterwards the survivors that were not stopped before are continued. Holds
-    the registration lock throughout: no spawn runs (or is left between fork and exec, its
-    child stopped while its thread holds the lock) while the uid is frozen."""
-    with _lock:
-        before = _census(os.getuid())
-        try:
-            os.kill(-1, signal.SIGSTOP)
-        except ProcessLookupError:
-            pass  # nothing of the uid but the agent
-        try:
-            yield
-        finally:
-            _continue(before)
-
-
-@dataclass(frozen=True)
-class Census:
-    """What the freeze found before it stopped anything: the pids of every uid it saw, those
-    of ours, and ours that were stopped already (pid -> start)."""
-
-    seen: frozenset[int]
-    mine: frozenset[int]
-    stopped: Mapping[int, int]
-
-
-_SIGSTOP_BIT = 1 << (signal.SIGSTOP - 1)
-
-
-def stopping(status: bytes) -> bool:
-    """From /proc/PID/status: stopped by a signal (state T), or about to be (a SIGSTOP still
-    pending: `kill -STOP` returns before the target has stopped)."""
-    for line in status.splitlines():
-        if line.startswith(b"State:") and line.split()[1] == b"T":
-            return True
-        if line.startswith((b"SigPnd:", b"ShdPnd:")) and int(line.split()[1], 16) & _SIGSTOP_BIT:
-            return True
-    return False
-
-
-def _pids() -> list[int]:
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
-
-
-def _census(my_uid: int) -> Census:
-    """One status read per process (no full scan)."""
-    seen, mine, stopped = set(), set(), {}
-    for pid in _pids():
-        try:
-            status = _read(f"/proc/{pid}/status")
-            seen.add(pid)
-            if _real_uid(status) == my_uid:
-                mine.add(pid)
-                if stopping(status):
-                    stopped[pid] = _start_of(pid)
-        except (OSError, ValueError, IndexError):
-            continue
-    return Census(frozenset(seen), frozenset(mine), stopped)
-
-
-def _continue(before: Census) -> None:
-    """SIGCONT every process of the uid but the agent, the namespace's init and those stopped
-    before; also those not seen stopped yet (asleep in the kernel with the stop pending):
-    SIGCONT cancels a pending stop. Of the pids the census saw, only ours are told, so a
-    process of another uid in the agent's session (which SIGCONT could reach) is not; a pid
-    new since is read again (it was forked just before the freeze). A plain kill(): nothing
-    of the uid can fork while it is frozen and the agent spawns nothing."""
-    me, my_uid = os.getpid(), os.getuid()
-    for pid in _pids():
-        if pid in (me, INIT_PID):
-            continue
-        try:
-            if pid in before.stopped and _start_of(pid) == before.stopped[pid]:
-                continue  # stopped before the sweep (a suspended job): stays so
-            if pid in before.seen and pid not in before.mine:
-                continue
-            if pid not in before.seen and _real_uid(_read(f"/proc/{pid}/status")) != my_uid:
-                continue
-            os.kill(pid, signal.SIGCONT)
-        except (OSError, ValueError, IndexError):
-            continue
-
-
 def kill_call(leader: Leader, *, rounds: int = 50) -> int:
     """SIGKILL everything of one call, and the leftovers of earlier ones, until nothing is
     left; returns how many were killed (the leader itself is not counted and not reaped: its
     Popen does that). With the uid frozen first where it is the sandbox's alone."""
     if freezes():
-        with uid_frozen():
+        # Under the lock throughout: no spawn runs while the uid is frozen (nor is left between
+        # fork and exec, its child stopped while its thread holds the lock).
+        with _lock, uid_freeze.frozen(kept=set(_kept)):
             return _kill_rounds(leader, rounds)
     return _kill_rounds(leader, rounds)
 
@@ -487,7 +365,7 @@ def _wait_gone(pids: set[int], timeout_s: float = 0.2) -> None:
     while pending and time.monotonic() < deadline:
         for pid in list(pending):
             try:
-                state = _stat_fields(f"/proc/{pid}/stat")[0]
+                state = stat_fields(f"/proc/{pid}/stat")[0]
             except (OSError, IndexError):
                 pending.discard(pid)
                 continue

@@ -218,6 +218,31 @@ def a_suspended_process_stays_suspended(client: TestClient, service: Orchestrato
         kill_all_of(uid)
 
 
+def an_interactive_job_is_not_stopped_by_the_sweeps(client: TestClient, service: OrchestratorService) -> None:
+    """An interactive bash on a PTY (job control on) runs a foreground job while calls end:
+    the sweep stops and continues both; bash must not take its job for one the user stopped."""
+    _, run = member_run(client)
+    uid = sandbox_uid(service, MEMBER)
+    try:
+        term = tool(client, run["run_id"], "process_start", command="exec bash --norc -i", pty=True)
+        assert term["ok"], term
+        process_id = term["result"]["process_id"]
+        wrote = tool(client, run["run_id"], "process_write", process_id=process_id, data="sleep 3; echo job-$((6*7))\r")
+        assert wrote["ok"], wrote
+        time.sleep(0.3)
+        for _ in range(10):  # sweeps while the foreground job sleeps
+            assert shell(client, run["run_id"], "true")["ok"]
+        text, since = "", 0
+        deadline = time.monotonic() + 10
+        while "job-42" not in text and time.monotonic() < deadline:
+            answer = tool(client, run["run_id"], "process_output", process_id=process_id, since=since, wait_s=1)
+            text += "".join(chunk["text"] for chunk in answer["result"]["chunks"])
+            since = answer["result"]["next"]
+        assert "job-42" in text and "Stopped" not in text, text
+    finally:
+        kill_all_of(uid)
+
+
 def zombies(uid: int) -> int:
     count = 0
     for pid in psutil.pids():
@@ -365,6 +390,11 @@ def test_finding1_a_fork_hopper_dies_and_a_background_process_lives(contained: S
 @root_only
 def test_finding1_the_sweep_leaves_a_suspended_background_process_suspended(contained: Served) -> None:
     a_suspended_process_stays_suspended(*contained)
+
+
+@root_only
+def test_finding1_the_sweep_does_not_stop_an_interactive_job(contained: Served) -> None:
+    an_interactive_job_is_not_stopped_by_the_sweeps(*contained)
 
 
 @root_only

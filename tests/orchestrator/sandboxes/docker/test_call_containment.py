@@ -17,6 +17,7 @@ from tests.orchestrator.sandboxes.test_call_containment import (
     a_hopper_dies_and_a_background_process_lives,
     a_hopper_does_not_outlive_its_call,
     a_suspended_process_stays_suspended,
+    an_interactive_job_is_not_stopped_by_the_sweeps,
     deleting_the_session_stops_its_calls,
     ending_the_run_stops_its_calls,
     escape_leaves_nothing,
@@ -73,3 +74,7 @@ def test_finding1_the_sweep_leaves_a_suspended_background_process_suspended_in_a
     contained: Served,
 ) -> None:
     a_suspended_process_stays_suspended(*contained)
+
+
+def test_finding1_the_sweep_does_not_stop_an_interactive_job_in_a_container(contained: Served) -> None:
+    an_interactive_job_is_not_stopped_by_the_sweeps(*contained)
