@@ -254,21 +254,21 @@ def unregister(leader: Leader) -> None:
         _active.discard(leader)
 
 
-def _signal(pid: int, start: int, signum: int = signal.SIGKILL) -> None:
-    """Send `signum` to `pid` if it is still the process that started at `start` (a pidfd pins it)."""
+def _signal(pid: int, start: int) -> None:
+    """SIGKILL `pid` if it is still the process that started at `start` (a pidfd pins it)."""
     try:
         fd = os.pidfd_open(pid)
     except OSError as exc:
         if exc.errno != errno.ENOSYS:
             return  # gone already
         try:  # a kernel before 5.3
-            os.kill(pid, signum)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
         return
     try:
         if start_of(pid) == start:
-            signal.pidfd_send_signal(fd, signum)
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
     except (OSError, ValueError, IndexError):
         pass
     finally:
