@@ -181,7 +181,7 @@ def test_finding1_a_paused_sandbox_uses_no_cpu_and_a_stopped_one_runs_nothing(
             backend = backend_of(service)
             container = the_container(engine, service, MEMBER)
             container.reload()
-            assert _cpu_across(container, 0.5) > 0.2  # it spins: the measure sees it
+            assert _cpu_across(container, 1.0) > 0.1  # it spins: the measure sees it (on a busy host too)
             with backend._slot(MEMBER).lock:
                 assert backend._pause_locked(backend._slot(MEMBER))  # the reaper's own pause
             container.reload()
