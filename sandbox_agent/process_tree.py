@@ -19,7 +19,13 @@ how such a process used to count as dead and keep running. Here a process runs w
 its threads is not a zombie, and zombies are signalled like everything else.
 
 Killing repeats until nothing is left, so a process forked during a sweep is caught by the
-next round.
+next round. A fork-hopper (every generation forks its successor and exits at once) forks
+faster than any round, so where the uid is the sandbox's alone (and not root) the sweep first
+freezes the whole uid (uid_freeze.py: kill(-1, SIGSTOP), which the kernel applies atomically
+with respect to fork); nothing stopped can fork, so one calm round finds everything, and the
+survivors are continued after. Where the uid is shared (the process backend without root)
+nothing freezes it: kill(-1) would reach the orchestrator's own processes, and a hopper can
+outrun the rounds there.
 """
 
 from __future__ import annotations
@@ -34,11 +40,15 @@ from dataclasses import dataclass
 from subprocess import Popen
 from typing import Any
 
-from sandbox_agent import syscalls
+from sandbox_agent import syscalls, uid_freeze
+from sandbox_agent.proc_view import INIT_PID, descendants_of, read, real_uid, start_of, stat_fields
 
 MARKER_ENV = "SANDBOX_AGENT_CALL"
 
-_lock = threading.Lock()  # spawning + registering a leader, and reaping, are atomic w.r.t. each other
+# Spawning + registering a leader, reaping and a sweep's freeze of the uid are atomic w.r.t.
+# each other; re-entrant, as a sweep under a freeze reads the registrations too.
+_lock = threading.RLock()
+spawned = threading.Event()  # set at every spawn: there may be children (and orphans) to reap
 _active: set[Leader] = set()  # shells of calls in flight: reaped by their own Popen
 # Background processes the agent owns (sandbox_agent/processes.py): they and their
 # descendants are never swept; their leaders are reaped by their own Popen, never here.
@@ -97,16 +107,6 @@ def release(pid: int) -> None:
 # --- reading /proc ----------------------------------------------------------------------------
 
 
-def _read(path: str) -> bytes:
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
-def _stat_fields(path: str) -> list[bytes]:
-    """The fields of a /proc stat file after the command name (which may hold spaces and parens)."""
-    return _read(path).rsplit(b")", 1)[1].split()
-
-
 def _running(pid: int, state: bytes) -> bool:
     if state != b"Z":
         return True
@@ -116,7 +116,7 @@ def _running(pid: int, state: bytes) -> bool:
         return False
     for tid in tids:
         try:
-            if _stat_fields(f"/proc/{pid}/task/{tid}/stat")[0] != b"Z":
+            if stat_fields(f"/proc/{pid}/task/{tid}/stat")[0] != b"Z":
                 return True
         except (OSError, IndexError):
             continue
@@ -125,12 +125,8 @@ def _running(pid: int, state: bytes) -> bool:
 
 def _info(pid: int) -> ProcInfo | None:
     try:
-        fields = _stat_fields(f"/proc/{pid}/stat")
-        uid = -1
-        for line in _read(f"/proc/{pid}/status").splitlines():
-            if line.startswith(b"Uid:"):
-                uid = int(line.split()[1])  # the real uid: a setuid program keeps it too
-                break
+        fields = stat_fields(f"/proc/{pid}/stat")
+        uid = real_uid(read(f"/proc/{pid}/status"))
         # state(3) ppid(4) pgrp(5) session(6) ... starttime(22), numbered as in proc(5)
         return ProcInfo(pid, int(fields[1]), int(fields[3]), int(fields[19]), uid, _running(pid, fields[0]))
     except (OSError, ValueError, IndexError):
@@ -147,33 +143,26 @@ def scan() -> dict[int, ProcInfo]:
     return table
 
 
-def _has_marker(pid: int, needle: bytes) -> bool:
+def is_zombie(pid: int) -> bool:
+    """Exited and waiting to be reaped (every thread a zombie)."""
     try:
-        return needle in _read(f"/proc/{pid}/environ")
-    except OSError:
+        return not _running(pid, stat_fields(f"/proc/{pid}/stat")[0])
+    except (OSError, IndexError):
         return False
 
 
-def _start_of(pid: int) -> int:
-    return int(_stat_fields(f"/proc/{pid}/stat")[19])
+def _has_marker(pid: int, needle: bytes) -> bool:
+    try:
+        return needle in read(f"/proc/{pid}/environ")
+    except OSError:
+        return False
 
 
 # --- deciding ---------------------------------------------------------------------------------
 
 
 def _descendants(table: Mapping[int, ProcInfo], roots: Iterable[int]) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for info in table.values():
-        children.setdefault(info.ppid, []).append(info.pid)
-    found: set[int] = set()
-    stack = list(roots)
-    while stack:
-        pid = stack.pop()
-        for child in children.get(pid, ()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
-    return found
+    return descendants_of({info.pid: info.ppid for info in table.values()}, roots)
 
 
 def _ancestors(table: Mapping[int, ProcInfo], pid: int) -> set[int]:
@@ -183,9 +172,6 @@ def _ancestors(table: Mapping[int, ProcInfo], pid: int) -> set[int]:
         found.add(info.ppid)
         info = table.get(info.ppid)
     return found
-
-
-INIT_PID = 1
 
 
 def select_victims(
@@ -237,7 +223,7 @@ def spawn(start: Callable[[], Popen[Any]], marker: str, *, kept: bool = False) -
     with _lock:
         proc = start()
         try:
-            leader = Leader(proc.pid, _start_of(proc.pid), marker)
+            leader = Leader(proc.pid, start_of(proc.pid), marker)
         except (OSError, ValueError, IndexError):
             leader = Leader(proc.pid, -1, marker)
         if kept:
@@ -245,6 +231,7 @@ def spawn(start: Callable[[], Popen[Any]], marker: str, *, kept: bool = False) -
             _owned.add(proc.pid)
         else:
             _active.add(leader)
+    spawned.set()
     return proc, leader
 
 
@@ -280,7 +267,7 @@ def _signal(pid: int, start: int) -> None:
             pass
         return
     try:
-        if _start_of(pid) == start:
+        if start_of(pid) == start:
             signal.pidfd_send_signal(fd, signal.SIGKILL)
     except (OSError, ValueError, IndexError):
         pass
@@ -288,25 +275,50 @@ def _signal(pid: int, start: int) -> None:
         os.close(fd)
 
 
-def _reap_orphans(table: Mapping[int, ProcInfo]) -> None:
-    """Reap the agent's zombie children that no call in flight owns (adopted orphans)."""
+def reap_unowned(zombies: Iterable[int]) -> int:
+    """Reap those of the agent's zombie children `zombies` that no Popen owns (adopted
+    orphans): a call's shell and a background process are reaped by their own Popen, which
+    would otherwise lose its exit status. Returns how many were reaped."""
     if not _adopting:
-        return
-    me = os.getpid()
+        return 0
+    reaped = 0
     with _lock:  # a shell spawned meanwhile is registered before its pid can be seen here
         leaders = {leader.pid for leader in _active} | _owned
-        for info in table.values():
-            if info.ppid == me and not info.running and info.pid not in leaders:
-                try:
-                    os.waitpid(info.pid, os.WNOHANG)
-                except OSError:
-                    pass  # not our child after all (or already reaped)
+        for pid in zombies:
+            if pid in leaders:
+                continue
+            try:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    reaped += 1
+            except OSError:
+                pass  # not our child after all (or already reaped)
+    return reaped
+
+
+def _reap_orphans(table: Mapping[int, ProcInfo]) -> None:
+    me = os.getpid()
+    reap_unowned(info.pid for info in table.values() if info.ppid == me and not info.running)
+
+
+def freezes() -> bool:
+    """Whether the sweep freezes the uid first: only a uid of the sandbox's own (kill(-1)
+    reaches every process of it), and never root (it would reach every process there is)."""
+    return _sweep_uid and os.getuid() != 0
 
 
 def kill_call(leader: Leader, *, rounds: int = 50) -> int:
     """SIGKILL everything of one call, and the leftovers of earlier ones, until nothing is
     left; returns how many were killed (the leader itself is not counted and not reaped: its
-    Popen does that)."""
+    Popen does that). With the uid frozen first where it is the sandbox's alone."""
+    if freezes():
+        # Under the lock throughout: no spawn runs while the uid is frozen (nor is left between
+        # fork and exec, its child stopped while its thread holds the lock).
+        with _lock, uid_freeze.frozen(kept=set(_kept)):
+            return _kill_rounds(leader, rounds)
+    return _kill_rounds(leader, rounds)
+
+
+def _kill_rounds(leader: Leader, rounds: int) -> int:
     me, my_uid = os.getpid(), os.getuid()
     needle = f"{MARKER_ENV}={leader.marker}".encode()
     killed: set[int] = set()
@@ -353,7 +365,7 @@ def _wait_gone(pids: set[int], timeout_s: float = 0.2) -> None:
     while pending and time.monotonic() < deadline:
         for pid in list(pending):
             try:
-                state = _stat_fields(f"/proc/{pid}/stat")[0]
+                state = stat_fields(f"/proc/{pid}/stat")[0]
             except (OSError, IndexError):
                 pending.discard(pid)
                 continue

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import uvicorn
 
-from sandbox_agent import process_tree
+from sandbox_agent import orphan_reaper, process_tree
 from sandbox_agent.app import AgentState, create_app
 from sandbox_agent.build import own_build_id
 from sandbox_agent.egress_forwarder import start_egress
@@ -149,7 +149,8 @@ def serve(config: AgentConfig) -> None:
     # ptraced, nor its memory, descriptors or environment read through /proc, by them.
     make_undumpable()
     limit_processes(config.max_processes)
-    process_tree.adopt_orphans()
+    if process_tree.adopt_orphans():
+        orphan_reaper.start()
     process_tree.sweep_uid(config.sweep_uid)
     sandbox = PathSandbox(
         [Root(r.path, r.access == "rw", r.purpose) for r in config.roots],

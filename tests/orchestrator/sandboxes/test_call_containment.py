@@ -8,6 +8,7 @@ containers (`tests/orchestrator/sandboxes/docker/test_call_containment.py`)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -49,6 +50,33 @@ ESCAPES = {
     "own_process_group": "python3 -c 'import os, time; os.setpgid(0, 0); time.sleep(1000)' >/dev/null 2>&1 &",
 }
 LOOP = "while true; do mkdir -p $PWD/x; echo hi > $PWD/x/f; sleep 0.05; done"
+# A fork-hopper: every generation forks its successor and exits at once, faster than any scan
+# of /proc; a failed fork (no pid left) is retried. Bounded to 20 s so a failing run ends.
+HOPPER = (
+    "import os, time\n"
+    "end = time.monotonic() + 20\n"
+    "while time.monotonic() < end:\n"
+    "    try:\n"
+    "        if os.fork(): os._exit(0)\n"
+    "    except OSError:\n"
+    "        pass\n"
+)
+HOP = f"env -i setsid /usr/bin/python3 -c '{HOPPER}' >/dev/null 2>&1 &"
+# A finite hopper whose every ended generation is a zombie of the agent (the subreaper adopts
+# each orphan): 700 hops, more than the sandbox's 512 pids, then the last one writes how far
+# it got. Without reaping, fork fails with EAGAIN once the zombies fill the sandbox's pids.
+ZOMBIE_HOPS = 700
+ZOMBIE_HOPPER = (
+    "import os\n"
+    f"for hop in range({ZOMBIE_HOPS}):\n"
+    "    try:\n"
+    "        child = os.fork()\n"
+    "    except OSError as exc:\n"
+    "        open(\"hops.txt\", \"w\").write(f\"failed at {hop}: {exc}\")\n"
+    "        os._exit(1)\n"
+    "    if child: os._exit(0)\n"
+    f"open(\"hops.txt\", \"w\").write(\"hops {ZOMBIE_HOPS}\")\n"
+)
 
 
 def _proc_text(pid: int, name: str) -> str:
@@ -122,6 +150,124 @@ def escape_leaves_nothing(client: TestClient, service: OrchestratorService, esca
     second = shell(client, run["run_id"], 'ps -o pid=,stat=,args= -u "$(id -u)" | grep -v -e agent.json -e docker-init')
     listed = second["result"]["stdout"]
     assert "sleep 1000" not in listed and "python3" not in listed, listed
+
+
+def stays_clear(uid: int, seconds: float = 2.5, spare: str = "") -> None:
+    """No process of `uid` but the agent (and `spare`, a kept one's command) runs, checked
+    again and again for `seconds`: a hopper that dodged one scan shows up in the next."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = [line for line in strays(uid) if not (spare and spare in line)]
+        assert left == [], f"still running after the call: {left[:5]}"
+        time.sleep(0.02)
+
+
+def kill_all_of(uid: int) -> None:
+    """After a test: end whatever of `uid` is left, hoppers included (kill(-1) as that uid is
+    atomic with respect to fork), so a failing run leaves nothing spinning."""
+    assert uid > 0
+    # Run as that uid (set before exec), and checked again there: kill(-1) by root ends everything.
+    program = f"import os, signal\nif os.getresuid() == ({uid}, {uid}, {uid}): os.kill(-1, signal.SIGKILL)"
+    subprocess.run(["/usr/bin/python3", "-c", program], user=uid, check=False, timeout=10)
+
+
+def a_hopper_does_not_outlive_its_call(client: TestClient, service: OrchestratorService) -> None:
+    _, run = member_run(client)
+    uid = sandbox_uid(service, MEMBER)
+    try:
+        answer = shell(client, run["run_id"], f"{HOP} sleep 0.3; echo started")
+        assert answer["ok"] and answer["result"]["stdout"] == "started\n", answer
+        stays_clear(uid)
+        listed = shell(client, run["run_id"], 'ps -o pid=,stat=,args= -u "$(id -u)"')["result"]["stdout"]
+        assert "os.fork" not in listed, listed
+    finally:
+        kill_all_of(uid)
+
+
+def a_hopper_dies_and_a_background_process_lives(client: TestClient, service: OrchestratorService) -> None:
+    _, run = member_run(client)
+    uid = sandbox_uid(service, MEMBER)
+    try:
+        started = tool(client, run["run_id"], "process_start", command="exec sleep 777")
+        assert started["ok"], started
+        process_id = started["result"]["process_id"]
+        answer = shell(client, run["run_id"], f"{HOP} sleep 0.3; echo started")
+        assert answer["ok"], answer
+        stays_clear(uid, spare="sleep 777")
+        listed = tool(client, run["run_id"], "process_list")
+        (kept,) = [p for p in listed["result"]["processes"] if p["process_id"] == process_id]
+        assert kept["state"] == "running", kept
+        # running, not left stopped by the sweep's freeze
+        assert [line.split()[1][0] for line in strays(uid) if "sleep 777" in line] == ["S"], strays(uid)
+    finally:
+        kill_all_of(uid)
+
+
+def a_suspended_process_stays_suspended(client: TestClient, service: OrchestratorService) -> None:
+    """The sweep continues what it stopped, not what the user had stopped (a ^Z'd job)."""
+    _, run = member_run(client)
+    uid = sandbox_uid(service, MEMBER)
+    try:
+        started = tool(client, run["run_id"], "process_start", command="exec sleep 778")
+        assert started["ok"], started
+        stopped = shell(client, run["run_id"], f"kill -STOP {started['result']['pid']}")
+        assert stopped["ok"] and stopped["result"]["exit_code"] == 0, stopped
+        assert shell(client, run["run_id"], "echo another call")["ok"]
+        assert [line.split()[1][0] for line in strays(uid) if "sleep 778" in line] == ["T"], strays(uid)
+    finally:
+        kill_all_of(uid)
+
+
+def an_interactive_job_is_not_stopped_by_the_sweeps(client: TestClient, service: OrchestratorService) -> None:
+    """An interactive bash on a PTY (job control on) runs a foreground job while calls end:
+    the sweep stops and continues both; bash must not take its job for one the user stopped."""
+    _, run = member_run(client)
+    uid = sandbox_uid(service, MEMBER)
+    try:
+        term = tool(client, run["run_id"], "process_start", command="exec bash --norc -i", pty=True)
+        assert term["ok"], term
+        process_id = term["result"]["process_id"]
+        wrote = tool(client, run["run_id"], "process_write", process_id=process_id, data="sleep 3; echo job-$((6*7))\r")
+        assert wrote["ok"], wrote
+        time.sleep(0.3)
+        for _ in range(10):  # sweeps while the foreground job sleeps
+            assert shell(client, run["run_id"], "true")["ok"]
+        text, since = "", 0
+        deadline = time.monotonic() + 10
+        while "job-42" not in text and time.monotonic() < deadline:
+            answer = tool(client, run["run_id"], "process_output", process_id=process_id, since=since, wait_s=1)
+            text += "".join(chunk["text"] for chunk in answer["result"]["chunks"])
+            since = answer["result"]["next"]
+        assert "job-42" in text and "Stopped" not in text, text
+    finally:
+        kill_all_of(uid)
+
+
+def zombies(uid: int) -> int:
+    count = 0
+    for pid in psutil.pids():
+        try:
+            if _real_uid(pid) == uid and _state(_proc_text(pid, "stat")) == "Z":
+                count += 1
+        except (OSError, StopIteration):
+            continue
+    return count
+
+
+def zombies_do_not_pile_up(client: TestClient, service: OrchestratorService) -> None:
+    _, run = member_run(client)
+    uid = sandbox_uid(service, MEMBER)
+    try:
+        command = (
+            f"rm -f hops.txt; env -i setsid /usr/bin/python3 -c '{ZOMBIE_HOPPER}' >/dev/null 2>&1 & "
+            "for i in $(seq 400); do [ -s hops.txt ] && break; sleep 0.05; done; cat hops.txt"
+        )
+        answer = shell(client, run["run_id"], command, timeout_s=60)
+        assert answer["ok"] and answer["result"]["stdout"] == f"hops {ZOMBIE_HOPS}", answer
+        assert zombies(uid) < 20
+        assert shell(client, run["run_id"], "echo ok")["result"]["stdout"] == "ok\n"
+    finally:
+        kill_all_of(uid)
 
 
 def a_call_ending_spares_a_concurrent_call(client: TestClient, service: OrchestratorService) -> None:
@@ -229,6 +375,31 @@ def test_item13_deleting_a_session_kills_its_calls_before_cleanup(contained: Ser
 @root_only
 def test_item13_ending_a_run_kills_its_calls(contained: Served) -> None:
     ending_the_run_stops_its_calls(*contained)
+
+
+@root_only
+def test_finding1_a_fork_hopper_does_not_outlive_its_call(contained: Served) -> None:
+    a_hopper_does_not_outlive_its_call(*contained)
+
+
+@root_only
+def test_finding1_a_fork_hopper_dies_and_a_background_process_lives(contained: Served) -> None:
+    a_hopper_dies_and_a_background_process_lives(*contained)
+
+
+@root_only
+def test_finding1_the_sweep_leaves_a_suspended_background_process_suspended(contained: Served) -> None:
+    a_suspended_process_stays_suspended(*contained)
+
+
+@root_only
+def test_finding1_the_sweep_does_not_stop_an_interactive_job(contained: Served) -> None:
+    an_interactive_job_is_not_stopped_by_the_sweeps(*contained)
+
+
+@root_only
+def test_finding14_the_zombies_of_a_hopper_are_reaped_as_they_come(contained: Served) -> None:
+    zombies_do_not_pile_up(*contained)
 
 
 @root_only

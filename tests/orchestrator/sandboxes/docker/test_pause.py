@@ -13,9 +13,11 @@ import pytest
 
 from orchestrator import metrics
 from orchestrator.service import OrchestratorService
-from tests.agent_env import blocking_call
+from tests.agent_env import blocking_call, serving
+from tests.api_calls import MEMBER, group_session, start_run, tool
 from tests.orchestrator.sandboxes.docker.conftest import docker_settings
 from tests.orchestrator.sandboxes.docker.test_lifecycle import backend_of, sandbox_user, the_container, workdir
+from tests.orchestrator.sandboxes.test_call_containment import HOPPER, UID_BASE, kill_all_of, sandbox_uid, strays
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -139,3 +141,61 @@ def test_a_killed_orchestrator_leaves_no_container_frozen_forever(
         server.wait(10)
         _wait_for(container, lambda state: not state["Running"], 20)
         assert container.status == "exited" and container.attrs["State"]["ExitCode"] == 0
+
+
+def _cpu_used_s(container) -> float:  # type: ignore[no-untyped-def]
+    """The CPU time the container's cgroup used so far (cgroup v1 cpuacct, or v2 cpu.stat)."""
+    pid = container.attrs["State"]["Pid"]
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpuacct" in controllers.split(","):
+            return int((Path("/sys/fs/cgroup/cpuacct") / path.lstrip("/") / "cpuacct.usage").read_text()) / 1e9
+        if controllers == "" and Path("/sys/fs/cgroup/cpu.stat").exists():
+            stat = (Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.stat").read_text().split()
+            return int(stat[stat.index("usage_usec") + 1]) / 1e6
+    raise AssertionError(f"no cpu accounting cgroup for {container.name}")
+
+
+def _cpu_across(container, seconds: float) -> float:  # type: ignore[no-untyped-def]
+    before = _cpu_used_s(container)
+    time.sleep(seconds)
+    return _cpu_used_s(container) - before
+
+
+# A background process that spins and starts a fork-hopper that escapes it (each generation's
+# parent exits, so it is no longer the kept process's descendant): both run until something
+# the kernel does ends them.
+SPINNER = f"env -i setsid /usr/bin/python3 -c '{HOPPER}' >/dev/null 2>&1 & while :; do :; done"
+
+
+def test_finding1_a_paused_sandbox_uses_no_cpu_and_a_stopped_one_runs_nothing(
+    docker_data_dir: Path, sandbox_image: str, engine: docker.DockerClient
+) -> None:
+    settings = docker_settings(docker_data_dir, sandbox_image, sandbox_uid_base=UID_BASE)
+    with serving(settings) as (client, service):
+        run = start_run(client, group_session(client), trigger="group_message", speaker_user_id=MEMBER)
+        uid = sandbox_uid(service, MEMBER)
+        try:
+            started = tool(client, run["run_id"], "process_start", command=SPINNER)
+            assert started["ok"], started
+            backend = backend_of(service)
+            container = the_container(engine, service, MEMBER)
+            container.reload()
+            assert _cpu_across(container, 1.0) > 0.1  # it spins: the measure sees it (on a busy host too)
+            with backend._slot(MEMBER).lock:
+                assert backend._pause_locked(backend._slot(MEMBER))  # the reaper's own pause
+            container.reload()
+            assert container.attrs["State"]["Paused"] is True
+            assert _cpu_across(container, 1.0) < 0.005, "a paused sandbox still used CPU"
+            backend.stop(MEMBER)
+            assert strays(uid) == [] and not [line for line in _uid_processes(uid)], _uid_processes(uid)
+        finally:
+            kill_all_of(uid)
+
+
+def _uid_processes(uid: int) -> list[str]:
+    """Every process of `uid` on the host, the agent included (ps, as an operator would look)."""
+    import subprocess
+
+    listed = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-u", str(uid)], capture_output=True, text=True)
+    return [line for line in listed.stdout.splitlines() if line.strip()]
