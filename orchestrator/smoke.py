@@ -198,7 +198,7 @@ class SmokeRun:
             where = self.options.url or "the server"
             print(f"cannot reach {where}: {exc.message} (is `orchestrator serve` running there?)", file=self.out, flush=True)
             return 2
-        source = health.runtime_identity_source or "known to the admin token"
+        source = health.runtime_identity_source or "unknown"
         print(f"runtime identity mode: {health.runtime_identity} (source: {source})", file=self.out, flush=True)
         if health.runtime_identity == "owner":
             self.mode_note = owner_mode_note(source)

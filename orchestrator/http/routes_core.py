@@ -51,7 +51,10 @@ async def healthz(
     state = service.switch.state()
     caller = caller_for(service, authorization)
     if caller is None or caller.role not in ("admin", "local"):
-        return {"status": "ok", "version": __version__, "runtime_identity": state.mode.value}
+        return {
+            "status": "ok", "version": __version__,
+            "runtime_identity": state.mode.value, "runtime_identity_source": state.source,
+        }  # fmt: skip
     return {
         "status": "ok",
         "version": __version__,

@@ -9,7 +9,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.conftest import API_TOKEN, admin_headers
 
-PUBLIC = {"status", "version", "runtime_identity"}
+PUBLIC = {"status", "version", "runtime_identity", "runtime_identity_source"}
 HOST_DETAILS = {"isolation", "disk_quota", "egress", "descriptors", "kernel_boundary", "backend"}
 
 

@@ -107,7 +107,7 @@ def test_one_users_streams_stop_at_its_share_and_others_stream_on(url: str) -> N
 
 def test_healthz_tells_the_budget_to_the_admin_only(url: str) -> None:
     public = httpx.get(f"{url}/healthz", timeout=5).json()
-    assert "descriptors" not in public and set(public) == {"status", "version", "runtime_identity"}
+    assert "descriptors" not in public and set(public) == {"status", "version", "runtime_identity", "runtime_identity_source"}
     admin = httpx.get(f"{url}/healthz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5).json()["descriptors"]
     assert admin["limit"] == descriptor_limit() and admin["reserve"] == descriptor_limit() - 1000
     assert admin["pools"]["egress"]["size"] == 600 and admin["pools"]["egress"]["user_share"] == 240
