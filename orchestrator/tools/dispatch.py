@@ -398,8 +398,9 @@ class ToolDispatcher:
         except (ToolError, SpoolWriteFailed) as exc:
             if spool is not None:
                 spool.close()
-            error = spool_failed(exc) if isinstance(exc, SpoolWriteFailed) else exc
-            return ToolOutcome(ok=False, error=error.body())
+            if isinstance(exc, SpoolWriteFailed):  # its words may read the state store: not on the loop
+                exc = await self._in_thread(partial(spool_failed, exc))
+            return ToolOutcome(ok=False, error=exc.body())
         except BaseException:
             if spool is not None:
                 spool.close()

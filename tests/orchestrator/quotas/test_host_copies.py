@@ -90,6 +90,18 @@ def test_recorded_results_are_bounded_by_the_same_budget(world: QuotaWorld) -> N
     assert keyed_call(world, BOB, "read_bytes", "b0", path="r.bin")["ok"]
 
 
+def test_a_large_read_bytes_is_refused_before_its_spool_would_pass_the_budget(world: QuotaWorld) -> None:
+    world.shell(ALICE, "head -c 3145728 /dev/urandom > big.bin")
+    assert world.tool(ALICE, "send_file", path_or_url="big.bin")["ok"]
+    assert world.tool(ALICE, "send_file", path_or_url="big.bin")["ok"]
+    read = world.tool(ALICE, "read_bytes", path="big.bin")  # 3 MiB: spooled on the host on its way
+    assert not read["ok"] and read["error"]["code"] == "no_space", read
+    assert world.service.host_copies.usage(ALICE).transfers == 0  # its charge went back
+    world.shell(BOB, "head -c 3145728 /dev/urandom > big.bin")
+    assert world.tool(BOB, "read_bytes", path="big.bin")["ok"]
+    assert world.service.host_copies.usage(BOB).transfers == 0
+
+
 def test_the_budget_is_rebuilt_from_disk_at_start(world: QuotaWorld) -> None:
     world.shell(ALICE, "head -c 3145728 /dev/urandom > big.bin")
     assert world.tool(ALICE, "send_file", path_or_url="big.bin")["ok"]
