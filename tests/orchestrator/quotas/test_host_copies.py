@@ -21,13 +21,11 @@ from tests.orchestrator.quotas.world import QuotaWorld, quota_settings, traversa
 MIB = 1024 * 1024
 ALICE, BOB = 41, 42
 BUDGET_MB = 8
-# A uid block of this module's own: other orchestrators run on this host too.
-UID_BLOCK = {"sandbox_uid_base": 1_172_000_000, "max_user_id": 100_000}
 
 
 @pytest.fixture
 def world() -> Iterator[QuotaWorld]:
-    w = QuotaWorld(quota_settings(traversable_data_dir(), disk_quota="off", user_host_copies_mb=BUDGET_MB, **UID_BLOCK))
+    w = QuotaWorld(quota_settings(traversable_data_dir(), disk_quota="off", user_host_copies_mb=BUDGET_MB))
     try:
         yield w
     finally:
@@ -117,7 +115,7 @@ def test_below_the_watermark_these_copies_are_refused_too(
     small_data_fs: Path,  # noqa: F811 - the fixture
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    world = QuotaWorld(quota_settings(small_data_fs, disk_quota="off", min_free_disk_pct=10, **UID_BLOCK))
+    world = QuotaWorld(quota_settings(small_data_fs, disk_quota="off", min_free_disk_pct=10))
     try:
         world.shell(ALICE, "head -c 65536 /dev/urandom > small.bin")  # deploys the agent
         filler = small_data_fs.parent / "filler"
