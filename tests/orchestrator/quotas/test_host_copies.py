@@ -63,6 +63,9 @@ def test_repeated_send_file_is_refused_past_the_budget_and_the_outbox_stays_boun
     sent = {a["result"]["delivery_id"] for a in answers[:2]}
     assert set(outbox_files(world)) == sent  # no spool left behind
     assert sum(outbox_files(world).values()) <= BUDGET_MB * MIB
+    shown = world.user_disk(ALICE)["host_copies"]  # what the operator sees
+    assert shown == {"deliveries": 2 * 3145728, "results": 0, "transfers": 0, "bytes_used": 2 * 3145728,
+                     "bytes_limit": BUDGET_MB * MIB}  # fmt: skip
     # another user's sends still work
     world.shell(BOB, "head -c 3145728 /dev/urandom > big.bin")
     assert world.tool(BOB, "send_file", path_or_url="big.bin")["ok"]
