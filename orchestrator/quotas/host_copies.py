@@ -84,7 +84,7 @@ class HostCopyRefused(SpoolWriteFailed):
 
     def tool_error(self, tool: str) -> ToolError:
         return ToolError(
-            self.code, f"{tool} did not run: {self.problem}. Nothing was sent or kept. {self._how_to_free()}"
+            self.code, f"{tool} was refused: {self.problem}. Nothing was sent or kept. {self._how_to_free()}"
         )
 
 
