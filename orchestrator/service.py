@@ -31,7 +31,8 @@ from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_int
 from orchestrator import data_dir_lock
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
-from orchestrator.quotas.model import QuotaMechanism
+from orchestrator.quotas.host_copies import HostCopies, how_to_free
+from orchestrator.quotas.model import MIB, QuotaMechanism
 from orchestrator.quotas.service import DiskQuotas
 from orchestrator.sessions.projects import ProjectRepository
 from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
@@ -209,7 +210,13 @@ class OrchestratorService:
         )
         self.collaboration.recover()  # an uncertain start after a restart is marked, never replayed
         register_collaboration_tools(self.tools, self.collaboration)
-        self.deliveries = DeliveryStore(self.store, self.layout, ttl_s=settings.delivery_ttl_s)
+        # Host-side copies of what a sandbox produced, charged to its user (docs/disk-quotas.md).
+        self.host_copies = HostCopies(
+            budget_bytes=settings.user_host_copies_mb * MIB,
+            watermark=self.disk_quotas.watermark_refusal,
+            how_to_free=self._how_to_free_host_copies,
+        )
+        self.deliveries = DeliveryStore(self.store, self.layout, ttl_s=settings.delivery_ttl_s, copies=self.host_copies)
         self.sessions.register_cleanup_step("deliveries", self.deliveries.forget_session)
         self.url_fetcher = UrlFetcher(
             timeout_s=settings.url_fetch_timeout_s, allow_loopback=settings.url_fetch_allow_loopback
@@ -230,6 +237,7 @@ class OrchestratorService:
             deliveries=self.deliveries,
             sessions=self.sessions,
             uploads=self.uploads,
+            copies=self.host_copies,
         )
         register_host_tools(self.tools, host_tools)
         self.calls_in_flight = CallsInFlight()
@@ -243,11 +251,16 @@ class OrchestratorService:
             in_flight=self.calls_in_flight,
             user_max_concurrent_calls=settings.user_max_concurrent_calls,
             call_records=CallRecords(
-                ttl_s=settings.tool_call_result_ttl_s, max_result_bytes=settings.tool_call_result_max_bytes
+                ttl_s=settings.tool_call_result_ttl_s,
+                max_result_bytes=settings.tool_call_result_max_bytes,
+                copies=self.host_copies,
             ),
             repeat_wait_s=partial(repeat_wait_s, settings),
             transfers=host_tools.transfers,  # a large read_bytes takes a slot like send_file
         )
+        with self.store.read() as tx:  # the counters start from what is on disk: one query each
+            recorded = CallRecords.charged_usage(tx)
+        self.host_copies.rebuild({**self.deliveries.charged_usage(), **recorded})
         # The scrape-time gauges of /metrics read what this service keeps (docs/operations.md).
         metrics.register_sources(
             states=lambda: [(s.backend, s.state) for s in self.sandboxes.status()],
@@ -262,6 +275,9 @@ class OrchestratorService:
         self._watchers: list[FileWatcher] = []
         self._tasks: list[PeriodicTask] = []
         self.skills_watcher: FileWatcher | None = None
+
+    def _how_to_free_host_copies(self, user_id: int) -> str:
+        return how_to_free(self.deliveries.next_expiry(user_id), self.settings.tool_call_result_ttl_s)
 
     def _stop_sandbox_of(self, user_id: int) -> None:
         for backend in self.sandboxes.backends.values():

@@ -350,6 +350,13 @@ class Settings(BaseSettings):
         le=100,
         description="Below this free share of the data filesystem, new sandbox starts and host writes are refused (0: off).",
     )
+    user_host_copies_mb: int = Field(
+        256,
+        ge=1,
+        description="Per-user budget (MiB) of the host-side copies of what a user's sandbox produced: outgoing "
+        "deliveries, recorded tool results and transfers in flight; past it they are refused with no_space. "
+        "Its own setting, not part of the user's disk quota (docs/disk-quotas.md).",
+    )
     collaboration_queue_max: int = Field(20, gt=0, description="Requests waiting per target session.")
     collaboration_clarifications_max: int = Field(3, ge=0, description="Clarifications per request.")
     collaboration_continuations_max: int = Field(

@@ -11,7 +11,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -267,14 +267,23 @@ class StateStore:
             raise sqlite3.OperationalError("database is locked (waited for this process's other writers)")
         try:
             conn.execute("BEGIN IMMEDIATE")
+            tx = Transaction(conn)
             try:
-                yield Transaction(conn)
+                yield tx
             except BaseException:
                 conn.execute("ROLLBACK")
+                tx.run_hooks(tx.rollback_hooks)
                 raise
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                tx.run_hooks(tx.rollback_hooks)
+                raise
         finally:
             self._write_lock.release()
+        tx.run_hooks(tx.commit_hooks)
         metrics.STATE_WRITE_SECONDS.observe(time.perf_counter() - started)
 
     @contextmanager
@@ -300,6 +309,21 @@ class Transaction:
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        # In-memory state kept in step with the rows (the host-copy counters): what to do once
+        # the transaction committed, or what to undo when it rolled back.
+        self.commit_hooks: list[Callable[[], None]] = []
+        self.rollback_hooks: list[Callable[[], None]] = []
+
+    def on_commit(self, hook: Callable[[], None]) -> None:
+        self.commit_hooks.append(hook)
+
+    def on_rollback(self, hook: Callable[[], None]) -> None:
+        self.rollback_hooks.append(hook)
+
+    @staticmethod
+    def run_hooks(hooks: list[Callable[[], None]]) -> None:
+        for hook in hooks:
+            hook()
 
     def execute(self, sql: str, params: Sequence[object] | dict[str, object] = ()) -> sqlite3.Cursor:
         return self._conn.execute(sql, params)

@@ -7,6 +7,10 @@ counts what comes and keeps the first `head_bytes` (for sniffing a type). `commi
 gives it its owner and mode on the descriptor, fsyncs it and renames it into place; whatever
 was not committed is removed when the block ends (a killed process leaves a temp name the
 directory's sweeper knows).
+
+A `meter` (optional) is told of every change of the spool's size before it happens: `+n`
+before `n` bytes are written (it may refuse by raising a `SpoolWriteFailed`, which stops the
+transfer as a full disk does), `-size` when the spool starts over.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from mounts.fs.atomic_write import FILE_MODE, Owner, temp_name
@@ -37,13 +41,20 @@ class SpoolWriteFailed(Exception):
         return self.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+Meter = Callable[[int], None]
+
+
 class FileSpool:
-    def __init__(self, dir_fd: int, name: str, fd: int, head_bytes: int) -> None:
+    def __init__(self, dir_fd: int, name: str, fd: int, head_bytes: int, meter: Meter | None = None) -> None:
         self.dir_fd, self.name, self.fd = dir_fd, name, fd
         self._head_bytes = head_bytes
+        self.meter = meter
+        self.size = 0
         self.truncate()
 
     def write(self, data: bytes) -> int:
+        if self.meter is not None:
+            self.meter(len(data))
         view = memoryview(data)
         try:
             while view:
@@ -64,6 +75,8 @@ class FileSpool:
             raise ValueError("a spool only starts over")
         os.ftruncate(self.fd, 0)
         os.lseek(self.fd, 0, os.SEEK_SET)
+        if self.meter is not None and self.size:
+            self.meter(-self.size)
         self._sha = hashlib.sha256()
         self.size = 0
         self.head = b""
@@ -87,13 +100,15 @@ class FileSpool:
 
 
 @contextmanager
-def spool_at(dir_fd: int, head_bytes: int = 0, *, label: str = "spool") -> Iterator[FileSpool]:
+def spool_at(
+    dir_fd: int, head_bytes: int = 0, *, label: str = "spool", meter: Meter | None = None
+) -> Iterator[FileSpool]:
     """A spool in `dir_fd` (the caller keeps `dir_fd` open for the block); its temp file is
     removed when the block ends unless it was committed."""
     name = temp_name(label)
     fd = os.open(name, SPOOL_FLAGS, FILE_MODE, dir_fd=dir_fd)
     try:
-        yield FileSpool(dir_fd, name, fd, head_bytes)
+        yield FileSpool(dir_fd, name, fd, head_bytes, meter)
     finally:
         os.close(fd)
         remove_file_at(dir_fd, name)  # gone already when committed

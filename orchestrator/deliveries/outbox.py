@@ -7,6 +7,10 @@ may delete the delivery once it has posted it, and otherwise it expires after
 removes its deliveries. The bytes are written (temp file, fsync, rename) before the row is
 inserted, and the row is deleted before the file, so a crash leaves at most an orphan file,
 which the sweep removes too.
+
+Every delivery's bytes are charged to the user whose sandbox produced them
+(`orchestrator/quotas/host_copies.py`): while they stream in as a transfer, then as a
+delivery until its row is deleted; a send past the user's budget is refused mid-stream.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from mounts import ids
 from mounts.layout import DataLayout
 from orchestrator.errors import Gone, NotFound
 from orchestrator.log import kv
+from orchestrator.quotas.host_copies import ChargedWrites, HostCopies
 from mounts.fs.atomic_write import replace_file_at
 from mounts.fs.spool import FileSpool, spool_at
 from mounts.fs.nofollow import UnsafePath, closing_fd, open_below, open_regular_at, remove_file_at
@@ -91,10 +96,23 @@ def valid_delivery_id(value: str) -> bool:
 
 
 class DeliveryStore:
-    def __init__(self, store: StateStore, layout: DataLayout, *, ttl_s: float) -> None:
+    def __init__(self, store: StateStore, layout: DataLayout, *, ttl_s: float, copies: HostCopies) -> None:
         self._store = store
         self._layout = layout
         self.ttl_s = ttl_s
+        self._copies = copies
+
+    def charged_usage(self) -> dict[tuple[int, str], int]:
+        """What the deliveries on disk take, per user: the counters' start (one query)."""
+        with self._store.read() as tx:
+            rows = tx.all("SELECT runtime_user_id, SUM(size) AS bytes FROM deliveries GROUP BY runtime_user_id")
+        return {(row["runtime_user_id"], "deliveries"): row["bytes"] or 0 for row in rows}
+
+    def next_expiry(self, runtime_user_id: int) -> str | None:
+        """When the user's oldest delivery expires (None: it has none); for a refusal's words."""
+        with self._store.read() as tx:
+            row = tx.one("SELECT MIN(expires_at) AS at FROM deliveries WHERE runtime_user_id = ?", (runtime_user_id,))
+        return row["at"] if row is not None else None
 
     def _outbox_fd(self) -> int:
         fd = open_below(self._layout.root, self._layout.outbox_root.relative_to(self._layout.root).parts, create=True)
@@ -102,12 +120,17 @@ class DeliveryStore:
         return fd
 
     @contextmanager
-    def spool(self, head_bytes: int) -> Iterator[DeliverySpool]:
+    def spool(self, head_bytes: int, runtime_user_id: int) -> Iterator[DeliverySpool]:
         """A spool for one delivery's bytes (see `DeliverySpool`), for `create(..., spool=)`;
         its temp file is removed when the block ends, whatever happened (a killed process
-        leaves it for the sweep's orphan rule)."""
-        with closing_fd(self._outbox_fd()) as dir_fd, spool_at(dir_fd, head_bytes) as spool:
-            yield spool
+        leaves it for the sweep's orphan rule). Each piece is charged to the user before it is
+        written (`HostCopyRefused` past the budget); uncommitted, the charge goes back."""
+        meter = ChargedWrites(self._copies, runtime_user_id)
+        try:
+            with closing_fd(self._outbox_fd()) as dir_fd, spool_at(dir_fd, head_bytes, meter=meter) as spool:
+                yield spool
+        finally:
+            meter.settle(kept_as=None)  # a no-op once `create` kept it as a delivery
 
     def create(self, new: NewDelivery, *, now: datetime | None = None, spool: DeliverySpool | None = None) -> Delivery:
         """Store a delivery: its bytes are `new.data`, or what `spool` holds (renamed into place,
@@ -130,16 +153,29 @@ class DeliveryStore:
             fetched_at=None,
         )
         if spool is None:
-            with closing_fd(self._outbox_fd()) as dir_fd:
-                replace_file_at(dir_fd, ids.file_name(delivery.delivery_id), new.data)
+            self._copies.charge(new.runtime_user_id, "deliveries", delivery.size)  # before a byte is written
+            try:
+                with closing_fd(self._outbox_fd()) as dir_fd:
+                    replace_file_at(dir_fd, ids.file_name(delivery.delivery_id), new.data)
+            except BaseException:
+                self._copies.release(new.runtime_user_id, "deliveries", delivery.size)
+                raise
         else:
             spool.commit_at(ids.file_name(delivery.delivery_id))
-        with self._store.write() as tx:
-            columns = list(delivery.__dict__)
-            tx.execute(
-                f"INSERT INTO deliveries ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
-                [getattr(delivery, c) for c in columns],
-            )
+        try:
+            with self._store.write() as tx:
+                columns = list(delivery.__dict__)
+                tx.execute(
+                    f"INSERT INTO deliveries ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+                    [getattr(delivery, c) for c in columns],
+                )
+        except BaseException:
+            self._remove_files([delivery.delivery_id])  # no row: its bytes go, and with them their charge
+            if spool is None:
+                self._copies.release(new.runtime_user_id, "deliveries", delivery.size)
+            raise
+        if spool is not None and isinstance(spool.meter, ChargedWrites):
+            spool.meter.settle(kept_as="deliveries")
         return delivery
 
     def get(self, delivery_id: str, *, now: datetime | None = None) -> Delivery:
@@ -190,11 +226,8 @@ class DeliveryStore:
         """The bot has posted it: drop the row, then the bytes. Unknown ids are 404."""
         if not valid_delivery_id(delivery_id):
             raise NotFound(f"delivery {delivery_id} not found")
-        with self._store.write() as tx:
-            gone = tx.execute("DELETE FROM deliveries WHERE delivery_id = ?", (delivery_id,)).rowcount
-        if not gone:
+        if not self._delete_where("delivery_id = ?", (delivery_id,)):
             raise NotFound(f"delivery {delivery_id} not found")
-        self._remove_files([delivery_id])
 
     def _remove_files(self, delivery_ids: list[str]) -> None:
         if not delivery_ids:
@@ -205,10 +238,11 @@ class DeliveryStore:
 
     def _delete_where(self, where: str, params: tuple) -> list[str]:
         with self._store.write() as tx:
-            rows = tx.all(f"SELECT delivery_id FROM deliveries WHERE {where}", params)
-            tx.execute(f"DELETE FROM deliveries WHERE {where}", params)
+            rows = tx.all(f"DELETE FROM deliveries WHERE {where} RETURNING delivery_id, runtime_user_id, size", params)
         removed = [row["delivery_id"] for row in rows]
         self._remove_files(removed)
+        for row in rows:  # the bytes are gone: so is their charge
+            self._copies.release(row["runtime_user_id"], "deliveries", row["size"])
         return removed
 
     def forget_session(self, deleted: DeletedSession) -> list[str]:

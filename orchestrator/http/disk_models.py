@@ -23,10 +23,21 @@ class DiskUsageOut(BaseModel):
     image_mb: int | None = Field(None, description="The image's size (loop): the quota as configured.")
 
 
+class HostCopiesOut(BaseModel):
+    """The user's host-side copies (outside its quota) against ORCH_USER_HOST_COPIES_MB."""
+
+    deliveries: int = Field(..., description="Bytes of outgoing deliveries in outbox/.")
+    results: int = Field(..., description="Bytes of results recorded for tool_call_id repeats.")
+    transfers: int = Field(..., description="Bytes of transfers in flight (spool files).")
+    bytes_used: int
+    bytes_limit: int
+
+
 class UserDiskOut(BaseModel):
     user_id: int
     mechanism: str
     usage: DiskUsageOut | None = Field(None, description="None until the user's image exists (or a scan counted it).")
+    host_copies: HostCopiesOut
     grown_online: bool | None = Field(
         None,
         description="After a change: true when the image grew under the running sandbox; false when the host "

@@ -10,6 +10,7 @@ from orchestrator.http.disk_models import (
     DiskLimitIn,
     DiskOverviewOut,
     DiskUsageOut,
+    HostCopiesOut,
     MemberFreedOut,
     MemberUsageOut,
     SharedMembersOut,
@@ -26,6 +27,14 @@ router = APIRouter()
 
 def _out(service: OrchestratorService, usage: DiskUsage) -> DiskUsageOut:
     return DiskUsageOut(**usage.as_dict(), image_mb=service.disk_quotas.image_mb(usage.volume))
+
+
+def _host_copies(service: OrchestratorService, user_id: int) -> HostCopiesOut:
+    used = service.host_copies.usage(user_id)
+    return HostCopiesOut(
+        deliveries=used.deliveries, results=used.results, transfers=used.transfers,
+        bytes_used=used.total, bytes_limit=service.host_copies.budget_bytes,
+    )  # fmt: skip
 
 
 @router.get("/v1/admin/disk", response_model=DiskOverviewOut, tags=["admin"])
@@ -55,6 +64,7 @@ def get_user_disk(
         user_id=user_id,
         mechanism=service.disk_quotas.mechanism.value,
         usage=_out(service, usage) if usage is not None else None,
+        host_copies=_host_copies(service, user_id),
     )
 
 
@@ -67,8 +77,9 @@ def put_user_disk(
 ) -> UserDiskOut:
     usage, online = service.disk_quotas.set_disk_limit(user_id, body.disk_mb)
     return UserDiskOut(
-        user_id=user_id, mechanism=service.disk_quotas.mechanism.value, usage=_out(service, usage), grown_online=online
-    )
+        user_id=user_id, mechanism=service.disk_quotas.mechanism.value, usage=_out(service, usage),
+        host_copies=_host_copies(service, user_id), grown_online=online,
+    )  # fmt: skip
 
 
 VolumeKey = Path(..., max_length=64, description="A shared volume as GET /v1/admin/disk lists it: share, group-...")

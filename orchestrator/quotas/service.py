@@ -213,10 +213,16 @@ class DiskQuotas:
             raise OverQuota(self._over_message(user_id))
 
     def check_watermark(self) -> None:
+        problem = self.watermark_refusal()
+        if problem is not None:
+            raise HostDiskLow(problem)
+
+    def watermark_refusal(self) -> str | None:
+        """Why a host write is refused now (None: enough is free); a refusal is logged."""
         problem = watermark_problem(self.host_free_pct(), self.settings.min_free_disk_pct)
         if problem is not None:
             log.error("host disk watermark: refused %s", kv(data_dir=self.layout.root, problem=problem))
-            raise HostDiskLow(problem)
+        return problem
 
     def host_free_pct(self) -> float:
         return free_pct(os.statvfs(self.layout.root))

@@ -6,7 +6,10 @@ that completes that audit row. A repeat with the same key returns the recorded o
 waits (bounded) for the running call, instead of running it again; the same key with another
 tool or other arguments is a 409. Rows expire after a TTL and are swept on write, a few at a
 time. A result larger than the size cap is not kept: repeats then get a tool error saying the
-call ran and its result was not kept, never a second run.
+call ran and its result was not kept, never a second run. The same happens when the kept body
+would not fit the host-copy budget of the run's runtime user, or the host is below its disk
+watermark (`orchestrator/quotas/host_copies.py`): recorded bodies are charged to that user
+until their rows are deleted.
 
 The decisions are pure functions; `CallRecords` holds the SQL, `PendingCalls` the in-process
 wake-ups of waiting repeats.
@@ -26,6 +29,7 @@ from typing import Any
 
 from orchestrator.clock import iso
 from orchestrator.errors import Conflict
+from orchestrator.quotas.host_copies import HostCopies, HostCopyRefused
 from orchestrator.sandboxes.agent_calls import call_timeout_s
 from orchestrator.settings import Settings
 from orchestrator.state_store import Transaction
@@ -110,24 +114,30 @@ def still_running_body(tool_call_id: str, waited_s: float) -> dict[str, Any]:
     }
 
 
+def outcome_of(body: dict[str, Any]) -> str:
+    return "ok" if body.get("ok") else (body.get("error") or {}).get("code", "error")
+
+
 def kept_body(body: dict[str, Any], max_bytes: int) -> str:
     """The JSON kept for repeats: the body, or when larger than `max_bytes`, a tool error
     that says the call ran and how it ended (a repeat never runs it again)."""
     text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
     if len(text.encode()) <= max_bytes:
         return text
-    outcome = "ok" if body.get("ok") else (body.get("error") or {}).get("code", "error")
-    return json.dumps(not_kept_body(outcome, max_bytes))
+    return json.dumps(not_kept_body(outcome_of(body), too_large_to_keep(max_bytes)))
 
 
-def not_kept_body(outcome: str, max_bytes: int) -> dict[str, Any]:
-    """The tool error a repeat gets for a call whose result was larger than `max_bytes`."""
+def too_large_to_keep(max_bytes: int) -> str:
+    return f"it was larger than {max_bytes} bytes (ORCH_TOOL_CALL_RESULT_MAX_BYTES)"
+
+
+def not_kept_body(outcome: str, why: str) -> dict[str, Any]:
+    """The tool error a repeat gets for a call whose result was not kept, and `why`."""
     return {
         "ok": False,
         "error": {
             "code": "result_not_kept",
-            "message": f"the call ran (outcome {outcome}) but its result was larger than {max_bytes} bytes and "
-            "was not kept for repeats",
+            "message": f"the call ran (outcome {outcome}) but its result was not kept for repeats: {why}",
             "outcome": outcome,
         },
     }
@@ -140,9 +150,10 @@ def _expiry(now: datetime, ttl_s: float) -> str:
 class CallRecords:
     """The `tool_call_results` rows. Every method runs inside the caller's transaction."""
 
-    def __init__(self, *, ttl_s: float, max_result_bytes: int) -> None:
+    def __init__(self, *, ttl_s: float, max_result_bytes: int, copies: HostCopies) -> None:
         self.ttl_s = ttl_s
         self.max_result_bytes = max_result_bytes
+        self.copies = copies
         # Rows written by this server process; a running row of another instance is stale.
         self.instance = uuid.uuid4().hex
 
@@ -168,11 +179,8 @@ class CallRecords:
 
     def start_in(self, tx: Transaction, run_id: str, tool_call_id: str, tool: str, digest: str, now: datetime) -> None:
         at = iso(now)
-        tx.execute(
-            "DELETE FROM tool_call_results WHERE rowid IN "
-            "(SELECT rowid FROM tool_call_results WHERE expires_at <= ? LIMIT ?)",
-            (at, SWEEP_BATCH),
-        )
+        self._delete_in(tx, "t.expires_at <= ? LIMIT ?", (at, SWEEP_BATCH))
+        self._delete_in(tx, "t.run_id = ? AND t.tool_call_id = ?", (run_id, tool_call_id))  # an expired one, replaced
         tx.execute(
             "INSERT OR REPLACE INTO tool_call_results "
             "(run_id, tool_call_id, tool, digest, status, body, instance, started_at, expires_at) "
@@ -180,17 +188,62 @@ class CallRecords:
             (run_id, tool_call_id, tool, digest, RUNNING, self.instance, at, _expiry(now, self.ttl_s)),
         )
 
-    def complete_in(self, tx: Transaction, run_id: str, tool_call_id: str, body: dict[str, Any], now: datetime) -> None:
+    def complete_in(
+        self, tx: Transaction, run_id: str, tool_call_id: str, body: dict[str, Any], now: datetime, *, user_id: int
+    ) -> None:
+        """Record the call's outcome, charged to `user_id` (the run's runtime user); a body
+        the user's host-copy budget or the host's disk cannot take is recorded as not kept."""
+        text = kept_body(body, self.max_result_bytes)
+        try:
+            self.copies.charge(user_id, "results", len(text.encode()))
+        except HostCopyRefused as refused:
+            text = json.dumps(not_kept_body(outcome_of(body), refused.problem))
+            self.copies.add(user_id, "results", len(text.encode()))  # a few hundred bytes: bounded by the TTL
+        size = len(text.encode())
+        tx.on_rollback(lambda: self.copies.release(user_id, "results", size))
+        old = tx.one(
+            "SELECT length(CAST(body AS BLOB)) AS bytes FROM tool_call_results WHERE run_id = ? AND tool_call_id = ?",
+            (run_id, tool_call_id),
+        )
+        if old is not None and old["bytes"]:  # recorded before (an interrupted call): replaced
+            tx.on_commit(lambda: self.copies.release(user_id, "results", old["bytes"]))
         # The TTL runs from the call's start: leaving expires_at alone spares an index update.
         tx.execute(
             "UPDATE tool_call_results SET status = ?, body = ?, completed_at = ? WHERE run_id = ? AND tool_call_id = ?",
-            (DONE, kept_body(body, self.max_result_bytes), iso(now), run_id, tool_call_id),
+            (DONE, text, iso(now), run_id, tool_call_id),
         )
 
+    def sweep_in(self, tx: Transaction, now: datetime) -> int:
+        return self._delete_in(tx, "t.expires_at <= ?", (iso(now),))
+
+    def _delete_in(self, tx: Transaction, where: str, params: tuple[object, ...]) -> int:
+        """Delete the rows `where` picks; once committed, their bodies' charges go back."""
+        rows = tx.all(
+            "SELECT t.rowid AS id, r.runtime_user_id AS user_id, length(CAST(t.body AS BLOB)) AS bytes "
+            f"FROM tool_call_results t LEFT JOIN runs r ON r.run_id = t.run_id WHERE {where}",
+            params,
+        )
+        if not rows:
+            return 0
+        tx.execute(f"DELETE FROM tool_call_results WHERE rowid IN ({', '.join('?' for _ in rows)})", [r["id"] for r in rows])
+        charged = [(r["user_id"], r["bytes"]) for r in rows if r["user_id"] is not None and r["bytes"]]
+
+        def release() -> None:
+            for user_id, size in charged:
+                self.copies.release(user_id, "results", size)
+
+        tx.on_commit(release)
+        return len(rows)
+
     @staticmethod
-    def sweep_in(tx: Transaction, now: datetime) -> int:
-        at = iso(now)
-        return tx.execute("DELETE FROM tool_call_results WHERE expires_at <= ?", (at,)).rowcount
+    def charged_usage(tx: Transaction) -> dict[tuple[int, str], int]:
+        """What the recorded bodies take, per runtime user: the counters' start (one query)."""
+        rows = tx.all(
+            "SELECT r.runtime_user_id AS user_id, SUM(length(CAST(t.body AS BLOB))) AS bytes "
+            "FROM tool_call_results t JOIN runs r ON r.run_id = t.run_id WHERE t.body IS NOT NULL "
+            "GROUP BY r.runtime_user_id"
+        )
+        return {(row["user_id"], "results"): row["bytes"] or 0 for row in rows}
 
 
 def utc_now() -> datetime:

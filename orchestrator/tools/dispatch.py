@@ -145,7 +145,7 @@ class ToolDispatcher:
         sandboxes: SandboxRouter,
         in_flight: CallsInFlight,
         user_max_concurrent_calls: int = 8,
-        call_records: CallRecords | None = None,
+        call_records: CallRecords,
         repeat_wait_s: Callable[[str, dict[str, Any]], float] = lambda tool, arguments: 60.0,
         transfers: TransferSlots | None = None,
     ) -> None:
@@ -157,7 +157,7 @@ class ToolDispatcher:
         self._sandboxes = sandboxes
         self._in_flight = in_flight
         self.slots = UserCallSlots(user_max_concurrent_calls)
-        self.call_records = call_records or CallRecords(ttl_s=86400.0, max_result_bytes=2 * 1024 * 1024)
+        self.call_records = call_records
         self._pending = PendingCalls()
         self._repeat_wait_s = repeat_wait_s
         self._transfers = transfers  # None: read_bytes is never streamed
@@ -379,7 +379,7 @@ class ToolDispatcher:
         assert call.arguments is not None and call.spec is not None
         spool = None
         if stream and call.spec.name == "read_bytes" and self._transfers is not None:
-            spool = ReadBytesSpool(self._transfers, call.acting_user, self._layout.state_dir)
+            spool = ReadBytesSpool(self._transfers, call.acting_user, self._layout.state_dir, self.call_records.copies)
         try:
             result = await self._sandboxes.call(
                 call.acting_user,
@@ -398,8 +398,9 @@ class ToolDispatcher:
         except (ToolError, SpoolWriteFailed) as exc:
             if spool is not None:
                 spool.close()
-            error = spool_failed(exc) if isinstance(exc, SpoolWriteFailed) else exc
-            return ToolOutcome(ok=False, error=error.body())
+            if isinstance(exc, SpoolWriteFailed):  # its words may read the state store: not on the loop
+                exc = await self._in_thread(partial(spool_failed, exc))
+            return ToolOutcome(ok=False, error=exc.body())
         except BaseException:
             if spool is not None:
                 spool.close()
@@ -452,7 +453,9 @@ class ToolDispatcher:
             RunRepository.touch_in(tx, call.run.run_id, now_iso())  # the run's last activity, same write
             if call.tool_call_id is not None:
                 body = outcome.recorded_body(self.call_records.max_result_bytes)
-                self.call_records.complete_in(tx, call.run.run_id, call.tool_call_id, body, utc_now())
+                self.call_records.complete_in(
+                    tx, call.run.run_id, call.tool_call_id, body, utc_now(), user_id=call.run.runtime_user_id
+                )
 
     def _settle(self, call: _Admitted, recorded: bool) -> None:
         """Wake the call's waiting repeats. A call that broke before its outcome was recorded
@@ -463,7 +466,9 @@ class ToolDispatcher:
         try:
             if not recorded:
                 with self._store.write() as tx:
-                    self.call_records.complete_in(tx, key[0], key[1], interrupted_body(key[1]), utc_now())
+                    self.call_records.complete_in(
+                        tx, key[0], key[1], interrupted_body(key[1]), utc_now(), user_id=call.run.runtime_user_id
+                    )
         finally:
             self._pending.close(key)
 

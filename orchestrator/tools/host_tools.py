@@ -21,6 +21,7 @@ from mounts.layout import DataLayout
 from orchestrator.sessions.chat_records import Role
 from orchestrator.deliveries.outbox import DeliverySpool, DeliveryStore, NewDelivery
 from orchestrator.errors import ToolError
+from orchestrator.quotas.host_copies import HostCopies, HostCopyRefused
 from orchestrator.deliveries.image_types import SNIFF_BYTES, sniff_image
 from mounts.fs.nofollow import UnsafePath
 from mounts.fs.spool import FileSpool
@@ -121,6 +122,7 @@ class HostTools:
         deliveries: DeliveryStore,
         sessions: SessionService,
         uploads: PublishedUploads,
+        copies: HostCopies,
     ) -> None:
         self._settings = settings
         self._layout = layout
@@ -130,6 +132,7 @@ class HostTools:
         self._deliveries = deliveries
         self._sessions = sessions
         self._uploads = uploads
+        self._copies = copies
         self.transfers = TransferSlots(
             transfers_max=settings.transfers_max,
             user_transfers_max=settings.user_transfers_max,
@@ -185,10 +188,15 @@ class HostTools:
         return self._send(call, kind="image", tool="send_image", max_bytes=cap)
 
     def _send(self, call: ToolCall, *, kind: str, tool: str, max_bytes: int) -> dict[str, Any]:
-        # A sandbox file streams into the outbox through the spool; a URL's bytes come whole
-        # (bounded by the slot).
-        with self.transfers.held(call.acting_user_id, tool=tool), self._deliveries.spool(SNIFF_BYTES) as spool:
-            return self._send_held(call, kind=kind, tool=tool, max_bytes=max_bytes, spool=spool)
+        # A sandbox file streams into the outbox through the spool, charged to the user as it
+        # grows; a URL's bytes come whole (bounded by the slot) and are charged before written.
+        user = call.acting_user_id
+        try:
+            self._copies.check(user)  # a user already at the budget: refused before the sandbox is asked
+            with self.transfers.held(user, tool=tool), self._deliveries.spool(SNIFF_BYTES, user) as spool:
+                return self._send_held(call, kind=kind, tool=tool, max_bytes=max_bytes, spool=spool)
+        except HostCopyRefused as refused:
+            raise refused.tool_error(tool) from None
 
     def _send_held(
         self, call: ToolCall, *, kind: str, tool: str, max_bytes: int, spool: DeliverySpool

@@ -4,7 +4,8 @@ The order is spool, verify, then stream:
 
 1. the agent's raw answer (at least `STREAM_MIN_BYTES`) is copied from its socket into an
    unlinked temp file of the host's state directory in pieces (`ReadBytesSpool`, the agent
-   client's `RawSpool`), once a transfer slot is free;
+   client's `RawSpool`), once a transfer slot is free and its announced length is charged to
+   the user's host copies (`orchestrator/quotas/host_copies.py`; refused past the budget);
 2. the client checks that exactly the announced bytes arrived (a short body or a size that
    disagrees with the result header is `agent_error`, and nothing was answered yet);
 3. only then the route answers, streaming the JSON `{"ok":true,"result":{...,
@@ -27,7 +28,8 @@ from typing import Any, BinaryIO
 
 from mounts.fs.spool import SpoolWriteFailed
 from orchestrator.errors import ToolError
-from orchestrator.tools.call_records import not_kept_body
+from orchestrator.quotas.host_copies import ChargedWrites, HostCopies, HostCopyRefused
+from orchestrator.tools.call_records import not_kept_body, too_large_to_keep
 from orchestrator.tools.transfer_slots import TransferSlots
 from sandbox_agent.wire import ReadBytesResult
 
@@ -54,18 +56,21 @@ class ReadBytesSpool:
     (waiting at most the slots' wait), and hands out an empty unlinked temp file per attempt.
     `close()` gives both back; it is idempotent."""
 
-    def __init__(self, slots: TransferSlots, user_id: int, directory: Path) -> None:
+    def __init__(self, slots: TransferSlots, user_id: int, directory: Path, copies: HostCopies) -> None:
         self.min_bytes = STREAM_MIN_BYTES
         self._slots = slots
         self._user_id = user_id
         self._directory = directory
         self._slot = False
+        # The announced length is charged to the user's host copies before a byte is written.
+        self._charged = ChargedWrites(copies, user_id)
         self.file: BinaryIO | None = None
 
     async def open(self, length: int) -> BinaryIO:
         if not self._slot:
             await self._slots.take_async(self._user_id, TOOL)
             self._slot = True
+        self._charged(length - self._charged.charged)  # HostCopyRefused: nothing written yet
         try:
             if self.file is None:
                 # Unlinked at once: a crash leaves nothing on disk; the slots bound how many exist.
@@ -84,6 +89,7 @@ class ReadBytesSpool:
         file, self.file = self.file, None
         if file is not None:
             file.close()
+        self._charged.settle(kept_as=None)
         if self._slot:
             self._slot = False
             self._slots.give_back(self._user_id)
@@ -107,7 +113,10 @@ class _Guarded:
 
 
 def spool_failed(exc: SpoolWriteFailed, *, tool: str = TOOL) -> ToolError:
-    """A transfer whose spool could not be written (a full disk or quota): it did nothing."""
+    """A transfer whose spool could not be written (a full disk or quota, or the user's
+    host-copy budget refused it): it did nothing."""
+    if isinstance(exc, HostCopyRefused):
+        return exc.tool_error(tool)
     return ToolError(
         "no_space" if exc.no_space else "internal_error",
         f"{tool} did not run to the end: the file's bytes could not be written on the way ({exc}). "
@@ -161,7 +170,7 @@ class StreamedReadBytes:
         """What a `tool_call_id` repeat gets: the whole body when it fits the record's cap
         (read back once, at most `max_bytes`), else the `result_not_kept` answer."""
         if self.content_length() > max_bytes:
-            return not_kept_body("ok", max_bytes)
+            return not_kept_body("ok", too_large_to_keep(max_bytes))
         assert self.spool.file is not None
         data = os.pread(self.spool.file.fileno(), self.size, 0)
         content = base64.b64encode(data).decode("ascii")

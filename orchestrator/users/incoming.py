@@ -10,8 +10,12 @@ Two places, chosen by the route's `scope`:
 - `group`: the group chat's own files, `groups/{channel}/{chat_id}/chat-files/{YYYY-MM-DD}/`
   (the date in UTC). These belong to the chat, not to one member: `chat-files/` and its date
   directories are root-owned with the workspace's gid, 2750, files 0640, so every member's
-  sandbox reads them and none can change, remove or plant anything in them. A `chat-files`
-  entry that is not such a directory (a member squatting the name) is refused.
+  sandbox reads them and none can change, remove or plant anything in them. The workspace
+  itself is writable by members, so one may squat the name `chat-files` before the chat's
+  first group upload (a directory of its own, a symlink, a file): the host moves such an
+  entry aside (renameat on the workspace's fd, never following it) to
+  `chat-files.planted-{time}-{hex}`, where its owner still sees and can remove it, and makes
+  its own directory in its place.
 
 The body is streamed to disk; more than the cap is a 413 and leaves nothing behind. The
 answer is the path to hand the model (sandboxes see the data dir at the same absolute path).
@@ -43,6 +47,7 @@ log = logging.getLogger(__name__)
 
 NAME_MAX_BYTES = 200
 MAX_RENAMES = 100  # `name-2` ... `name-100`, then the upload is refused
+RECLAIM_ATTEMPTS = 3  # a squatted shared directory moved aside this often, then refused
 CHAT_FILES = "chat-files"
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -232,32 +237,76 @@ def _open_destination(layout: DataLayout, destination: Destination) -> int:
     return fd
 
 
+def quarantine_name(name: str, now: datetime) -> str:
+    """Where a planted `name` is moved aside (pure): next to it, visible to its owner."""
+    return f"{name}.planted-{now.astimezone(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
+
+
+def planted_problem(st: os.stat_result, *, uid: int | None, created: bool) -> str | None:
+    """Why the directory opened at a shared part's name is not the host's own (None: it is),
+    judged on its open descriptor (pure). Not root (`uid` None): any directory will do."""
+    if uid is None:
+        return None
+    if st.st_uid != uid:
+        return f"it belongs to uid {st.st_uid}"
+    if not created and st.st_mode & 0o022:
+        return f"it is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def _shared_dir(parent_fd: int, name: str, destination: Destination) -> int:
-    """`name` below `parent_fd` as a root-owned (when root), group-readable directory: made
-    if missing, refused when anything else sits there. Closes `parent_fd`."""
+    """`name` below `parent_fd` as a root-owned (when root), group-readable directory: made if
+    missing. Anything else at the name (a member of the group workspace squatting it with a
+    directory, a symlink or a file) is renamed aside within the workspace, never followed nor
+    written into, and a fresh directory made in its place. Closes `parent_fd`."""
     with closing_fd(parent_fd):
-        try:
-            os.mkdir(name, 0o700, dir_fd=parent_fd)  # 0700 until its owner and mode are set below
-            created = True
-        except FileExistsError:
-            created = False
-        try:
-            fd = os.open(name, _DIR, dir_fd=parent_fd)
-        except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise UnsafeUploadDirectory(f"{name} in the group workspace is not a directory; refused, not followed") from None
-            raise
-    st = os.fstat(fd)
-    if destination.uid is not None and not created and (st.st_uid != destination.uid or st.st_mode & 0o022):
+        for _ in range(RECLAIM_ATTEMPTS):
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent_fd)  # 0700 until its owner and mode are set below
+                created = True
+            except FileExistsError:
+                created = False
+            try:
+                fd = os.open(name, _DIR, dir_fd=parent_fd)
+            except FileNotFoundError:
+                continue  # removed by its owner between the two: make it again
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                _move_aside(parent_fd, name, "it is not a directory")
+                continue
+            problem = planted_problem(os.fstat(fd), uid=destination.uid, created=created)
+            if problem is None:
+                return _claimed(fd, destination)
+            os.close(fd)
+            _move_aside(parent_fd, name, problem)
+    raise UnsafeUploadDirectory(
+        f"{name} in the group workspace was planted again each of {RECLAIM_ATTEMPTS} times it was moved aside; "
+        "nothing was written"
+    )
+
+
+def _move_aside(parent_fd: int, name: str, problem: str) -> None:
+    # renameat on the parent's fd moves the entry itself: a symlink is moved, never followed.
+    aside = quarantine_name(name, datetime.now(timezone.utc))
+    try:
+        rename_noreplace(parent_fd, name, aside)
+    except FileNotFoundError:
+        return  # gone already: the next attempt makes the directory
+    log.warning("planted upload directory moved aside %s", kv(name=name, moved_to=aside, problem=problem))
+
+
+def _claimed(fd: int, destination: Destination) -> int:
+    """The host's own directory, given the chat's owner, group and mode (on its descriptor)."""
+    try:
+        st = os.fstat(fd)
+        if destination.uid is not None and destination.gid is not None and (st.st_uid, st.st_gid) != (destination.uid, destination.gid):
+            os.fchown(fd, destination.uid, destination.gid)
+        if stat.S_IMODE(st.st_mode) != 0o2750:
+            os.fchmod(fd, 0o2750)
+    except BaseException:
         os.close(fd)
-        # A member made it (the workspace is writable for members): not the chat's own place.
-        raise UnsafeUploadDirectory(
-            f"{name} in the group workspace belongs to uid {st.st_uid}, not to the orchestrator; remove it and retry"
-        )
-    if destination.uid is not None and destination.gid is not None and (st.st_uid, st.st_gid) != (destination.uid, destination.gid):
-        os.fchown(fd, destination.uid, destination.gid)
-    if stat.S_IMODE(st.st_mode) != 0o2750:
-        os.fchmod(fd, 0o2750)
+        raise
     return fd
 
 

@@ -24,7 +24,7 @@ def new(session_id: str = "s-1", data: bytes = b"bytes") -> NewDelivery:
 
 @pytest.fixture
 def store(service: OrchestratorService) -> DeliveryStore:
-    return DeliveryStore(service.store, service.layout, ttl_s=3600)
+    return DeliveryStore(service.store, service.layout, ttl_s=3600, copies=service.host_copies)
 
 
 def test_a_delivery_lives_until_it_expires_then_answers_gone_and_the_sweep_removes_it(

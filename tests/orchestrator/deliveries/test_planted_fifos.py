@@ -68,7 +68,7 @@ def test_a_sandbox_swaps_its_published_upload_for_a_fifo(agent_client: TestClien
 def test_a_fifo_in_place_of_a_deliverys_bytes_is_gone_not_waited_on(agent_service: OrchestratorService) -> None:
     """The outbox is host-only (no sandbox mounts it), so this FIFO stands for any non-file a
     broken disk or an operator's mistake leaves there: the bot's fetch answers 410 at once."""
-    store = DeliveryStore(agent_service.store, agent_service.layout, ttl_s=3600)
+    store = DeliveryStore(agent_service.store, agent_service.layout, ttl_s=3600, copies=agent_service.host_copies)
     delivery = store.create(
         NewDelivery(
             run_id="r-1", session_id="s-1", runtime_user_id=MEMBER, tool="send_file", kind="file",

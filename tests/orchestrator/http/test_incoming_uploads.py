@@ -156,16 +156,47 @@ def test_item6_group_scope_goes_to_the_chats_files_readable_by_members(served: S
         assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o2750)
 
 
+# A member's shell squats `chat-files` before the chat's first group upload: a directory of its
+# own (holding a date directory that links outside), a symlink out of the data dir, a plain file.
+SQUATS = {
+    "directory": "mkdir -p {ws}/chat-files && ln -s {outside} {ws}/chat-files/{day}",
+    "symlink": "ln -s {outside} {ws}/chat-files",
+    "file": "echo mine > {ws}/chat-files",
+}
+
+
 @pytest.mark.skipif(not AS_ROOT, reason="members squat names only where root owns the rest")
-def test_item6_a_member_squatting_chat_files_is_refused(served: Served, outside: Path) -> None:
+@pytest.mark.parametrize("squat", sorted(SQUATS))
+def test_a_member_squatting_chat_files_is_moved_aside_and_the_upload_lands(
+    served: Served, outside: Path, squat: str
+) -> None:
     client, service = served
     run = member_run(client)
     workspace = service.layout.group_dir(GroupRef("feishu", "oc_team"))
-    planted = tool(client, run["run_id"], "shell", command=f"ln -s {outside} {workspace}/chat-files")
+    day = datetime.now(timezone.utc).strftime("%Y-%m-%d")
+    command = SQUATS[squat].format(ws=workspace, outside=outside, day=day)
+    planted = tool(client, run["run_id"], "shell", command=command)
     assert planted["ok"] and planted["result"]["exit_code"] == 0, planted
-    answer = put(client, run["run_id"], "z.txt", b"bytes", scope="group")
-    assert answer.status_code == 409 and answer.json()["error"]["code"] == "unsafe_directory", answer.text
+    answer = put(client, run["run_id"], "z.txt", b"the chat's bytes", scope="group")
+    assert answer.status_code == 201, answer.text
+    path = Path(answer.json()["path"])
+    assert path == workspace / "chat-files" / day / "z.txt"
+    # nothing went through the planted link; the real directory is the host's own
     assert sorted(p.name for p in outside.iterdir()) == ["passwd"]
+    st = os.lstat(workspace / "chat-files")
+    assert stat.S_ISDIR(st.st_mode) and (st.st_uid, stat.S_IMODE(st.st_mode)) == (0, 0o2750)
+    assert os.lstat(path.parent).st_uid == 0 and path.read_bytes() == b"the chat's bytes"
+    # the squatter still sees what it planted, under a quarantine name, and can remove it
+    aside = [p for p in workspace.iterdir() if p.name.startswith("chat-files.planted-")]
+    assert len(aside) == 1 and os.lstat(aside[0]).st_uid == service.directories.sandbox_uid(MEMBER), aside
+    listed = tool(client, run["run_id"], "shell", command=f"ls -a {workspace}")
+    assert aside[0].name in listed["result"]["stdout"], listed
+    # every member reads the upload: the speaker and the owner
+    assert tool(client, run["run_id"], "read_file", path=str(path))["result"]["content"] == "the chat's bytes"
+    owner_run = start_run(client, run["session_id"], trigger="group_message", speaker_user_id=OWNER)
+    assert tool(client, owner_run["run_id"], "read_file", path=str(path))["result"]["content"] == "the chat's bytes"
+    removed = tool(client, run["run_id"], "shell", command=f"rm -rf {aside[0]}")
+    assert removed["ok"] and removed["result"]["exit_code"] == 0 and not os.path.lexists(aside[0]), removed
 
 
 def test_item6_group_scope_needs_a_group_session(served: Served) -> None:

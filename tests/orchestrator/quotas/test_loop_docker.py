@@ -42,6 +42,21 @@ def test_in_a_container_a_write_past_the_quota_is_no_space_naming_the_quota(worl
     assert {s.backend for s in world.service.sandboxes.status()} == {"docker"}
 
 
+def test_in_a_container_sends_are_bounded_by_the_host_copy_budget(world: QuotaWorld) -> None:
+    """The outbox is outside the 16 MiB image: a sandbox rewriting and sending a file again and
+    again is bounded by its host-copy budget instead, mid-stream."""
+    world.restart(user_host_copies_mb=16)
+    answers = []
+    for _ in range(4):
+        world.shell(NEIGHBOUR, "head -c 6000000 /dev/urandom > /tmp/out.bin")  # new bytes each time
+        answers.append(world.tool(NEIGHBOUR, "send_file", path_or_url="/tmp/out.bin"))
+    assert [a["ok"] for a in answers] == [True, True, False, False], answers
+    assert answers[2]["error"]["code"] == "no_space" and "ORCH_USER_HOST_COPIES_MB" in answers[2]["error"]["message"]
+    outbox = world.service.layout.outbox_root
+    assert sum(p.stat().st_size for p in outbox.iterdir()) <= 16 * 2**20
+    assert {s.backend for s in world.service.sandboxes.status()} == {"docker"}
+
+
 def test_in_a_bwrap_namespace_the_quota_holds_too(world: QuotaWorld) -> None:
     world.restart(backend="process", process_sandbox="bwrap")
     try:

@@ -24,6 +24,7 @@ import pytest
 
 from orchestrator.client import OrchestratorClient
 from orchestrator.http.app import create_app
+from orchestrator.quotas.host_copies import HostCopies
 from orchestrator.service import OrchestratorService
 from orchestrator.tools import read_bytes_stream
 from mounts.fs.spool import SpoolWriteFailed
@@ -65,6 +66,11 @@ def served() -> Iterator[tuple[httpx.Client, OrchestratorService, str]]:
 def _sha_of(http: httpx.Client, run: str, name: str) -> str:
     out = tool(http, run, "shell", command=f"sha256sum {name}")  # type: ignore[arg-type]
     return out["result"]["stdout"].split()[0]
+
+
+def unbounded_copies() -> HostCopies:
+    """Host-copy counters no spool of these tests comes near (tests/orchestrator/quotas/ test the budget)."""
+    return HostCopies(budget_bytes=1 << 40, watermark=lambda: None)
 
 
 def _slots(service: OrchestratorService) -> TransferSlots:
@@ -189,7 +195,7 @@ def test_a_lying_agents_large_answer_is_refused_and_its_spool_dropped(announced:
     answer = raw_read_bytes_answer(announced=announced, length=length, body=b"z" * sent)
     with _agent_answering(answer) as (base_dir, path):
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
-        spool = ReadBytesSpool(slots, 5, base_dir)
+        spool = ReadBytesSpool(slots, 5, base_dir, unbounded_copies())
         with pytest.raises((AgentToolError, AgentUnavailable)) as refused:
             _read_bytes(path, spool, timeout_s=10)
         assert "bytes arrived" in str(refused.value)
@@ -212,7 +218,7 @@ def test_a_large_answer_naming_an_unencodable_path_is_refused_and_gives_its_slot
     ).encode()
     with _agent_answering(head + b"z" * BIG) as (base_dir, path):
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
-        spool = ReadBytesSpool(slots, 5, base_dir)
+        spool = ReadBytesSpool(slots, 5, base_dir, unbounded_copies())
         try:
             with pytest.raises(AgentToolError) as refused:
                 result = _read_bytes(path, spool, timeout_s=10)
@@ -232,7 +238,7 @@ def test_an_answer_whose_last_bytes_come_late_is_streamed_and_recorded_whole() -
     answer = raw_read_bytes_answer(announced=BIG, length=BIG, body=body)
     with _agent_answering(answer, tail=100, tail_after_s=0.2) as (base_dir, path):
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
-        spool = ReadBytesSpool(slots, 5, base_dir)
+        spool = ReadBytesSpool(slots, 5, base_dir, unbounded_copies())
         streamed = StreamedReadBytes.of(_read_bytes(path, spool, timeout_s=10), spool)  # type: ignore[arg-type]
         try:
             sent = b"".join(base64.b64decode(streamed.encoded_piece(offset)) for offset in streamed.pieces())
@@ -249,7 +255,7 @@ def test_a_full_disk_while_spooling_is_not_a_broken_agent(monkeypatch) -> None: 
     connection and the user's sandbox replaced."""
     with _agent_answering(raw_read_bytes_answer(announced=BIG, length=BIG, body=b"z" * BIG)) as (base_dir, path):
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=1)
-        spool = ReadBytesSpool(slots, 5, base_dir)
+        spool = ReadBytesSpool(slots, 5, base_dir, unbounded_copies())
         full = open("/dev/full", "wb", buffering=0)  # noqa: SIM115 - closed by the spool
         monkeypatch.setattr(read_bytes_stream.tempfile, "TemporaryFile", lambda **_: full)
         with pytest.raises(SpoolWriteFailed) as failed:
@@ -267,7 +273,7 @@ def test_a_wait_for_a_slot_does_not_count_against_the_agents_deadline() -> None:
         slots = TransferSlots(transfers_max=1, user_transfers_max=1, wait_s=5)
         assert slots._try_take(6)  # another user's transfer, done in a second
         threading.Timer(1.0, slots.give_back, (6,)).start()
-        spool = ReadBytesSpool(slots, 5, base_dir)
+        spool = ReadBytesSpool(slots, 5, base_dir, unbounded_copies())
         started = time.monotonic()
         result = _read_bytes(path, spool, timeout_s=0.5)
         assert time.monotonic() - started >= 1.0
