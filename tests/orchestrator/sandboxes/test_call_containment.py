@@ -100,9 +100,10 @@ def _real_uid(pid: int) -> int:
 
 
 def _is_agent(cmdline: str) -> bool:
-    """The agent and what runs it (bwrap, the container's init): not a call's process."""
+    """The agent and what runs it (bwrap, the container's init, a pod's pause process): not a
+    call's process."""
     first = os.path.basename(cmdline.split(" ", 1)[0])
-    return "sandbox_agent" in cmdline or "agent.json" in cmdline or first in ("docker-init", "bwrap")
+    return "sandbox_agent" in cmdline or "agent.json" in cmdline or first in ("docker-init", "bwrap") or cmdline == "/pause"
 
 
 def strays(uid: int) -> list[str]:
