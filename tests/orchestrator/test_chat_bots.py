@@ -18,6 +18,7 @@ from orchestrator.service import OrchestratorService
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.conftest import API_TOKEN, make_settings
 from tests.live_server import free_port, live_server
+from tests.orchestrator.test_readme_bot import ToolCall
 
 BOTS = Path(__file__).resolve().parents[2] / "docs" / "bots.md"
 
@@ -29,13 +30,6 @@ def handler(heading: str, name: str) -> Any:
     namespace: dict[str, Any] = {}
     exec(compile(match.group(1), str(BOTS), "exec"), namespace)
     return namespace[name]
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: dict[str, Any]
 
 
 @dataclass
