@@ -1,7 +1,8 @@
 """A venv holding one agent framework, pinned, for tests that drive the framework's own MCP client
 against our live server from a process of its own: the frameworks pin MCP SDKs the server's venv
-cannot hold (langchain-mcp-adapters requires the SDK 1.x, the server the 2.x). Built once per
-requirement set and Python, cached under the test root (pip from PyPI, ~20 s each)."""
+cannot hold (langchain-mcp-adapters requires the SDK 1.x, the server the 2.x), and their
+dependencies are not the server's to carry. Built once per requirement set and Python, cached
+under the test root (pip from PyPI, ~20 s each)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from tests.conftest import TEST_ROOT
 FRAMEWORKS = {
     "pydantic-ai": ["pydantic-ai-slim[mcp]==2.78.0"],
     "langchain": ["langchain==1.5.2", "langchain-mcp-adapters==0.3.2"],
+    "openai-agents": ["openai-agents==0.24.0"],
 }
 DRIVERS = Path(__file__).resolve().parent / "framework_drivers"
 

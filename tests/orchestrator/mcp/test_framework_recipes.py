@@ -35,6 +35,7 @@ def recipe(heading: str) -> str:
     [
         ("pydantic-ai", "pydantic-ai", "pydantic_ai_driver.py"),
         ("langchain", "LangChain (langchain-mcp-adapters)", "langchain_driver.py"),
+        ("openai-agents", "OpenAI Agents SDK (openai-agents)", "openai_agents_driver.py"),
     ],
 )
 def test_a_repeated_model_call_id_answers_the_first_result(
