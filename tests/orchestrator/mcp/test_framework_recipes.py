@@ -37,6 +37,7 @@ def recipe(heading: str) -> str:
         ("langchain", "LangChain (langchain-mcp-adapters)", "langchain_driver.py"),
         ("openai-agents", "OpenAI Agents SDK (openai-agents)", "openai_agents_driver.py"),
     ],
+    ids=["pydantic-ai", "langchain", "openai-agents"],
 )
 def test_a_repeated_model_call_id_answers_the_first_result(
     live: Live, bot: OrchestratorClient, tmp_path: Path, framework: str, heading: str, driver: str
