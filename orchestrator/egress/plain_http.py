@@ -7,12 +7,15 @@ and port (a virtual-hosting upstream routes by Host), and nothing the client sen
 first request's body ever reaches the upstream (a pipelined second request could name any
 Host). For the same reason the head must be one the upstream reads
 exactly as checked here: no bare CR, LF or NUL in a header line, no folded header line, no
-space or control character in the request target (each could hide a second Host). Deciding is pure (`plan_plain_request`); `exchange` is the thin part with sockets.
+space or control character in the request target, a method that is a token and the version
+exactly HTTP/1.0 or HTTP/1.1 (each could hide a second Host). Deciding is pure
+(`plan_plain_request`); `exchange` is the thin part with sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from sandbox_agent.relay import RelayIdle
 # What no header line may hold once the head is split at CRLF: an upstream that ends a line at a
 # bare LF (or CR) would read a header there that the checks here never saw (a second Host).
 _NOT_IN_A_HEADER = frozenset(b"\r\n\x00")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a method (RFC 9110's token)
 HOP_BY_HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
 CHUNK = 1 << 16
 LINGER_S = 2.0  # after the answer: how long unread client bytes are drained before the close
@@ -52,6 +56,8 @@ def plan_plain_request(
 ) -> PlainRequest:
     """The one request to send for `METHOD http://host:port/path`, or PlainRequestRefused."""
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if version not in ("HTTP/1.0", "HTTP/1.1") or not _TOKEN.fullmatch(method):
+        raise PlainRequestRefused(400, "bad_target", "Bad proxy request: the method or the HTTP version is not one.")
     if any(c <= " " or c == "\x7f" for c in path):
         raise PlainRequestRefused(400, "bad_target", "Bad proxy request: the request target holds a space or a control character.")
     for line in header_lines:

@@ -444,6 +444,8 @@ def test_a_host_smuggled_behind_a_bare_line_feed_never_reaches_the_upstream(loop
     assert folded["status"] == 400 and "X-Egress-Refusal: bad_header" in folded["head"], folded
     in_target = raw_request(client, run_id, f"GET http://{target}/host\nHost:metadata.internal.example\nX: HTTP/1.1\r\n\r\n".encode())
     assert in_target["status"] == 400 and "X-Egress-Refusal: bad_target" in in_target["head"], in_target
+    in_version = raw_request(client, run_id, f"GET http://{target}/host HTTP/1.1\nHost:metadata.internal.example\r\n\r\n".encode())
+    assert in_version["status"] == 400 and "X-Egress-Refusal: bad_target" in in_version["head"], in_version
     honest = raw_request(client, run_id, f"GET http://{target}/host HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
     assert honest["status"] == 200 and honest["body"] == target, honest
 

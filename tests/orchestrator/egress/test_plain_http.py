@@ -54,3 +54,10 @@ def test_a_request_target_with_a_control_character_is_refused(path: str) -> None
     with pytest.raises(PlainRequestRefused) as refused:
         plan_plain_request("GET", "HTTP/1.1", [b"Host: example.com"], "example.com", 80, path)
     assert (refused.value.status, refused.value.code) == (400, "bad_target")
+
+
+@pytest.mark.parametrize(("method", "version"), [("GET", "HTTP/1.1\nHost:evil.example"), ("X\nHOST:EVIL\nGET", "HTTP/1.1"), ("GET", "HTTP/1.2")])
+def test_a_request_line_an_upstream_could_split_is_refused(method: str, version: str) -> None:
+    with pytest.raises(PlainRequestRefused) as refused:
+        plan_plain_request(method, version, [b"Host: example.com"], "example.com", 80, "/")
+    assert (refused.value.status, refused.value.code) == (400, "bad_target")
