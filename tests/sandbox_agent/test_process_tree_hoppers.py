@@ -1,7 +1,10 @@
 """The end-of-call sweep (sandbox_agent/process_tree.py), in a docker sandbox and in a
 process-backend one, attacked by fork-hoppers: processes that fork their successor, leave for
 a session of their own and exit, over and over, with their environment wiped (no call marker).
-The sweep reads /proc and signals the pids it found; by then each has forked the next and gone."""
+A sweep that only reads /proc and signals the pids it found loses to them (each has forked the
+next and gone); the sweep freezes the sandbox uid first (`kill(-1, SIGSTOP)`, atomic with
+respect to fork), so none outlives its call. Written by a red-team pass as an independent
+attack; it failed (as a strict xfail) before the freeze landed and passes since."""
 
 from __future__ import annotations
 
@@ -41,8 +44,6 @@ while time.monotonic() < end:
 """
 
 
-
-
 def hoppers(count: int) -> str:
     """`count` hoppers at once, started from the call's own shell with the environment wiped.
     More is not surer: their exited generations are zombies until the agent reaps them, and a
@@ -53,19 +54,9 @@ def hoppers(count: int) -> str:
     )
 
 
-HOPPER_OUTLIVES_ITS_CALL = pytest.mark.xfail(
-    strict=True,
-    reason="a scan of /proc cannot catch a fork-hopper: each pid it found has forked its successor "
-    "and exited before the signal; nothing atomic (a cgroup kill or freeze of the call's processes, "
-    "kill(-1) in the sandbox's PID namespace) ends a call's leftovers, so the hopper outlives the "
-    "call and the next one (the sandbox's cgroup, bwrap's PID namespace and the container end it "
-    "only with the sandbox)",
-)
-
-
-def hopper_outlives_its_call(client: TestClient, count: int, attempts: int = 3) -> None:
-    """The sweep wins a race now and then: the attack is made up to `attempts` times, and one
-    hopper outliving its call is enough."""
+def no_hopper_outlives_its_call(client: TestClient, count: int, attempts: int = 3) -> None:
+    """The attack is made `attempts` times (a scan alone wins the race now and then): no hopper
+    may outlive its call."""
     run_id = new_run(client)
     for _ in range(attempts):
         started = tool(client, run_id, "shell", {"command": hoppers(count)})
@@ -79,13 +70,11 @@ def hopper_outlives_its_call(client: TestClient, count: int, attempts: int = 3) 
 
 
 @pytest.mark.docker
-@HOPPER_OUTLIVES_ITS_CALL
 def test_a_fork_hopper_does_not_outlive_its_call_in_a_container(docker_client: TestClient) -> None:
-    hopper_outlives_its_call(docker_client, 4)
+    no_hopper_outlives_its_call(docker_client, 4)
 
 
 @pytest.mark.parametrize("sandbox", ["none", "bwrap"])
-@HOPPER_OUTLIVES_ITS_CALL
 def test_a_fork_hopper_does_not_outlive_its_call_in_a_process_sandbox(agent_data_dir: Path, sandbox: str) -> None:
     with served(agent_data_dir, process_sandbox=sandbox) as (client, _backend, _service):
-        hopper_outlives_its_call(client, 8)
+        no_hopper_outlives_its_call(client, 8)
