@@ -107,10 +107,11 @@ async def _watch_idle(last: list[float], idle_s: float) -> None:
 
 
 async def relay(a: socket.socket, b: socket.socket, *, on_bytes: OnBytes | None = None,
-                idle_s: float | None = None) -> BaseException | None:  # fmt: skip
-    """Copy a->b and b->a until both directions ended. Returns the exception that stopped it
-    early (an error, RelayIdle, or whatever `on_bytes` raised), None after a clean end. The
-    caller closes both sockets."""
+                idle_s: float | None = None, until_b_ends: bool = False) -> BaseException | None:  # fmt: skip
+    """Copy a->b and b->a until both directions ended (`until_b_ends`: as soon as b's
+    sending ended, as for one HTTP exchange whose client keeps its side open). Returns the
+    exception that stopped it early (an error, RelayIdle, or whatever `on_bytes` raised),
+    None after a clean end. The caller closes both sockets."""
     loop = asyncio.get_running_loop()
     for sock in (a, b):
         sock.setblocking(False)
@@ -136,6 +137,8 @@ async def relay(a: socket.socket, b: socket.socket, *, on_bytes: OnBytes | None 
                 error = task.exception()
                 if error is not None:
                     return error
+                if until_b_ends and task is tasks[1]:
+                    return None
         return None
     finally:
         everything = [*tasks, *([watchdog] if watchdog is not None else [])]
