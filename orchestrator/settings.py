@@ -294,7 +294,10 @@ class Settings(BaseSettings):
         description="host:port of the preview listener (port 0: any free port); unset: previews are off.",
     )  # fmt: skip
     preview_base_url: str | None = Field(
-        None, description="The preview listener's public origin; unset: http://{ORCH_PREVIEW_LISTEN} as bound."
+        None,
+        description="The preview listener's public origin, as links name it (path mode: {base}/{token}/); with "
+        "`{token}` in it, host mode (https://{token}.preview.example.com: a wildcard DNS name). Unset: "
+        "http://{ORCH_PREVIEW_LISTEN} as bound.",
     )
     preview_ttl_s: int = Field(3600, gt=0, description="How long a preview link lives when its request names no ttl_s.")
     preview_ttl_max_s: int = Field(7 * 86400, gt=0, description="The longest ttl_s a preview may ask for.")

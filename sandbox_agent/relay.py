@@ -107,9 +107,10 @@ async def _watch_idle(last: list[float], idle_s: float) -> None:
 
 
 async def relay(a: socket.socket, b: socket.socket, *, on_bytes: OnBytes | None = None,
-                idle_s: float | None = None, until_b_ends: bool = False) -> BaseException | None:  # fmt: skip
-    """Copy a->b and b->a until both directions ended (`until_b_ends`: as soon as b's
-    sending ended, as for one HTTP exchange whose client keeps its side open). Returns the
+                idle_s: float | None = None, until_one_ends: bool = False) -> BaseException | None:  # fmt: skip
+    """Copy a->b and b->a until both directions ended (`until_one_ends`: as soon as one
+    did, its bytes all passed on, as for one HTTP exchange: the answer's end, or a visitor that
+    hung up, ends it, whatever the other side still holds open). Returns the
     exception that stopped it early (an error, RelayIdle, or whatever `on_bytes` raised),
     None after a clean end. The caller closes both sockets."""
     loop = asyncio.get_running_loop()
@@ -137,7 +138,7 @@ async def relay(a: socket.socket, b: socket.socket, *, on_bytes: OnBytes | None 
                 error = task.exception()
                 if error is not None:
                     return error
-                if until_b_ends and task is tasks[1]:
+                if until_one_ends and task in tasks:
                     return None
         return None
     finally:

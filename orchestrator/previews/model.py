@@ -4,15 +4,18 @@ No socket, no database here."""
 
 from __future__ import annotations
 
+import base64
 import re
+import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from orchestrator.clock import iso
 from orchestrator.errors import InvalidInput
 
-TOKEN_BYTES = 24  # secrets.token_urlsafe(24): 32 characters, 192 bits
-_TOKEN = re.compile(r"[A-Za-z0-9_-]{32}")
+TOKEN_BYTES = 20  # 160 bits, as 32 characters of lowercase base32: a DNS label too (host mode)
+_TOKEN = re.compile(r"[a-z2-7]{32}")
+TOKEN_PLACEHOLDER = "{token}"  # in ORCH_PREVIEW_BASE_URL: host mode
 # Never passed to the app: the API's credentials, and what only this hop may decide.
 DROPPED_HEADERS = frozenset(
     {
@@ -54,8 +57,38 @@ def check_port(port: int) -> None:
         raise InvalidInput("port must be between 1 and 65535", field="port")
 
 
+def new_token() -> str:
+    return base64.b32encode(secrets.token_bytes(TOKEN_BYTES)).decode().lower()
+
+
 def preview_url(base_url: str, token: str) -> str:
+    """Path mode `{base}/{token}/`; host mode (the base names `{token}`, e.g.
+    `https://{token}.preview.example.com`) `https://<token>.preview.example.com/`."""
+    if TOKEN_PLACEHOLDER in base_url:
+        return f"{base_url.replace(TOKEN_PLACEHOLDER, token).rstrip('/')}/"
     return f"{base_url.rstrip('/')}/{token}/"
+
+
+def host_suffix(base_url: str) -> str | None:
+    """Pure: in host mode, what a preview's Host ends with after its token (`.preview.example.com`,
+    lower-case, without a port); None in path mode."""
+    if TOKEN_PLACEHOLDER not in base_url:
+        return None
+    authority = base_url.split("://", 1)[-1].split("/", 1)[0]
+    after = authority.split(TOKEN_PLACEHOLDER, 1)[1]
+    return after.rsplit(":", 1)[0].lower() if after.count(":") == 1 else after.lower()
+
+
+def host_token(host: str | None, suffix: str) -> str | None:
+    """Pure: the token a host-mode Host header names (`<token>.preview.example.com[:port]`)."""
+    if not host:
+        return None
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    name = name.lower()
+    if not name.endswith(suffix):
+        return None
+    token = name[: len(name) - len(suffix)]
+    return token if _TOKEN.fullmatch(token) else None
 
 
 @dataclass(frozen=True)

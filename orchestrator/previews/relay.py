@@ -2,9 +2,10 @@
 its deadline, find the preview its token names, take the user's share of descriptors and
 bytes, open a stream to the port through the sandbox's agent (`AsyncAgentClient.open_port`:
 the sandbox keeps no network) and relay raw bytes both ways, zero-copy, until the app's side
-ends. One request per connection (`Connection: close` upstream), or one WebSocket for as
-long as it lives: so nothing here parses a response, and chunked, streamed and large answers
-pass as they come, never held whole.
+ends or the visitor hangs up (one that only half-closes its side gets no answer). One request
+per connection (`Connection: close` upstream), or one WebSocket for as long as it lives: so
+nothing here parses a response, and chunked, streamed and large answers pass as they come,
+never held whole.
 
 Runs on the preview service's own event loop, never the API's."""
 
@@ -27,6 +28,7 @@ from orchestrator.previews.model import (
     parse_head,
     plain_answer,
     referred_token,
+    host_token,
     split_target,
     upstream_head,
     utc_day,
@@ -51,6 +53,7 @@ class PreviewLimits:
     idle_timeout_s: float
     bytes_per_day: int
     scheme: str
+    host_suffix: str | None = None  # host mode: previews are `<token><suffix>` (model.host_suffix)
 
 
 @dataclass
@@ -77,12 +80,14 @@ class PreviewRelay:
         *,
         lookup: Callable[[str], PreviewRecord | None],
         agent_for: Callable[[int], Awaitable[LiveAgent]],
+        forget: Callable[[int, LiveAgent], None],
         descriptors: DescriptorBudget,
         limits: PreviewLimits,
         report: Callable[[ConnectionRecord], None],
     ) -> None:
         self._lookup = lookup
         self._agent_for = agent_for
+        self._forget = forget
         self._descriptors = descriptors
         self.limits = limits
         self._report = report
@@ -173,11 +178,15 @@ class PreviewRelay:
         except BadHead as exc:
             await self._answer(conn, plain_answer(400, "Bad Request", str(exc)))
             return
-        named = split_target(head.target)
-        if named is None:  # a root-relative URL of a preview page: its Referer names it
-            token, path = referred_token(head.header("referer")), head.target
-        else:
+        if self.limits.host_suffix is not None:  # host mode: the Host names it, the path is the app's
+            token, path = host_token(head.header("host"), self.limits.host_suffix), head.target
+            prefix = ""
+        elif (named := split_target(head.target)) is not None:
             token, path = named
+            prefix = f"/{token}"
+        else:  # a root-relative URL of a preview page: its Referer names it
+            token, path = referred_token(head.header("referer")), head.target
+            prefix = f"/{token}"
         preview = self._lookup(token) if token is not None else None
         if preview is None or not preview.live(datetime.now(timezone.utc)):
             record.outcome = "not_found"
@@ -205,7 +214,7 @@ class PreviewRelay:
         assert task is not None
         self._open.setdefault(preview.preview_id, set()).add(task)
         try:
-            await self._through_agent(conn, visitor_ip, head, path, rest, preview, record)
+            await self._through_agent(conn, visitor_ip, head, path, prefix, rest, preview, record)
         finally:
             hold.release()
             tasks = self._open.get(preview.preview_id)
@@ -214,15 +223,16 @@ class PreviewRelay:
                 if not tasks:
                     del self._open[preview.preview_id]
 
-    async def _through_agent(self, conn: socket.socket, visitor_ip: str, head: Any, path: str, rest: bytes,
-                             preview: PreviewRecord, record: ConnectionRecord) -> None:  # fmt: skip
-        for _attempt in range(2):
+    async def _through_agent(self, conn: socket.socket, visitor_ip: str, head: Any, path: str, prefix: str,
+                             rest: bytes, preview: PreviewRecord, record: ConnectionRecord) -> None:  # fmt: skip
+        for attempt in range(2):
+            agent: LiveAgent | None = None
             try:
                 agent = await self._agent_for(preview.user_id)
                 with agent.count.calling():  # the reaper neither pauses nor stops it meanwhile
                     upstream, already = await agent.calls.open_port(preview.port, timeout_s=OPEN_PORT_TIMEOUT_S)
                     try:
-                        await self._relay(conn, upstream, already, visitor_ip, head, path, rest, preview, record)
+                        await self._relay(conn, upstream, already, visitor_ip, head, path, prefix, rest, preview, record)
                     finally:
                         upstream.close()
                 return
@@ -236,16 +246,21 @@ class PreviewRelay:
                 await self._answer(conn, plain_answer(503, "Service Unavailable", message, extra={"Retry-After": str(NOT_LISTENING_RETRY_S)}))
                 return
             except (AgentUnavailable, ToolError) as exc:
+                if isinstance(exc, AgentUnavailable) and not exc.delivered and agent is not None and attempt == 0:
+                    self._forget(preview.user_id, agent)  # gone: never handed out again, the next is started
+                    continue
                 record.outcome = "sandbox_unavailable"
                 log.info("preview sandbox unavailable user=%s error=%s", preview.user_id, exc)
                 await self._answer(conn, plain_answer(503, "Service Unavailable", "The sandbox is not available yet. Retry shortly.",
                                                       extra={"Retry-After": str(UNAVAILABLE_RETRY_S)}))  # fmt: skip
                 return
+        record.outcome = "sandbox_unavailable"  # paused again at once, or replaced twice
+        await self._answer(conn, plain_answer(503, "Service Unavailable", "The sandbox is not available yet. Retry shortly.",
+                                              extra={"Retry-After": str(UNAVAILABLE_RETRY_S)}))  # fmt: skip
 
     async def _relay(self, conn: socket.socket, upstream: socket.socket, already: bytes, visitor_ip: str, head: Any,
-                     path: str, rest: bytes, preview: PreviewRecord, record: ConnectionRecord) -> None:  # fmt: skip
+                     path: str, prefix: str, rest: bytes, preview: PreviewRecord, record: ConnectionRecord) -> None:  # fmt: skip
         loop = asyncio.get_running_loop()
-        prefix = f"/{preview.token}"
         await loop.sock_sendall(upstream, upstream_head(
             head, path, port=preview.port, visitor_ip=visitor_ip, public_host=head.header("host"),
             scheme=self.limits.scheme, prefix=prefix,
@@ -269,7 +284,7 @@ class PreviewRelay:
                 raise _OverDaily()
 
         record.outcome = "relayed"
-        error = await relay(conn, upstream, on_bytes=counted, idle_s=self.limits.idle_timeout_s, until_b_ends=True)
+        error = await relay(conn, upstream, on_bytes=counted, idle_s=self.limits.idle_timeout_s, until_one_ends=True)
         if isinstance(error, _OverDaily):
             record.outcome = "daily_bytes"
         elif error is not None:

@@ -22,7 +22,7 @@ from orchestrator import audit, metrics
 from orchestrator.descriptors.budget import DescriptorBudget
 from orchestrator.errors import NotFound, RunEnded
 from orchestrator.log import kv
-from orchestrator.previews.model import PreviewRecord, check_port, expiry, preview_url
+from orchestrator.previews.model import PreviewRecord, check_port, expiry, host_suffix, preview_url
 from orchestrator.previews.relay import ConnectionRecord, PreviewLimits, PreviewRelay
 from orchestrator.previews.store import PreviewStore
 from orchestrator.runs.records import RunRecord, RunStatus
@@ -63,12 +63,14 @@ class PreviewService:
         self.relay = PreviewRelay(
             lookup=self.records.by_token,
             agent_for=self._agent_for,
+            forget=lambda user_id, agent: router.backend_for(user_id).forget(user_id, agent=agent),
             descriptors=descriptors,
             limits=PreviewLimits(
                 head_timeout_s=settings.preview_head_timeout_s,
                 idle_timeout_s=settings.preview_idle_timeout_s,
                 bytes_per_day=settings.preview_max_bytes_per_day,
                 scheme=urlsplit(self.base_url).scheme or "http",
+                host_suffix=host_suffix(self.base_url),
             ),
             report=self._report,
         )

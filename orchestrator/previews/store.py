@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import secrets
 import uuid
 from datetime import datetime
 
 from orchestrator.clock import iso
-from orchestrator.previews.model import TOKEN_BYTES, PreviewRecord
+from orchestrator.previews.model import PreviewRecord, new_token
 from orchestrator.state_store import StateStore, Transaction
 
 _COLUMNS = "preview_id, token, user_id, run_id, session_id, port, created_at, expires_at"
@@ -27,7 +26,7 @@ class PreviewStore:
         tx.execute("DELETE FROM previews WHERE expires_at <= ?", (iso(now),))
         record = PreviewRecord(
             preview_id=f"pv_{uuid.uuid4().hex}",
-            token=secrets.token_urlsafe(TOKEN_BYTES),
+            token=new_token(),
             user_id=user_id, run_id=run_id, session_id=session_id, port=port,
             created_at=iso(now), expires_at=iso(expires),
         )  # fmt: skip

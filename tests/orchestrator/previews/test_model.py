@@ -8,10 +8,20 @@ from datetime import datetime, timezone
 import pytest
 
 from orchestrator.errors import InvalidInput
-from orchestrator.previews.model import expiry, parse_head, referred_token, split_target, upstream_head
+from orchestrator.previews.model import (
+    expiry,
+    host_suffix,
+    host_token,
+    new_token,
+    parse_head,
+    preview_url,
+    referred_token,
+    split_target,
+    upstream_head,
+)
 from sandbox_agent.port_tunnel import tunnel_target
 
-TOKEN = "abcdefghijklmnopqrstuvwxyzABCD-_"
+TOKEN = "abcdefghijklmnopqrstuvwxyz234567"
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 
@@ -52,3 +62,16 @@ def test_the_agent_tunnels_only_to_its_sandboxs_loopback_and_never_its_own_ports
     assert tunnel_target(b"CONNECT 10.0.0.1:8000 HTTP/1.1" + auth, frozenset())[0] is None
     assert tunnel_target(b"CONNECT 127.0.0.1:3128 HTTP/1.1" + auth, frozenset({3128}))[0] is None
     assert tunnel_target(b"CONNECT 127.0.0.1:0 HTTP/1.1" + auth, frozenset())[0] is None
+
+
+def test_host_mode_names_the_preview_by_its_host() -> None:
+    base = "https://{token}.preview.example.com"
+    token = new_token()
+    assert preview_url(base, token) == f"https://{token}.preview.example.com/"
+    assert preview_url("http://127.0.0.1:9000", token) == f"http://127.0.0.1:9000/{token}/"
+    suffix = host_suffix(base)
+    assert suffix == ".preview.example.com" and host_suffix("http://127.0.0.1:9000") is None
+    assert host_token(f"{token.upper()}.Preview.Example.com:443", suffix) == token  # hosts are case-blind
+    assert host_token(f"{token}.evil.com", suffix) is None
+    assert host_token(f"x.{token}.preview.example.com", suffix) is None
+    assert host_suffix("http://{token}.preview.test:9000") == ".preview.test"

@@ -20,16 +20,20 @@ import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator import audit
+from orchestrator.descriptors.budget import Feature
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.api_calls import tool
 from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
+from tests.live_server import free_port
 from tests.metrics_text import sample_value, scrape
+from tests.uid_block import block
 from tests.orchestrator.previews.apps import (
     ECHO_HEADERS_APP,
     SILENT_APP,
     STREAMING_APP,
     WEBSOCKET_ECHO_APP,
+    open_websocket,
     websocket_echo,
 )
 from tests.orchestrator.sandboxes.test_process_network import web_run
@@ -157,7 +161,7 @@ def test_a_guessed_a_revoked_and_an_expired_token_are_404(server: Served) -> Non
     assert wait_served(kept["url"]).status_code == 200
     assert httpx.get(revoked["url"], timeout=10).status_code == 200
     base = service.previews.base_url  # type: ignore[union-attr]
-    assert httpx.get(f"{base}/{'A' * 32}/", timeout=10).status_code == 404
+    assert httpx.get(f"{base}/{'a' * 32}/", timeout=10).status_code == 404  # a token of the right form
     assert httpx.get(f"{base}/", timeout=10).status_code == 404
 
     assert client.delete(f"/v1/previews/{revoked['preview_id']}").status_code == 204
@@ -199,13 +203,13 @@ def test_a_port_with_nothing_listening_answers_503_quickly_with_retry_after(serv
 
 def test_a_stopped_sandbox_is_started_by_a_visitor(server: Served) -> None:
     client, service = server
-    run_id = web_run(client, 17)
+    run_id = web_run(client, 31)
     preview = expose(client, run_id, 8198)
     for backend in service.sandboxes.backends.values():
-        backend.stop(17)
+        backend.stop(31)
     response = httpx.get(preview["url"], timeout=30)  # nothing listens after the start: 503
     assert response.status_code == 503 and "Retry-After" in response.headers
-    assert any(s.user_id == 17 and s.state == "running" for s in service.sandboxes.status())
+    assert any(s.user_id == 31 and s.state == "running" for s in service.sandboxes.status())
 
 
 def test_a_streamed_answer_arrives_progressively(server: Served) -> None:
@@ -269,3 +273,57 @@ def test_a_silent_app_and_500_connections_leave_another_users_preview_and_health
     finally:
         for sock in flood:
             sock.close()
+    # Visitors that hung up free 67's share at once, though its app never answered them.
+    deadline = time.monotonic() + 5
+    while service.descriptors.in_use(Feature.PREVIEWS, 67):
+        assert time.monotonic() < deadline, service.descriptors.in_use(Feature.PREVIEWS, 67)
+        time.sleep(0.05)
+
+
+def test_a_paused_sandbox_is_resumed_by_a_visitor(server: Served) -> None:
+    client, service = server
+    run_id = web_run(client, 29)
+    shell(client, run_id, "true")
+    preview = expose(client, run_id, 8197)
+    backend = service.sandboxes.backends["process"]
+    backend.reap_idle(now=time.monotonic() + service.settings.pause_after_s + 1)
+    assert any(s.user_id == 29 and s.state == "paused" for s in service.sandboxes.status())
+    started = time.monotonic()
+    response = httpx.get(preview["url"], timeout=30)
+    assert response.status_code == 503 and "Retry-After" in response.headers  # thawed; nothing listens yet
+    assert time.monotonic() - started < 5.0
+    assert any(s.user_id == 29 and s.state == "running" for s in service.sandboxes.status())
+
+
+def test_revoking_a_preview_cuts_its_open_websocket(server: Served) -> None:
+    client, _ = server
+    run_id = web_run(client, 67)
+    write_app(client, run_id, "ws_echo.py", WEBSOCKET_ECHO_APP)
+    start(client, run_id, "exec python3 ws_echo.py 8108")
+    preview = expose(client, run_id, 8108)
+    assert wait_served(preview["url"]).status_code == 426
+    with open_websocket(preview["url"] + "ws") as sock:
+        assert client.delete(f"/v1/previews/{preview['preview_id']}").status_code == 204
+        sock.settimeout(5)
+        assert sock.recv(1) == b""  # closed by the relay, not left open
+
+
+def test_host_mode_serves_a_preview_at_its_own_host_and_nothing_by_path() -> None:
+    port = free_port()
+    with served(preview_listen=f"127.0.0.1:{port}", preview_base_url=f"http://{{token}}.preview.test:{port}", **block(1)) as pair:
+        client, _ = pair
+        run_id = web_run(client, 67)
+        write_app(client, run_id, "echo_headers.py", ECHO_HEADERS_APP)
+        start(client, run_id, "exec python3 echo_headers.py 8109")
+        preview = expose(client, run_id, 8109)
+        host = preview["url"].split("://", 1)[1].rstrip("/")
+        token = host.split(".", 1)[0]
+        assert preview["url"] == f"http://{token}.preview.test:{port}/"
+        local = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while (answer := httpx.get(f"{local}/page?q=1", headers={"Host": host}, timeout=10)).status_code == 503:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert answer.status_code == 200 and answer.json()["path"] == "/page?q=1"
+        assert httpx.get(f"{local}/{token}/page", timeout=10).status_code == 404  # the path form is not served
+        assert httpx.get(f"{local}/page", headers={"Host": f"{'a' * 32}.preview.test:{port}"}, timeout=10).status_code == 404
