@@ -164,7 +164,8 @@ def upstream_head(head: RequestHead, path: str, *, port: int, visitor_ip: str, p
     lines.append(f"X-Forwarded-Proto: {scheme}")
     if public_host:
         lines.append(f"X-Forwarded-Host: {public_host}")
-    lines.append(f"X-Forwarded-Prefix: {prefix}")
+    if prefix:
+        lines.append(f"X-Forwarded-Prefix: {prefix}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 

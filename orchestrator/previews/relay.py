@@ -208,7 +208,7 @@ class PreviewRelay:
         except DescriptorsRefused as refusal:
             record.outcome = refusal.code
             status, reason = (429, "Too Many Requests") if refusal.status_code == 429 else (503, "Service Unavailable")
-            await self._answer(conn, plain_answer(status, reason, str(refusal), extra={"Retry-After": "1"}))
+            await self._answer(conn, plain_answer(status, reason, f"{refusal.code}: {refusal}", extra={"Retry-After": "1"}))
             return
         task = asyncio.current_task()
         assert task is not None
