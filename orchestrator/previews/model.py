@@ -109,7 +109,10 @@ class BadHead(ValueError):
 
 def parse_head(raw: bytes) -> RequestHead:
     """Pure: a request head (without its final blank line) as sent by a visitor."""
-    lines = raw.decode("latin-1").split("\r\n")
+    text = raw.decode("latin-1")
+    if any(c in text.replace("\r\n", "") for c in "\r\n\x00"):  # a bare CR or LF: one reader's line break
+        raise BadHead("a bare CR, LF or NUL in the request head")
+    lines = text.split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
         raise BadHead("not an HTTP/1 request line")

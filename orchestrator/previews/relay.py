@@ -92,7 +92,8 @@ class PreviewRelay:
         self.limits = limits
         self._report = report
         self._pending = 0
-        self._day_bytes: dict[tuple[int, str], int] = {}  # the loop's alone
+        self._day = ""  # the UTC day `_day_bytes` counts (the loop's alone)
+        self._day_bytes: dict[int, int] = {}
         self._open: dict[str, set[asyncio.Task[Any]]] = {}  # preview id -> its relays
 
     async def serve(self, listening: socket.socket) -> None:
@@ -119,7 +120,15 @@ class PreviewRelay:
             task.cancel()
 
     def bytes_today(self, user_id: int) -> int:
-        return self._day_bytes.get((user_id, utc_day(datetime.now(timezone.utc))), 0)
+        return self._count_bytes(user_id, 0)
+
+    def _count_bytes(self, user_id: int, n: int) -> int:
+        """Add `n` to the user's bytes of today (a new UTC day starts every count afresh)."""
+        today = utc_day(datetime.now(timezone.utc))
+        if today != self._day:
+            self._day, self._day_bytes = today, {}
+        total = self._day_bytes[user_id] = self._day_bytes.get(user_id, 0) + n
+        return total
 
     async def _answer(self, conn: socket.socket, data: bytes) -> None:
         try:
@@ -269,8 +278,7 @@ class PreviewRelay:
         if already:
             await loop.sock_sendall(conn, already)
             record.bytes_down += len(already)
-        day = (preview.user_id, utc_day(datetime.now(timezone.utc)))
-        self._day_bytes[day] = self._day_bytes.get(day, 0) + len(rest) + len(already)
+        self._count_bytes(preview.user_id, len(rest) + len(already))
         limit = self.limits.bytes_per_day
 
         def counted(n: int, from_visitor: bool) -> None:
@@ -278,9 +286,7 @@ class PreviewRelay:
                 record.bytes_up += n
             else:
                 record.bytes_down += n
-            total = self._day_bytes.get(day, 0) + n
-            self._day_bytes[day] = total
-            if total > limit:
+            if self._count_bytes(preview.user_id, n) > limit:
                 raise _OverDaily()
 
         record.outcome = "relayed"

@@ -9,6 +9,7 @@ import pytest
 
 from orchestrator.errors import InvalidInput
 from orchestrator.previews.model import (
+    BadHead,
     expiry,
     host_suffix,
     host_token,
@@ -75,3 +76,10 @@ def test_host_mode_names_the_preview_by_its_host() -> None:
     assert host_token(f"{token}.evil.com", suffix) is None
     assert host_token(f"x.{token}.preview.example.com", suffix) is None
     assert host_suffix("http://{token}.preview.test:9000") == ".preview.test"
+
+
+@pytest.mark.parametrize("raw", [b"GET / HTTP/1.1\r\nX: a\nAuthorization: b", b"GET / HTTP/1.1\r\nX: a\rY: b",
+                                 b"GET /\x00 HTTP/1.1", b"GET / HTTP/2", b"GET  / HTTP/1.1", b"GET / HTTP/1.1\r\n folded"])
+def test_a_head_with_a_bare_line_break_or_a_bad_line_is_refused(raw: bytes) -> None:
+    with pytest.raises(BadHead):
+        parse_head(raw)
