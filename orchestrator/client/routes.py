@@ -465,6 +465,11 @@ class ClientMethods:
         body: dict[str, Any] = {"port": port} | ({"ttl_s": ttl_s} if ttl_s is not None else {})
         return Request(_json_of(Preview), {"run_id": run_id}, json=body, acting_user=acting_user)
 
+    @route("GET", "/v1/runs/{run_id}/previews")
+    def list_previews(self, run_id: str) -> Request[list[Preview]]:
+        """The run's live previews, oldest first."""
+        return Request(lambda r: [Preview.model_validate(p) for p in r.json()["previews"]], {"run_id": run_id})
+
     @route("GET", "/v1/previews/{preview_id}")
     def get_preview(self, preview_id: str) -> Request[Preview]:
         return Request(_json_of(Preview), {"preview_id": preview_id})

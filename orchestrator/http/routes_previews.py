@@ -1,6 +1,6 @@
 """Preview links (docs/previews.md): `POST /v1/runs/{run_id}/previews` makes one for a port
-the run's runtime user's sandbox listens on, `GET`/`DELETE /v1/previews/{preview_id}` read
-and revoke it. The links themselves are served on the preview listener, never here."""
+the run's runtime user's sandbox listens on, `GET` there lists the run's live ones,
+`GET`/`DELETE /v1/previews/{preview_id}` read and revoke one. The links themselves are served on the preview listener, never here."""
 
 from __future__ import annotations
 
@@ -33,6 +33,11 @@ class PreviewOut(BaseModel):
     expires_at: str
 
 
+class PreviewListOut(BaseModel):
+    run_id: str
+    previews: list[PreviewOut]
+
+
 def _previews(service: OrchestratorService) -> PreviewService:
     if service.previews is None:
         raise NotFound("previews are off on this server (ORCH_PREVIEW_LISTEN is not set)", code="previews_off")
@@ -54,6 +59,18 @@ def create_preview(
     previews = _previews(service)
     record = previews.create(own_run(service, run_id, acting), body.port, body.ttl_s, actor=caller.actor)
     return PreviewOut(**preview_answer(previews, record))
+
+
+@router.get("/v1/runs/{run_id}/previews", response_model=PreviewListOut, tags=["previews"])
+def list_previews(
+    run_id: str = Depends(run_id_param),
+    acting: int | None = Depends(acting_user),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_bot),
+) -> PreviewListOut:
+    previews = _previews(service)
+    visible_run(service, run_id, acting)  # 404 for an unknown (or invisible) run
+    return PreviewListOut(run_id=run_id, previews=[PreviewOut(**preview_answer(previews, r)) for r in previews.of_run(run_id)])
 
 
 @router.get("/v1/previews/{preview_id}", response_model=PreviewOut, tags=["previews"])

@@ -25,6 +25,7 @@ from orchestrator.errors import ToolError
 from orchestrator.previews.model import (
     BadHead,
     PreviewRecord,
+    RequestHead,
     parse_head,
     plain_answer,
     referred_token,
@@ -188,6 +189,9 @@ class PreviewRelay:
             await self._answer(conn, plain_answer(400, "Bad Request", str(exc)))
             return
         if self.limits.host_suffix is not None:  # host mode: the Host names it, the path is the app's
+            if not head.target.startswith("/"):
+                await self._answer(conn, plain_answer(400, "Bad Request", "The request target must be a path."))
+                return
             token, path = host_token(head.header("host"), self.limits.host_suffix), head.target
             prefix = ""
         elif (named := split_target(head.target)) is not None:
@@ -232,7 +236,7 @@ class PreviewRelay:
                 if not tasks:
                     del self._open[preview.preview_id]
 
-    async def _through_agent(self, conn: socket.socket, visitor_ip: str, head: Any, path: str, prefix: str,
+    async def _through_agent(self, conn: socket.socket, visitor_ip: str, head: RequestHead, path: str, prefix: str,
                              rest: bytes, preview: PreviewRecord, record: ConnectionRecord) -> None:  # fmt: skip
         for attempt in range(2):
             agent: LiveAgent | None = None
@@ -267,8 +271,8 @@ class PreviewRelay:
         await self._answer(conn, plain_answer(503, "Service Unavailable", "The sandbox is not available yet. Retry shortly.",
                                               extra={"Retry-After": str(UNAVAILABLE_RETRY_S)}))  # fmt: skip
 
-    async def _relay(self, conn: socket.socket, upstream: socket.socket, already: bytes, visitor_ip: str, head: Any,
-                     path: str, prefix: str, rest: bytes, preview: PreviewRecord, record: ConnectionRecord) -> None:  # fmt: skip
+    async def _relay(self, conn: socket.socket, upstream: socket.socket, already: bytes, visitor_ip: str,
+                     head: RequestHead, path: str, prefix: str, rest: bytes, preview: PreviewRecord, record: ConnectionRecord) -> None:  # fmt: skip
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(upstream, upstream_head(
             head, path, port=preview.port, visitor_ip=visitor_ip, public_host=head.header("host"),

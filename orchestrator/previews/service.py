@@ -107,6 +107,10 @@ class PreviewService:
             raise NotFound(f"preview {preview_id} not found")
         return record
 
+    def of_run(self, run_id: str) -> list[PreviewRecord]:
+        """The run's live previews, oldest first."""
+        return self.records.live_for_run(run_id, datetime.now(timezone.utc))
+
     def revoke(self, preview_id: str, *, actor: str) -> None:
         """The link answers 404 from now on, and its open connections are cut."""
         record = self.get(preview_id)

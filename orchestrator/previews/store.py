@@ -46,5 +46,13 @@ class PreviewStore:
             row = tx.one(f"SELECT {_COLUMNS} FROM previews WHERE token = ?", (token,))
         return _record(row) if row is not None else None
 
+    def live_for_run(self, run_id: str, now: datetime) -> list[PreviewRecord]:
+        with self._store.read() as tx:
+            rows = tx.all(
+                f"SELECT {_COLUMNS} FROM previews WHERE run_id = ? AND expires_at > ? ORDER BY created_at",
+                (run_id, iso(now)),
+            )
+        return [_record(row) for row in rows]
+
     def delete(self, tx: Transaction, preview_id: str) -> bool:
         return tx.execute("DELETE FROM previews WHERE preview_id = ?", (preview_id,)).rowcount > 0

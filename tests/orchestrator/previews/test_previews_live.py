@@ -122,6 +122,11 @@ def test_a_sandbox_http_server_serves_its_listing_and_a_5mb_file_byte_identical(
     assert size == FIVE_MB and got.hexdigest() == digest
 
     assert client.get(f"/v1/previews/{preview['preview_id']}").json() == preview
+    # The model's way: the expose_port tool answers the same shape, for the run's runtime user.
+    assert "expose_port" in [t["name"] for t in client.get("/v1/tools").json()["tools"]]
+    answer = tool(client, run_id, "expose_port", port=8000, ttl_s=600)
+    assert answer["ok"] and set(answer["result"]) == {"preview_id", "url", "port", "expires_at"}, answer
+    assert httpx.get(answer["result"]["url"] + "hello.txt", timeout=10).text == "hi\n"
     service.previews.flush_audit()  # type: ignore[union-attr]
     rows = [r for r in audit.entries(service.store, action="preview_connection", limit=100)
             if r.detail["preview_id"] == preview["preview_id"]]  # fmt: skip
@@ -170,6 +175,8 @@ def test_a_guessed_a_revoked_and_an_expired_token_are_404(server: Served) -> Non
     time.sleep(1.2)
     assert httpx.get(short["url"], timeout=10).status_code == 404
     assert httpx.get(kept["url"], timeout=10).status_code == 200
+    listed = client.get(f"/v1/runs/{run_id}/previews").json()
+    assert listed == {"run_id": run_id, "previews": [kept]}  # neither the revoked nor the expired one
     too_long = client.post(f"/v1/runs/{run_id}/previews", json={"port": 8102, "ttl_s": 10**9})
     assert too_long.status_code == 422 and too_long.json()["error"]["field"] == "ttl_s"
 
