@@ -5,6 +5,7 @@ byte-identical, and a WebSocket echoes."""
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,18 +25,21 @@ pytestmark = pytest.mark.docker
 
 
 @pytest.fixture
-def docker_previews(docker_data_dir: Path, sandbox_image: str) -> Iterator[TestClient]:  # noqa: F811
+def docker_previews(docker_data_dir: Path, sandbox_image: str) -> Iterator[tuple[TestClient, OrchestratorService]]:  # noqa: F811
     service = OrchestratorService(docker_settings(docker_data_dir, sandbox_image, preview_listen="127.0.0.1:0"))
     try:
         with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
-            yield client
+            yield client, service
     finally:
         service.close()
 
 
-def test_a_docker_sandbox_http_server_and_websocket_through_the_preview(docker_previews: TestClient) -> None:
-    client = docker_previews
+def test_a_docker_sandbox_http_server_and_websocket_through_the_preview(
+    docker_previews: tuple[TestClient, OrchestratorService],
+) -> None:
+    client, service = docker_previews
     run_id = web_run(client, 67)
+    assert service.sandboxes.backend_name_for(67) == "docker"
     shell(client, run_id, f"mkdir -p site && head -c {FIVE_MB} /dev/urandom > site/big.bin")
     digest = shell(client, run_id, "sha256sum site/big.bin").split()[0]
     start(client, run_id, "cd site && exec python3 -m http.server 8000 --bind 127.0.0.1")
@@ -50,3 +54,17 @@ def test_a_docker_sandbox_http_server_and_websocket_through_the_preview(docker_p
     ws = expose(client, run_id, 8105)
     assert wait_served(ws["url"], timeout_s=30).status_code == 426
     assert websocket_echo(ws["url"] + "ws", [b"ping", b"y" * 100_000]) == [b"ping", b"y" * 100_000]
+
+
+def test_a_paused_docker_sandbox_is_resumed_by_a_visitor(docker_previews: tuple[TestClient, OrchestratorService]) -> None:
+    client, service = docker_previews
+    run_id = web_run(client, 29)
+    shell(client, run_id, "true")
+    preview = expose(client, run_id, 8197)
+    service.sandboxes.backends["docker"].reap_idle(now=time.monotonic() + service.settings.pause_after_s + 1)
+    assert any(s.user_id == 29 and s.state == "paused" and s.backend == "docker" for s in service.sandboxes.status())
+    started = time.monotonic()
+    response = httpx.get(preview["url"], timeout=30)
+    assert response.status_code == 503 and "Retry-After" in response.headers  # thawed; nothing listens there
+    assert time.monotonic() - started < 5.0
+    assert any(s.user_id == 29 and s.state == "running" for s in service.sandboxes.status())
