@@ -11,7 +11,9 @@ signal, trace and read its agent. What must hold whatever the tenant does lives 
   (a clean stop: the next call starts the same container again).
 - Nothing in the sandbox can stop it: inside its PID namespace, PID 1 receives no signal it has
   no handler for (SIGKILL and SIGSTOP included), and the signals it waits for are acted on only
-  when they come from outside the namespace (the engine's `docker stop`). It is not dumpable,
+  when they carry no sender pid, as the engine's `docker stop` does. (A tenant can forge that
+  with `rt_sigqueueinfo`; all it gains is a stop of its own agent, which it can do anyway: the
+  lease, not a signal, ends the container.) It is not dumpable,
   so the same-uid tenant can neither ptrace it nor open its /proc files (memory, descriptors).
 - The container's stdout is the engine's log pipe: only this process holds it. The agent's
   output reaches it through a pipe and is passed on within a byte budget, so a sandbox that
@@ -209,10 +211,10 @@ class Supervisor:
                 continue
             if info.si_signo == signal.SIGCHLD:
                 self.reap()
-            elif info.si_pid == 0:  # from outside the namespace (the engine): stop the agent
+            elif info.si_pid == 0:  # no sender pid (the engine; forgeable): stop the agent
                 self.signal_agent(info.si_signo)
-            # A stop signal from inside the sandbox (si_pid != 0) is ignored: only the engine
-            # and the lease end this container.
+            # A stop signal from inside the sandbox with its pid is ignored; a forged one only
+            # stops the tenant's own agent. Only the lease ends this container.
         self.kill_the_rest()
         relay.join(timeout=1)
         return exit_code(self.agent_status)

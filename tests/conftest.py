@@ -160,6 +160,13 @@ def make_settings(data_dir: Path, **overrides: object) -> Settings:
 
 
 @pytest.fixture
+def sandbox_runtime() -> str:
+    """ORCH_SANDBOX_RUNTIME of the docker fixtures' service: runc unless a test parametrizes it
+    (tests/orchestrator/sandboxes/docker/conftest.py, RUNTIMES)."""
+    return "runc"
+
+
+@pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     path = tmp_path / "data"
     path.mkdir()

@@ -1,8 +1,9 @@
 """A Python client for chat bots and admins (docs/client.md, docs/bots.md), over httpx: `OrchestratorClient`
 (blocking) and `AsyncOrchestratorClient` (asyncio) with the same methods.
 
-It needs only httpx and pydantic (and `orchestrator.identity` for the trigger and mode
-enums): a bot can vendor this package. Every method returns a typed model; an HTTP error
+It needs only httpx and pydantic and imports nothing else of the server: it installs alone as the
+`sandbox-orchestrator-client` distribution (deploy/client/, docs/client.md), for a bot whose
+framework cannot share the server's dependencies. Every method returns a typed model; an HTTP error
 raises a typed `ApiError` subclass carrying the server's structured error (`code`,
 `message`, `field`, details). A tool-level failure (200 with `ok: false`, an unknown tool
 too) is not an exception: it is a `ToolResult` the model should see, with
@@ -33,10 +34,9 @@ from orchestrator.client.errors import (
     error_from_response,
 )
 from orchestrator.client.models import *  # noqa: F403 - the models are the client's vocabulary
-from orchestrator.client.models import skill_files_from_dir
+from orchestrator.client.models import IdentityMode, Trigger, skill_files_from_dir
 from orchestrator.client.routes import routes_of, segment, tool_call_timeout_s
 from orchestrator.client.sync import OrchestratorClient
-from orchestrator.identity import IdentityMode, Trigger
 
 __all__ = [
     "ApiError",

@@ -8,11 +8,38 @@ import base64
 import os
 import stat
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from orchestrator.client.errors import InvalidResponseError, ToolCallFailed
+
+class Trigger(str, Enum):
+    """What started a run (`start_run(trigger=...)`). The server's `orchestrator.identity.Trigger`
+    has the same values (a test compares them); this copy keeps the client free of the server's
+    code, so it installs alone (docs/client.md). A plain string works too."""
+
+    GROUP_MESSAGE = "group_message"
+    PRIVATE_MESSAGE = "private_message"
+    RETRY = "retry"
+    CRASH_RECOVERY = "crash_recovery"
+    SUBAGENT = "subagent"
+    WEB = "web"
+    SCHEDULED = "scheduled"
+    OPENAPI = "openapi"
+    MANUAL_COMPACTION = "manual_compaction"
+    SIDE_TASK = "side_task"
+    WECHAT = "wechat"
+
+
+class IdentityMode(str, Enum):
+    """The runtime-identity mode (`set_runtime_identity(mode)`); the server's
+    `orchestrator.identity.IdentityMode` has the same values (a test compares them)."""
+
+    EXECUTION = "execution"
+    OWNER = "owner"
+
 
 class Model(BaseModel):
     # New server fields must not break old bots.
@@ -452,7 +479,7 @@ class InboxDelivery(Model):
 
 
 class IdentityModeState(Model):
-    """The admin view of the runtime-identity mode (the modes: `orchestrator.identity.IdentityMode`)."""
+    """The admin view of the runtime-identity mode (the modes: `IdentityMode`)."""
 
     mode: str
     source: str

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote, unquote
 
@@ -54,12 +55,13 @@ from orchestrator.client.models import (
     UserDisk,
     UserRef,
     Identity,
+    IdentityMode,
     IdentityPage,
+    Trigger,
     _skill_body,
     person_body,
     user_ref_text,
 )
-from orchestrator.identity import IdentityMode, Trigger
 
 T = TypeVar("T")
 
@@ -181,7 +183,8 @@ def _without_none(values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _value(x: Any) -> Any:
-    return x.value if isinstance(x, (Trigger, IdentityMode)) else x
+    # Any enum: the client's own, or the server's `orchestrator.identity` ones a bot may pass.
+    return x.value if isinstance(x, Enum) else x
 
 
 def _delivery_content(delivery_id: str) -> Callable[[httpx.Response], DeliveryContent]:

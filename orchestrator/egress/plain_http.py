@@ -5,12 +5,17 @@ One request per connection is what keeps the allow list meaningful for plain HTT
 checked target is the absolute URL's authority, so the Host header must name the same host
 and port (a virtual-hosting upstream routes by Host), and nothing the client sends after the
 first request's body ever reaches the upstream (a pipelined second request could name any
-Host). Deciding is pure (`plan_plain_request`); `exchange` is the thin part with sockets.
+Host). For the same reason the head must be one the upstream reads
+exactly as checked here: no bare CR, LF or NUL in a header line, no folded header line, no
+space or control character in the request target, a method that is a token and the version
+exactly HTTP/1.0 or HTTP/1.1 (each could hide a second Host). Deciding is pure
+(`plan_plain_request`); `exchange` is the thin part with sockets.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,6 +23,10 @@ from dataclasses import dataclass
 from orchestrator.egress.policy import InvalidTarget, parse_http_authority
 from sandbox_agent.relay import RelayIdle
 
+# What no header line may hold once the head is split at CRLF: an upstream that ends a line at a
+# bare LF (or CR) would read a header there that the checks here never saw (a second Host).
+_NOT_IN_A_HEADER = frozenset(b"\r\n\x00")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a method (RFC 9110's token)
 HOP_BY_HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
 CHUNK = 1 << 16
 LINGER_S = 2.0  # after the answer: how long unread client bytes are drained before the close
@@ -47,6 +56,15 @@ def plan_plain_request(
 ) -> PlainRequest:
     """The one request to send for `METHOD http://host:port/path`, or PlainRequestRefused."""
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if version not in ("HTTP/1.0", "HTTP/1.1") or not _TOKEN.fullmatch(method):
+        raise PlainRequestRefused(400, "bad_target", "Bad proxy request: the method or the HTTP version is not one.")
+    if any(c <= " " or c == "\x7f" for c in path):
+        raise PlainRequestRefused(400, "bad_target", "Bad proxy request: the request target holds a space or a control character.")
+    for line in header_lines:
+        if line[:1] in (b" ", b"\t") or any(byte in _NOT_IN_A_HEADER for byte in line):
+            raise PlainRequestRefused(
+                400, "bad_header", "A header line holds a bare CR, LF or NUL, or continues the previous one (obs-fold)."
+            )
     headers = [_header(line) for line in header_lines]
     hosts = [value for name, value in headers if name == b"host"]
     if len(hosts) > 1:

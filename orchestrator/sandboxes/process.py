@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import os
 import queue
@@ -117,12 +118,19 @@ class SpawnThread:
 
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
         self._thread = threading.Thread(target=self._loop, daemon=True, name="agent-spawner")
         self._thread.start()
 
     def run(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+        """`start()` on the spawner thread. After `close` an OSError at once: a start asked of
+        a closed backend fails clearly instead of waiting for a thread that is gone."""
         done: Future[subprocess.Popen[bytes]] = Future()
-        self._queue.put((start, done))
+        with self._lock:
+            if self._closed:
+                raise OSError(errno.ESHUTDOWN, "the process backend is closed: no agent starts")
+            self._queue.put((start, done))
         return done.result()
 
     def _loop(self) -> None:
@@ -134,7 +142,10 @@ class SpawnThread:
                 done.set_exception(exc)
 
     def close(self) -> None:
-        self._queue.put(None)
+        with self._lock:  # what was queued before runs; nothing is queued after
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)
 
 
 class ProcessBackend:

@@ -15,9 +15,13 @@ looked at. Left out on purpose, among others:
 - what needs a capability anyway (mount API, module and kexec loading, reboot, swap, clock
   setting, raw I/O ports, quotactl, syslog, chroot, file handles).
 Two calls are allowed only with some arguments: socket and socketpair for the address families
-a program needs (Unix, IPv4, IPv6, netlink; not AF_VSOCK, which reaches the hypervisor on a VM
-host), and personality for the values the engine's default allows (the default persona, 32-bit
-Linux, UNAME26, and the query).
+a program needs (Unix, IPv4, IPv6; not AF_VSOCK, which reaches the hypervisor on a VM host),
+netlink sockets only for the routing and socket-diagnostics protocols (interfaces, addresses,
+`ss`: the container's own network namespace); not NETLINK_KOBJECT_UEVENT, whose device events
+the kernel broadcasts to every network namespace of the initial user namespace, a container's
+included (another user's loop image attached, a container's veth pair), and personality for
+the values the engine's default allows (the default persona, 32-bit Linux, UNAME26, and the
+query).
 
 Calls of another architecture's table (e.g. i386 on x86_64) are not matched by the profile and
 are killed by the engine's seccomp setup. Together with `cap_drop=ALL` and `no-new-privileges`.
@@ -94,17 +98,24 @@ CLONE_NAMESPACE_FLAGS = {
     "CLONE_NEWPID": 0x20000000,
     "CLONE_NEWNET": 0x40000000,
 }
-SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10, "AF_NETLINK": 16}
+SOCKET_FAMILIES = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
+AF_NETLINK = 16
+# socket's third argument for AF_NETLINK: the protocols a sandbox's own programs need.
+NETLINK_PROTOCOLS = {"NETLINK_ROUTE": 0, "NETLINK_SOCK_DIAG": 4}
 # The default persona, PER_LINUX32, UNAME26, both, and 0xffffffff (which only asks).
 PERSONALITIES = (0x0, 0x8, 0x20000, 0x20008, 0xFFFFFFFF)
 
 
-def _only_if(name: str, value: int, *, mask: int | None = None) -> dict[str, object]:
-    """Allow `name` when its first argument equals `value` (after `& mask`, when given)."""
+def _only_if(name: str, value: int, *, mask: int | None = None, third: int | None = None) -> dict[str, object]:
+    """Allow `name` when its first argument equals `value` (after `& mask`, when given), and its
+    third equals `third` when given (the conditions of one rule must all hold)."""
     arg: dict[str, object] = {"index": 0, "value": value, "op": "SCMP_CMP_EQ"}
     if mask is not None:
         arg = {"index": 0, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"}
-    return {"names": [name], "action": "SCMP_ACT_ALLOW", "args": [arg]}
+    args = [arg]
+    if third is not None:
+        args.append({"index": 2, "value": third, "op": "SCMP_CMP_EQ"})
+    return {"names": [name], "action": "SCMP_ACT_ALLOW", "args": args}
 
 
 def seccomp_profile() -> dict[str, object]:
@@ -118,6 +129,7 @@ def seccomp_profile() -> dict[str, object]:
     ]
     for family in SOCKET_FAMILIES.values():
         rules += [_only_if("socket", family), _only_if("socketpair", family)]
+    rules += [_only_if("socket", AF_NETLINK, third=protocol) for protocol in NETLINK_PROTOCOLS.values()]
     rules += [_only_if("personality", value) for value in PERSONALITIES]
     return {"defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": EPERM, "syscalls": rules}
 

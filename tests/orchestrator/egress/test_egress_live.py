@@ -430,6 +430,26 @@ def test_a_host_header_naming_another_host_is_refused(loopback_allowed: Served) 
     assert verdicts == [("allowed", "ok"), ("allowed", "ok"), ("bad_request", "host_mismatch"), ("bad_request", "host_mismatch")], verdicts
 
 
+def test_a_host_smuggled_behind_a_bare_line_feed_never_reaches_the_upstream(loopback_allowed: Served, upstream: int) -> None:
+    # The proxy splits the head at CRLF; many upstreams also end a line at a bare LF. A Host
+    # (or Transfer-Encoding) hidden behind one, in a header or in the request target, was
+    # forwarded unseen, and a virtual-hosting upstream routed by it.
+    client, _service = loopback_allowed
+    target = f"127.0.0.1:{upstream}"
+    put_rules(client, 81, allow=[target])
+    run_id = web_run(client, 81)
+    in_header = raw_request(client, run_id, f"GET http://{target}/host HTTP/1.1\r\nX-Pad: a\nHost: metadata.internal.example\r\n\r\n".encode())
+    assert in_header["status"] == 400 and "X-Egress-Refusal: bad_header" in in_header["head"], in_header
+    folded = raw_request(client, run_id, f"GET http://{target}/host HTTP/1.1\r\nX-Pad: a\r\n Host: metadata.internal.example\r\n\r\n".encode())
+    assert folded["status"] == 400 and "X-Egress-Refusal: bad_header" in folded["head"], folded
+    in_target = raw_request(client, run_id, f"GET http://{target}/host\nHost:metadata.internal.example\nX: HTTP/1.1\r\n\r\n".encode())
+    assert in_target["status"] == 400 and "X-Egress-Refusal: bad_target" in in_target["head"], in_target
+    in_version = raw_request(client, run_id, f"GET http://{target}/host HTTP/1.1\nHost:metadata.internal.example\r\n\r\n".encode())
+    assert in_version["status"] == 400 and "X-Egress-Refusal: bad_target" in in_version["head"], in_version
+    honest = raw_request(client, run_id, f"GET http://{target}/host HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    assert honest["status"] == 200 and honest["body"] == target, honest
+
+
 DNS_TIMEOUT_S = 3.0
 LOOKUPS_PER_USER = 8
 

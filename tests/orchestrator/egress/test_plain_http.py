@@ -37,3 +37,27 @@ def test_refused(headers: list[str], status: int, code: str) -> None:
     with pytest.raises(PlainRequestRefused) as refused:
         plan(*headers)
     assert (refused.value.status, refused.value.code) == (status, code)
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["X-Pad: a\nHost: evil.example", "X-Pad: a\rHost: evil.example", "X-Pad: a\x00", " Host: evil.example", "\tX: y"],
+)
+def test_a_header_line_an_upstream_could_split_is_refused(line: str) -> None:
+    with pytest.raises(PlainRequestRefused) as refused:
+        plan("Host: example.com", line)
+    assert (refused.value.status, refused.value.code) == (400, "bad_header")
+
+
+@pytest.mark.parametrize("path", ["/x\nHost:evil.example\nX:", "/x\ty", "/x\x7f", "/a b"])
+def test_a_request_target_with_a_control_character_is_refused(path: str) -> None:
+    with pytest.raises(PlainRequestRefused) as refused:
+        plan_plain_request("GET", "HTTP/1.1", [b"Host: example.com"], "example.com", 80, path)
+    assert (refused.value.status, refused.value.code) == (400, "bad_target")
+
+
+@pytest.mark.parametrize(("method", "version"), [("GET", "HTTP/1.1\nHost:evil.example"), ("X\nHOST:EVIL\nGET", "HTTP/1.1"), ("GET", "HTTP/1.2")])
+def test_a_request_line_an_upstream_could_split_is_refused(method: str, version: str) -> None:
+    with pytest.raises(PlainRequestRefused) as refused:
+        plan_plain_request(method, version, [b"Host: example.com"], "example.com", 80, "/")
+    assert (refused.value.status, refused.value.code) == (400, "bad_target")

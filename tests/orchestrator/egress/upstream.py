@@ -1,5 +1,6 @@
 """A test upstream on 127.0.0.1 (the only address egress tests ever contact besides the
-package registries): `/hello` answers a short body, `/big?n=N` N bytes, `/hold?s=S` waits."""
+package registries): `/hello` answers a short body, `/big?n=N` N bytes, `/hold?s=S` waits, `/host` the Host header
+it would route by (Python's parser, like many, also ends a header line at a bare LF)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = block[: min(n, len(block))]
                 self.wfile.write(chunk)
                 n -= len(chunk)
+            return
+        if url.path == "/host":  # as a virtual-hosting server routes: by the (first) Host header
+            body = (self.headers.get("Host") or "").encode("latin-1", "replace")
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
             return
         if url.path == "/hold":
             time.sleep(float(query.get("s", ["1"])[0]))

@@ -99,8 +99,8 @@ def test_container_runs_as_the_users_uid_hardened_and_offline() -> None:
 
 
 def test_the_container_runs_under_the_configured_oci_runtime() -> None:
-    assert spec_for()[1].create_kwargs()["runtime"] == "runc"
-    assert spec_for(runtime="runsc")[1].create_kwargs()["runtime"] == "runsc"
+    assert spec_for()[1].host_config_kwargs()["runtime"] == "runc"
+    assert spec_for(runtime="runsc")[1].host_config_kwargs()["runtime"] == "runsc"
 
 
 def test_labels_name_user_plan_image_and_build_and_no_secret_travels_in_env_or_argv() -> None:

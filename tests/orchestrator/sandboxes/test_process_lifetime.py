@@ -18,7 +18,7 @@ from orchestrator.http.app import create_app
 from orchestrator.sandboxes.cgroups import SandboxCgroups, SandboxLimits
 from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.service import OrchestratorService
-from tests.conftest import API_TOKEN, make_settings
+from tests.conftest import API_TOKEN, admin_headers, make_settings
 from tests.orchestrator.sandboxes.test_bwrap import bwrap_problem
 
 USER, OTHER = 17, 18
@@ -212,7 +212,7 @@ def test_shm_under_bwrap_refuses_writes_past_its_bound(agent_data_dir: Path) -> 
 @pytest.mark.parametrize(("sandbox", "isolated"), [("none", False), ("bwrap", True)])
 def test_healthz_tells_the_truth_about_host_tmp_and_lifetime(agent_data_dir: Path, sandbox: str, isolated: bool) -> None:
     with served(agent_data_dir, process_sandbox=sandbox, sandbox_pids=HOPPER_PIDS) as (client, _backend, _service):
-        isolation = client.get("/healthz").json()["isolation"]
+        isolation = client.get("/healthz", headers=admin_headers()).json()["isolation"]
         assert isolation["users_isolated"] is isolated, isolation
         if not isolated:
             assert "/tmp" in isolation["reason"]

@@ -39,9 +39,9 @@ def test_member_in_owners_group_session_acceptance(agent_client: TestClient, age
     assert upload_path.startswith(f"{owner_run['upload_dir']}/") and upload_path.endswith(".png")
     assert url == f"http://testserver/uploads/{OWNER}/{Path(upload_path).name}"
     # publish_artifact, then GET of the URL: the same bytes without a token
-    with TestClient(agent_client.app) as anonymous:
-        assert "authorization" not in anonymous.headers
-        public = anonymous.get(url)
+    anonymous = TestClient(agent_client.app)  # not entered: the app's lifespan is agent_client's
+    assert "authorization" not in anonymous.headers
+    public = anonymous.get(url)
     assert public.status_code == 200 and public.content == PNG
     assert tool(agent_client, owner_run["run_id"], "write_file", path="notes.md", content="owner notes\n")["ok"]
     owner_runtime_file = f"{owner_run['workdir']}/notes.md"
@@ -198,8 +198,8 @@ def test_deliveries_can_be_deleted_and_go_with_their_session(agent_client: TestC
     assert agent_client.get(f"/v1/deliveries/{second}").status_code == 404
     assert not agent_service.layout.outbox_file(second).exists()
     # the bot token is needed to fetch deliveries
-    with TestClient(agent_client.app) as anonymous:
-        assert anonymous.get(f"/v1/deliveries/{second}").status_code == 401
+    anonymous = TestClient(agent_client.app)  # not entered: the app's lifespan is agent_client's
+    assert anonymous.get(f"/v1/deliveries/{second}").status_code == 401
     for bad in ("../../state/orchestrator.sqlite3", "dl-zz", "x" * 99):
         assert agent_client.get(f"/v1/deliveries/{bad}").status_code == 404
 

@@ -23,6 +23,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
 from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
+from tests.conftest import sandbox_runtime  # noqa: F401 - a fixture, re-exported for modules that import it from here
 from tests.sandbox_image import ensure_sandbox_image, recipe_tag
 
 TEST_BASE = TEST_ROOT / "docker"
@@ -67,12 +68,6 @@ def docker_settings(data_dir: Path, image: str, **overrides: object) -> Settings
 # The OCI runtimes a test runs its sandboxes under when it takes `sandbox_runtime` by
 # `@pytest.mark.parametrize("sandbox_runtime", RUNTIMES)`: runc, and gVisor (marked `runsc`).
 RUNTIMES = ["runc", pytest.param("runsc", marks=pytest.mark.runsc)]
-
-
-@pytest.fixture
-def sandbox_runtime() -> str:
-    """ORCH_SANDBOX_RUNTIME of `docker_service`: runc unless a test parametrizes it (RUNTIMES)."""
-    return "runc"
 
 
 @pytest.fixture

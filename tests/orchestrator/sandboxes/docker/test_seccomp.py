@@ -4,6 +4,12 @@ and kernel-facility calls the engine's default denies. Through the API, from a s
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -97,3 +103,51 @@ def test_vsock_personality_memfd_secret_and_the_agents_memory_are_refused(docker
     for name in ("mem", "environ", "fd/0"):
         assert lines["open_" + name] == "Permission denied", lines
     assert lines["unix"] == "True inet6 True", lines  # ordinary sockets still work
+
+
+# The host kernel's device events (NETLINK_KOBJECT_UEVENT) are broadcast to every network
+# namespace the initial user namespace owns, a container's included, and need no capability to
+# hear: another user's loop image attached or resized, a veth pair made for a container. The
+# sandbox listens while the host attaches a loop device of its own.
+UEVENT_PROBE = r"""python3 - <<'PY'
+import os, socket
+try:
+    listener = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, 15)  # NETLINK_KOBJECT_UEVENT
+    listener.bind((0, 1))
+except OSError as exc:
+    print("uevent", os.strerror(exc.errno))
+else:
+    listener.settimeout(4)
+    try:
+        print("uevent HEARD", listener.recv(4096).replace(b"\0", b" ")[:120])
+    except TimeoutError:
+        print("uevent OPEN")
+route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)  # NETLINK_ROUTE: interfaces, addresses
+print("route", route.fileno() > 0)
+PY"""
+
+
+def _attach_a_loop_device(image: Path) -> None:
+    """A host event any listener hears (a loop device's change), if the host has loop devices."""
+    time.sleep(1.5)
+    if shutil.which("losetup") is None:
+        return
+    image.write_bytes(b"\0" * 2**20)
+    attached = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True)
+    if attached.returncode == 0:
+        time.sleep(0.3)
+        subprocess.run(["losetup", "-d", attached.stdout.strip()], check=False)
+
+
+def test_a_sandbox_does_not_hear_the_hosts_device_events(docker_client: TestClient, tmp_path: Path) -> None:
+    run = start_run(docker_client, group_session(docker_client), trigger="web")
+    host = threading.Thread(target=_attach_a_loop_device, args=(tmp_path / "loop.img",))
+    host.start()
+    try:
+        answer = tool(docker_client, run["run_id"], "shell", command=UEVENT_PROBE)
+    finally:
+        host.join()
+    assert answer["ok"], answer
+    lines = dict(line.split(" ", 1) for line in answer["result"]["stdout"].splitlines())
+    assert lines["uevent"] == "Operation not permitted", lines
+    assert lines["route"] == "True", lines  # interfaces and addresses stay readable (getifaddrs)
