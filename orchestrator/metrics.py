@@ -77,6 +77,19 @@ EGRESS_BYTES = Counter(
     "orchestrator_egress_bytes", "Bytes relayed by the egress proxy: direction=up (sandbox to upstream) "
     "or down.", ["direction"], registry=REGISTRY,
 )  # fmt: skip
+PREVIEW_CONNECTIONS = Counter(
+    "orchestrator_preview_connections", "Visitor connections to preview URLs that ended, by outcome (relayed, "
+    "not_found, port_not_listening, sandbox_unavailable, daily_bytes, descriptor_share_exceeded, idle, ...).",
+    ["outcome"], registry=REGISTRY,
+)  # fmt: skip
+PREVIEW_BYTES = Counter(
+    "orchestrator_preview_bytes", "Bytes relayed for preview URLs: direction=up (visitor to app) or down.",
+    ["direction"], registry=REGISTRY,
+)  # fmt: skip
+PREVIEW_LINKS = Counter(
+    "orchestrator_preview_links", "Preview links made (action=created) or revoked (action=revoked).", ["action"],
+    registry=REGISTRY,
+)  # fmt: skip
 TRANSFERS = Counter(
     "orchestrator_transfers", "Payload transfers (send_file, send_image, publish_artifact) admitted, or "
     "refused with busy for want of a slot.", ["outcome"], registry=REGISTRY,
@@ -112,6 +125,15 @@ def observe_egress(verdict: str, bytes_up: int, bytes_down: int) -> None:
         EGRESS_BYTES.labels("up").inc(bytes_up)
     if bytes_down:
         EGRESS_BYTES.labels("down").inc(bytes_down)
+
+
+def observe_preview(outcome: str, bytes_up: int, bytes_down: int) -> None:
+    """One ended preview connection (the outcome is the relay's own word)."""
+    PREVIEW_CONNECTIONS.labels(outcome_label(outcome)).inc()
+    if bytes_up:
+        PREVIEW_BYTES.labels("up").inc(bytes_up)
+    if bytes_down:
+        PREVIEW_BYTES.labels("down").inc(bytes_down)
 
 
 def observe_tool_call(tool: str, backend: str, outcome: str, seconds: float) -> None:

@@ -31,6 +31,8 @@ from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_int
 from orchestrator import data_dir_lock
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
+from orchestrator.previews.service import PreviewService
+from orchestrator.previews.tools import register_preview_tools
 from orchestrator.quotas.host_copies import HostCopies, how_to_free
 from orchestrator.quotas.model import MIB, QuotaMechanism
 from orchestrator.quotas.service import DiskQuotas
@@ -240,6 +242,10 @@ class OrchestratorService:
             copies=self.host_copies,
         )
         register_host_tools(self.tools, host_tools)
+        self.previews: PreviewService | None = None
+        if settings.preview_listen is not None:  # docs/previews.md
+            self.previews = PreviewService(settings, self.store, self.sandboxes, self.descriptors)
+            register_preview_tools(self.tools, self.previews)
         self.calls_in_flight = CallsInFlight()
         self.dispatcher = ToolDispatcher(
             layout=self.layout,
@@ -303,6 +309,8 @@ class OrchestratorService:
         each backend's idle-sandbox reaper, the skill-source watcher, the periodic skill-store GC, the
         sweep of expired deliveries and the one of runs whose bot went away."""
         self.session_upkeep.start()
+        if self.previews is not None:
+            self.previews.start()
         for backend in self.sandboxes.backends.values():
             # At once first: the docker backend's first round adopts the containers of the
             # last run (and removes those of users this orchestrator does not know).
@@ -365,6 +373,8 @@ class OrchestratorService:
         for watcher in self._watchers:
             watcher.stop()
         self._watchers.clear()
+        if self.previews is not None:
+            self.previews.close()
         self.sandboxes.close()
         self.disk_quotas.close()
         if self.egress is not None:

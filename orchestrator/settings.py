@@ -287,6 +287,29 @@ class Settings(BaseSettings):
     http_limit_concurrency: int = Field(
         1000, gt=0, description="Connections and requests at once; beyond it the server answers 503."
     )
+    # Preview URLs (docs/previews.md): a link to a port a sandbox listens on, served on a
+    # listener of its own (never the API's origin) and relayed through the sandbox's agent.
+    preview_listen: str | None = Field(
+        None, pattern=r"^[^\s:/]+:\d{1,5}$",
+        description="host:port of the preview listener (port 0: any free port); unset: previews are off.",
+    )  # fmt: skip
+    preview_base_url: str | None = Field(
+        None,
+        description="The preview listener's public origin, as links name it (path mode: {base}/{token}/); with "
+        "`{token}` in it, host mode (https://{token}.preview.example.com: a wildcard DNS name). Unset: "
+        "http://{ORCH_PREVIEW_LISTEN} as bound.",
+    )
+    preview_ttl_s: int = Field(3600, gt=0, description="How long a preview link lives when its request names no ttl_s.")
+    preview_ttl_max_s: int = Field(7 * 86400, gt=0, description="The longest ttl_s a preview may ask for.")
+    preview_max_bytes_per_day: int = Field(
+        5 * 1024**3, gt=0, description="Bytes (both ways) one user's previews may relay per UTC day; then 429."
+    )
+    preview_head_timeout_s: float = Field(
+        10.0, gt=0, description="Time a visitor has to send a whole request head to the preview listener."
+    )
+    preview_idle_timeout_s: float = Field(
+        120.0, gt=0, description="A preview connection on which nothing moved either way for this long is closed."
+    )
     # The server's file descriptors (docs/operations.md, "Descriptor budget"): checked against
     # the process's limit when `serve` starts (orchestrator/descriptors/budget.py).
     fd_limit: int | None = Field(
@@ -304,6 +327,9 @@ class Settings(BaseSettings):
         20.0, gt=0, le=100,
         description="Percent of the descriptors past the reserve that streamed answers (shell SSE, MCP streams) may hold.",
     )  # fmt: skip
+    fd_previews_pct: float = Field(
+        10.0, gt=0, le=100, description="Percent of the descriptors past the reserve that preview connections may hold."
+    )
     fd_user_pct: float = Field(
         25.0, gt=0, le=100, description="Percent of each of those pools one user may hold."
     )
@@ -437,11 +463,14 @@ class Settings(BaseSettings):
                     f"{inodes} inodes need {inodes * EXT4_INODE_BYTES // 2**20} MiB of inode tables, more than half of "
                     f"a {size} MiB image ({names}): give a larger size or fewer inodes"
                 )
-        if self.fd_egress_pct + self.fd_streams_pct > 100:
+        if self.fd_egress_pct + self.fd_streams_pct + self.fd_previews_pct > 100:
             raise ValueError(
-                f"ORCH_FD_EGRESS_PCT ({self.fd_egress_pct:g}) and ORCH_FD_STREAMS_PCT ({self.fd_streams_pct:g}) "
-                "together take more than 100 % of the descriptors past the reserve"
+                f"ORCH_FD_EGRESS_PCT ({self.fd_egress_pct:g}), ORCH_FD_STREAMS_PCT ({self.fd_streams_pct:g}) and "
+                f"ORCH_FD_PREVIEWS_PCT ({self.fd_previews_pct:g}) together take more than 100 % of the descriptors "
+                "past the reserve"
             )
+        if self.preview_ttl_s > self.preview_ttl_max_s:
+            raise ValueError("ORCH_PREVIEW_TTL_S may not be longer than ORCH_PREVIEW_TTL_MAX_S")
         if max(users[1], groups[1]) > MAX_ID:
             raise ValueError(f"sandbox uids and group gids must stay at or below {MAX_ID}")
         return self

@@ -194,6 +194,20 @@ MIGRATIONS: tuple[str, ...] = (
         next_user_id  INTEGER NOT NULL
     );
     """,
+    # 9: preview links to a port a sandbox listens on (orchestrator/previews/, docs/previews.md)
+    """
+    CREATE TABLE previews (
+        preview_id    TEXT PRIMARY KEY,
+        token         TEXT NOT NULL UNIQUE,
+        user_id       INTEGER NOT NULL,
+        run_id        TEXT NOT NULL,
+        session_id    TEXT NOT NULL,
+        port          INTEGER NOT NULL,
+        created_at    TEXT NOT NULL,
+        expires_at    TEXT NOT NULL
+    );
+    CREATE INDEX previews_by_expiry ON previews (expires_at);
+    """,
 )
 
 

@@ -765,6 +765,58 @@ class AsyncAgentClient(_AgentClientBase):
         body = cancel_request(run_id, session_id)
         return cancelled_of(await self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
 
+    async def open_port(self, port: int, *, timeout_s: float) -> tuple[socket.socket, bytes]:
+        """A stream to 127.0.0.1:`port` inside the sandbox (`sandbox_agent.port_tunnel`), on a
+        connection of its own (never pooled): the connected socket, non-blocking, and any bytes
+        of the port's that already came with the agent's answer. Raises `AgentToolError`
+        `port_not_listening` when nothing accepts there, `AgentUnavailable` when the agent
+        cannot be reached or refuses."""
+        loop = asyncio.get_running_loop()
+        if self.connector is not None:
+            sock = await _connected_in_thread(self.connector, min(timeout_s, self._connect_timeout_s), self.socket_path)
+        else:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                async with asyncio.timeout(min(timeout_s, self._connect_timeout_s)):
+                    with reachable(self.socket_path) as short:
+                        await loop.sock_connect(sock, short)
+                check_peer(sock, self.expected_peer, self.socket_path)
+            except (OSError, TimeoutError) as exc:
+                sock.close()
+                raise AgentUnavailable(f"agent socket {self.socket_path} does not answer: {exc!r}", delivered=False) from exc
+            except BaseException:
+                sock.close()
+                raise
+        try:
+            async with asyncio.timeout(timeout_s):
+                request = f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: {self._authorization}\r\n\r\n"
+                await loop.sock_sendall(sock, request.encode("latin-1"))
+                received = b""
+                while (end := received.find(b"\r\n\r\n")) < 0:
+                    if len(received) > HEADER_MAX_BYTES:
+                        raise ValueError("the agent's answer to CONNECT has no end of head")
+                    piece = await loop.sock_recv(sock, 4096)
+                    if not piece:
+                        raise EOFError("the agent closed the tunnel before answering")
+                    received += piece
+            status_line = received[:end].split(b"\r\n", 1)[0].decode("latin-1")
+            status = int(status_line.split(" ", 2)[1]) if status_line.startswith("HTTP/1.") else 0
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, (OSError, EOFError, ValueError, TimeoutError, IndexError)):
+                raise AgentUnavailable(f"agent at {self.socket_path} failed to open port {port}: {exc!r}", delivered=True) from exc
+            raise
+        if status == 200:
+            return sock, received[end + 4 :]
+        sock.close()
+        body = received[end + 4 :]
+        if status == 503:
+            raise AgentToolError("port_not_listening", f"Nothing accepts connections on port {port} in the sandbox.")
+        if status == 401:
+            raise AgentUnavailable("the agent rejected the token", delivered=False)
+        raise AgentToolError("agent_error", f"The sandbox agent answered {status} to a tunnel to port {port}: {body[:200]!r}")
+
     async def stream(
         self,
         tool: str,

@@ -107,10 +107,12 @@ async def _watch_idle(last: list[float], idle_s: float) -> None:
 
 
 async def relay(a: socket.socket, b: socket.socket, *, on_bytes: OnBytes | None = None,
-                idle_s: float | None = None) -> BaseException | None:  # fmt: skip
-    """Copy a->b and b->a until both directions ended. Returns the exception that stopped it
-    early (an error, RelayIdle, or whatever `on_bytes` raised), None after a clean end. The
-    caller closes both sockets."""
+                idle_s: float | None = None, until_one_ends: bool = False) -> BaseException | None:  # fmt: skip
+    """Copy a->b and b->a until both directions ended (`until_one_ends`: as soon as one
+    did, its bytes all passed on, as for one HTTP exchange: the answer's end, or a visitor that
+    hung up, ends it, whatever the other side still holds open). Returns the
+    exception that stopped it early (an error, RelayIdle, or whatever `on_bytes` raised),
+    None after a clean end. The caller closes both sockets."""
     loop = asyncio.get_running_loop()
     for sock in (a, b):
         sock.setblocking(False)
@@ -136,6 +138,8 @@ async def relay(a: socket.socket, b: socket.socket, *, on_bytes: OnBytes | None 
                 error = task.exception()
                 if error is not None:
                     return error
+                if until_one_ends and task in tasks:
+                    return None
         return None
     finally:
         everything = [*tasks, *([watchdog] if watchdog is not None else [])]

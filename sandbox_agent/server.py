@@ -16,12 +16,14 @@ from pathlib import Path
 
 import psutil
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from sandbox_agent import orphan_reaper, process_tree
 from sandbox_agent.app import AgentState, create_app
 from sandbox_agent.build import own_build_id
 from sandbox_agent.egress_forwarder import start_egress
 from sandbox_agent.path_sandbox import PathSandbox, Root
+from sandbox_agent.port_tunnel import PortTunnels, protocol_class
 from sandbox_agent.supervisor import dead_man_check_s, make_undumpable
 from sandbox_agent.unix_path import reachable
 from sandbox_agent.wire import AgentConfig, valid_token
@@ -134,6 +136,14 @@ def _kill_descendants() -> None:
     psutil.wait_procs(children, timeout=2)
 
 
+def _own_ports(listen_port: int | None, proxy_env: dict[str, str]) -> frozenset[int]:
+    ports = {listen_port} if listen_port is not None else set()
+    proxy = proxy_env.get("HTTP_PROXY", "")
+    if proxy.rpartition(":")[2].isdigit():
+        ports.add(int(proxy.rpartition(":")[2]))
+    return frozenset(ports)
+
+
 def limit_processes(limit: int | None) -> None:
     """Cap the processes (and threads) of this uid, hard, so shells cannot raise it again."""
     if limit is None:
@@ -162,15 +172,21 @@ def serve(config: AgentConfig) -> None:
         # The forwarder's port is known only once it is bound (any free one on a shared network).
         proxy_env = start_egress(config.egress, config.home)
         config = config.model_copy(update={"shell_env": {**config.shell_env, **proxy_env}})
+    else:
+        proxy_env = {}
     state = AgentState(config, sandbox, load_token(config.token_file))
     sock = bind_unix_socket(config.socket_path)
     bound = os.stat(config.socket_path)
     sockets = [sock]
     if config.listen_port is not None:
         sockets.append(bind_loopback_port(config.listen_port))
+    # Previews reach the sandbox's ports through CONNECT on these sockets (port_tunnel.py),
+    # never the agent's own port or the egress forwarder's.
+    tunnels = PortTunnels(state.token_ok, _own_ports(config.listen_port, proxy_env), state.enter, state.leave)
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(state),
+            http=protocol_class(AutoHTTPProtocol, tunnels),
             log_level="warning",
             access_log=False,
             lifespan="off",

@@ -449,6 +449,15 @@ class Delivery(Model):
     fetched_at: str | None
 
 
+class Preview(Model):
+    """A preview link to a port a sandbox listens on (docs/previews.md)."""
+
+    preview_id: str
+    url: str
+    port: int
+    expires_at: str
+
+
 class DeliveryContent(Model):
     delivery_id: str
     kind: str

@@ -26,6 +26,7 @@ from orchestrator.client.models import (
     CollaborationStopped,
     Delivery,
     DeliveryContent,
+    Preview,
     DiskOverview,
     EgressRules,
     Group,
@@ -459,6 +460,27 @@ class ClientMethods:
     @route("DELETE", "/v1/deliveries/{delivery_id}")
     def delete_delivery(self, delivery_id: str) -> Request[None]:
         return Request(_nothing, {"delivery_id": delivery_id})
+
+    # preview links ---------------------------------------------------------------------------
+    @route("POST", "/v1/runs/{run_id}/previews")
+    def expose_port(self, run_id: str, port: int, *, ttl_s: int | None = None, acting_user: UserRef | None = None) -> Request[Preview]:
+        """A preview URL of `port` in the run's runtime user's sandbox, to post to the chat."""
+        body: dict[str, Any] = {"port": port} | ({"ttl_s": ttl_s} if ttl_s is not None else {})
+        return Request(_json_of(Preview), {"run_id": run_id}, json=body, acting_user=acting_user)
+
+    @route("GET", "/v1/runs/{run_id}/previews")
+    def list_previews(self, run_id: str) -> Request[list[Preview]]:
+        """The run's live previews, oldest first."""
+        return Request(lambda r: [Preview.model_validate(p) for p in r.json()["previews"]], {"run_id": run_id})
+
+    @route("GET", "/v1/previews/{preview_id}")
+    def get_preview(self, preview_id: str) -> Request[Preview]:
+        return Request(_json_of(Preview), {"preview_id": preview_id})
+
+    @route("DELETE", "/v1/previews/{preview_id}")
+    def revoke_preview(self, preview_id: str) -> Request[None]:
+        """The link answers 404 from now on; its open connections are cut."""
+        return Request(_nothing, {"preview_id": preview_id})
 
     @route("GET", "/uploads/{user_id}/{file_name}")
     def fetch_upload(self, url: str) -> Request[bytes]:

@@ -3,7 +3,7 @@ one more descriptor-holding thing (an egress connection, an SSE or MCP stream) m
 
 Every descriptor the process may hold is one of three kinds: the reserve (the API's own
 connections and requests, /healthz, SQLite, logs, the backends' clients: never lent out), a
-feature pool (egress connections; streamed responses), and what neither claims. Each user may
+feature pool (egress connections; streamed responses; preview connections), and what none claims. Each user may
 take at most its share of each pool, and the pools together never exceed what the reserve
 leaves, so no user (and no number of users) can run the process out of descriptors.
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 class Feature(str, Enum):
     EGRESS = "egress"  # a connection of a sandbox through the egress proxy
     STREAMS = "streams"  # a streamed HTTP answer (shell SSE, MCP progress streams)
+    PREVIEWS = "previews"  # a visitor's connection to a preview URL (docs/previews.md)
 
 
 # What one unit costs, in descriptors (the budget counts descriptors, not connections).
@@ -36,7 +37,12 @@ EGRESS_PENDING_COST = 2  # the Unix connection from the forwarder and the TCP on
 # connection closed after the handoff: 2 - 1 + 1 + 4 = 6 in all.
 EGRESS_TUNNEL_EXTRA = 4
 STREAM_COST = 2  # the client's connection and the call to the sandbox's agent
-UNIT_COST = {Feature.EGRESS: EGRESS_PENDING_COST + EGRESS_TUNNEL_EXTRA, Feature.STREAMS: STREAM_COST}
+# The visitor's connection, the tunnel through the sandbox's agent, and the relay's two splice
+# pipes (two ends each).
+PREVIEW_COST = 6
+UNIT_COST = {
+    Feature.EGRESS: EGRESS_PENDING_COST + EGRESS_TUNNEL_EXTRA, Feature.STREAMS: STREAM_COST, Feature.PREVIEWS: PREVIEW_COST,
+}
 
 RESERVE_MIN = 256
 
@@ -77,7 +83,8 @@ def plan_budget(
         )
     if sum(pool_pct.values()) > 100:
         raise BudgetSettingsError(
-            f"the descriptor pools take {sum(pool_pct.values()):g} % (ORCH_FD_EGRESS_PCT + ORCH_FD_STREAMS_PCT): "
+            f"the descriptor pools take {sum(pool_pct.values()):g} % (ORCH_FD_EGRESS_PCT + ORCH_FD_STREAMS_PCT "
+            "+ ORCH_FD_PREVIEWS_PCT): "
             "at most 100 %"
         )
     lendable = limit - reserve
@@ -98,7 +105,11 @@ def plan_for(limit: int, settings: Settings) -> BudgetPlan:
     return plan_budget(
         limit,
         reserve=settings.fd_reserve,
-        pool_pct={Feature.EGRESS: settings.fd_egress_pct, Feature.STREAMS: settings.fd_streams_pct},
+        pool_pct={
+            Feature.EGRESS: settings.fd_egress_pct,
+            Feature.STREAMS: settings.fd_streams_pct,
+            Feature.PREVIEWS: settings.fd_previews_pct,
+        },
         user_pct=settings.fd_user_pct,
     )
 

@@ -20,6 +20,7 @@ from orchestrator.http import (
     routes_lookups,
     routes_metrics,
     routes_mcp,
+    routes_previews,
     routes_sessions,
     routes_skills,
     routes_uploads,
@@ -71,6 +72,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_uploads.router)
     app.include_router(routes_skills.router)
     app.include_router(routes_egress.router)
+    app.include_router(routes_previews.router)
     app.include_router(routes_lookups.router)
     app.include_router(routes_identities.router)
     app.include_router(routes_metrics.router)

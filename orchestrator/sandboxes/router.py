@@ -18,7 +18,7 @@ import anyio
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
-from orchestrator.sandboxes.base import SandboxBackend, SandboxStatus, SandboxUser
+from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxStatus, SandboxUser
 from orchestrator.sandboxes.calling import OutputSink, SandboxCaller
 from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
@@ -230,6 +230,16 @@ class SandboxRouter:
                     raise
                 # Naming who fills a shared place walks it: in a worker thread, not on the loop.
                 raise await anyio.to_thread.run_sync(self.explain_no_space, user_id, exc) from None
+
+    def warm_agent(self, user_id: int) -> LiveAgent | None:
+        """The user's agent when it can take a connection as it is (the event loop's path)."""
+        return self.backend_for(user_id).warm(self.sandbox_user(user_id))
+
+    def live_agent(self, user_id: int) -> LiveAgent:
+        """Blocking (a worker thread): the user's agent, its sandbox resumed when paused and
+        started when stopped (a preview's visitor, docs/previews.md)."""
+        backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        return backend.warm(user) or backend.resume(user) or backend.ensure(user)
 
     def call_blocking(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None,

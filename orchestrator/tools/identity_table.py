@@ -19,7 +19,7 @@ class ActingIdentity(str, Enum):
 
 
 CONTAINER_TOOLS = CONTAINER_TOOL_NAMES  # declared with the wire models the agent validates
-RUNTIME_SCOPED_TOOLS = frozenset({"dump_user_messages", "publish_artifact", "send_file", "send_image"})
+RUNTIME_SCOPED_TOOLS = frozenset({"dump_user_messages", "expose_port", "publish_artifact", "send_file", "send_image"})
 OWNER_SCOPED_TOOLS = frozenset(
     {
         "list_conversations",

@@ -1,0 +1,1 @@
+"""Preview URLs: links to a port a sandbox listens on (docs/previews.md)."""

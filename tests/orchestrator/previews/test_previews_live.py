@@ -1,0 +1,336 @@
+"""Preview URLs end to end with real sandboxes of the process backend (as root, each in bwrap
+with a network namespace of its own holding only `lo`): servers started in a sandbox with its
+own python3 are reached through the preview listener, which relays through the sandbox's
+agent. Only 127.0.0.1 is contacted."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator import audit
+from orchestrator.descriptors.budget import Feature
+from orchestrator.http.app import create_app
+from orchestrator.service import OrchestratorService
+from tests.api_calls import tool
+from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
+from tests.live_server import free_port
+from tests.metrics_text import sample_value, scrape
+from tests.uid_block import block
+from tests.orchestrator.previews.apps import (
+    ECHO_HEADERS_APP,
+    SILENT_APP,
+    STREAMING_APP,
+    WEBSOCKET_ECHO_APP,
+    open_websocket,
+    websocket_echo,
+)
+from tests.orchestrator.sandboxes.test_process_network import web_run
+
+AS_ROOT = os.geteuid() == 0
+pytestmark = pytest.mark.skipif(not AS_ROOT, reason="a sandbox network of its own needs a root orchestrator")
+
+Served = tuple[TestClient, OrchestratorService]
+FIVE_MB = 5 * 1024 * 1024
+
+
+@contextmanager
+def served(**overrides: object) -> Iterator[Served]:
+    base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="previews-"))
+    os.chmod(base, 0o711)
+    data = base / "data"
+    data.mkdir()
+    settings = {"process_sandbox": "bwrap", "preview_listen": "127.0.0.1:0", **overrides}
+    service = OrchestratorService(make_settings(data, **settings))
+    try:
+        with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
+            yield client, service
+    finally:
+        service.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Served]:
+    with served() as pair:
+        yield pair
+
+
+def shell(client: TestClient, run_id: str, command: str) -> str:
+    answer = tool(client, run_id, "shell", command=command, timeout_s=60)
+    assert answer["ok"] and answer["result"]["exit_code"] == 0, answer
+    return answer["result"]["stdout"]
+
+
+def start(client: TestClient, run_id: str, command: str) -> None:
+    answer = tool(client, run_id, "process_start", command=command)
+    assert answer["ok"], answer
+
+
+def write_app(client: TestClient, run_id: str, name: str, source: str) -> None:
+    answer = tool(client, run_id, "write_file", path=name, content=source)
+    assert answer["ok"], answer
+
+
+def expose(client: TestClient, run_id: str, port: int, **extra: object) -> dict:
+    response = client.post(f"/v1/runs/{run_id}/previews", json={"port": port, **extra})
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def wait_served(url: str, timeout_s: float = 20) -> httpx.Response:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = httpx.get(url, timeout=10)
+        if response.status_code != 503 or time.monotonic() > deadline:
+            return response
+        time.sleep(0.1)
+
+
+def test_a_sandbox_http_server_serves_its_listing_and_a_5mb_file_byte_identical(server: Served) -> None:
+    client, service = server
+    run_id = web_run(client, 67)
+    shell(client, run_id, f"mkdir -p site && head -c {FIVE_MB} /dev/urandom > site/big.bin && echo hi > site/hello.txt")
+    digest = shell(client, run_id, "sha256sum site/big.bin").split()[0]
+    start(client, run_id, "cd site && exec python3 -m http.server 8000 --bind 127.0.0.1")
+    preview = expose(client, run_id, 8000)
+    assert set(preview) == {"preview_id", "url", "port", "expires_at"} and preview["port"] == 8000
+    assert preview["url"].startswith(service.previews.base_url + "/")  # type: ignore[union-attr]
+    assert not preview["url"].startswith("http://testserver")  # never the API's origin
+
+    listing = wait_served(preview["url"])
+    assert listing.status_code == 200, listing.text
+    assert "big.bin" in listing.text and "hello.txt" in listing.text
+    with httpx.stream("GET", preview["url"] + "big.bin", timeout=30) as response:
+        assert response.status_code == 200
+        got = hashlib.sha256()
+        size = 0
+        for chunk in response.iter_bytes():
+            got.update(chunk)
+            size += len(chunk)
+    assert size == FIVE_MB and got.hexdigest() == digest
+
+    assert client.get(f"/v1/previews/{preview['preview_id']}").json() == preview
+    # The model's way: the expose_port tool answers the same shape, for the run's runtime user.
+    assert "expose_port" in [t["name"] for t in client.get("/v1/tools").json()["tools"]]
+    answer = tool(client, run_id, "expose_port", port=8000, ttl_s=600)
+    assert answer["ok"] and set(answer["result"]) == {"preview_id", "url", "port", "expires_at"}, answer
+    assert httpx.get(answer["result"]["url"] + "hello.txt", timeout=10).text == "hi\n"
+    service.previews.flush_audit()  # type: ignore[union-attr]
+    rows = [r for r in audit.entries(service.store, action="preview_connection", limit=100)
+            if r.detail["preview_id"] == preview["preview_id"]]  # fmt: skip
+    assert any(r.detail["bytes_down"] >= FIVE_MB and r.runtime_user_id == 67 and r.detail["port"] == 8000 for r in rows)
+    assert sample_value(scrape(client), "orchestrator_preview_connections_total", outcome="relayed") >= 2
+
+
+def test_the_app_sees_no_api_authorization_or_cookie_and_its_own_host(server: Served) -> None:
+    client, _ = server
+    run_id = web_run(client, 67)
+    write_app(client, run_id, "echo_headers.py", ECHO_HEADERS_APP)
+    start(client, run_id, "exec python3 echo_headers.py 8101")
+    preview = expose(client, run_id, 8101)
+    response = wait_served(
+        preview["url"] + "show?x=1",
+    )
+    assert response.status_code == 200, response.text
+    headers = httpx.get(
+        preview["url"] + "show?x=1",
+        headers={"Authorization": f"Bearer {API_TOKEN}", "Cookie": "session=api-secret", "X-Forwarded-For": "1.2.3.4"},
+        timeout=10,
+    ).json()
+    seen = {name.lower(): value for name, value in headers["headers"]}
+    assert headers["path"] == "/show?x=1"
+    assert "authorization" not in seen and "cookie" not in seen
+    assert API_TOKEN not in repr(headers) and "api-secret" not in repr(headers)
+    assert seen["host"] == "localhost:8101"
+    assert seen["x-forwarded-for"] == "127.0.0.1"  # ours, not what the visitor claimed
+    assert seen["x-forwarded-prefix"] == "/" + preview["url"].rstrip("/").rsplit("/", 1)[1]
+
+
+def test_a_guessed_a_revoked_and_an_expired_token_are_404(server: Served) -> None:
+    client, service = server
+    run_id = web_run(client, 67)
+    start(client, run_id, "exec python3 -m http.server 8102 --bind 127.0.0.1")
+    kept, revoked, short = expose(client, run_id, 8102), expose(client, run_id, 8102), expose(client, run_id, 8102, ttl_s=1)
+    assert wait_served(kept["url"]).status_code == 200
+    assert httpx.get(revoked["url"], timeout=10).status_code == 200
+    base = service.previews.base_url  # type: ignore[union-attr]
+    assert httpx.get(f"{base}/{'a' * 32}/", timeout=10).status_code == 404  # a token of the right form
+    assert httpx.get(f"{base}/", timeout=10).status_code == 404
+
+    assert client.delete(f"/v1/previews/{revoked['preview_id']}").status_code == 204
+    assert httpx.get(revoked["url"], timeout=10).status_code == 404
+    assert client.get(f"/v1/previews/{revoked['preview_id']}").status_code == 404
+    time.sleep(1.2)
+    assert httpx.get(short["url"], timeout=10).status_code == 404
+    assert httpx.get(kept["url"], timeout=10).status_code == 200
+    listed = client.get(f"/v1/runs/{run_id}/previews").json()
+    assert listed == {"run_id": run_id, "previews": [kept]}  # neither the revoked nor the expired one
+    too_long = client.post(f"/v1/runs/{run_id}/previews", json={"port": 8102, "ttl_s": 10**9})
+    assert too_long.status_code == 422 and too_long.json()["error"]["field"] == "ttl_s"
+
+
+def test_another_users_token_never_reaches_this_sandbox(server: Served) -> None:
+    client, _ = server
+    run_17, run_67 = web_run(client, 17), web_run(client, 67)
+    for user, run_id in ((17, run_17), (67, run_67)):  # both on the same port, each in its own sandbox
+        write_app(client, run_id, "echo_headers.py", ECHO_HEADERS_APP)
+        start(client, run_id, f"exec python3 echo_headers.py 8103 {user} >> seen.log 2>&1")
+    of_17, of_67 = expose(client, run_17, 8103), expose(client, run_67, 8103)
+    token_17 = of_17["url"].rstrip("/").rsplit("/", 1)[1]
+    assert wait_served(of_17["url"] + "who").json()["user"] == "17"
+    assert wait_served(of_67["url"] + "who").json()["user"] == "67"
+    # 67's page asking for a root-relative URL with 17's token in its path still reaches 17 only.
+    assert httpx.get(of_17["url"] + "x", headers={"Referer": of_67["url"]}, timeout=10).json()["user"] == "17"
+    log_67 = shell(client, run_67, "cat seen.log")
+    assert token_17 not in log_67 and "/who" in log_67
+
+
+def test_a_port_with_nothing_listening_answers_503_quickly_with_retry_after(server: Served) -> None:
+    client, _ = server
+    run_id = web_run(client, 67)
+    shell(client, run_id, "true")  # the sandbox is up
+    preview = expose(client, run_id, 8199)
+    started = time.monotonic()
+    response = httpx.get(preview["url"], timeout=10)
+    assert response.status_code == 503 and response.headers["retry-after"].isdigit()
+    assert time.monotonic() - started < 2.0
+
+
+def test_a_stopped_sandbox_is_started_by_a_visitor(server: Served) -> None:
+    client, service = server
+    run_id = web_run(client, 31)
+    preview = expose(client, run_id, 8198)
+    for backend in service.sandboxes.backends.values():
+        backend.stop(31)
+    response = httpx.get(preview["url"], timeout=30)  # nothing listens after the start: 503
+    assert response.status_code == 503 and "Retry-After" in response.headers
+    assert any(s.user_id == 31 and s.state == "running" for s in service.sandboxes.status())
+
+
+def test_a_streamed_answer_arrives_progressively(server: Served) -> None:
+    client, _ = server
+    run_id = web_run(client, 67)
+    write_app(client, run_id, "streaming.py", STREAMING_APP)
+    start(client, run_id, "exec python3 streaming.py 8104")
+    preview = expose(client, run_id, 8104)
+    assert wait_served(preview["url"] + "ready").status_code == 200
+    with httpx.stream("GET", preview["url"] + "stream", timeout=30) as response:
+        assert response.headers.get("transfer-encoding") == "chunked"
+        pieces = response.iter_raw()
+        first = next(pieces)
+        assert first.startswith(b"first")
+        shell(client, run_id, "touch go")  # only now does the app send the rest
+        rest = b"".join(pieces)
+    assert rest.endswith(b"last\n")
+
+
+def test_a_websocket_echoes_through_the_preview(server: Served) -> None:
+    client, _ = server
+    run_id = web_run(client, 67)
+    write_app(client, run_id, "ws_echo.py", WEBSOCKET_ECHO_APP)
+    start(client, run_id, "exec python3 ws_echo.py 8105")
+    preview = expose(client, run_id, 8105)
+    assert wait_served(preview["url"]).status_code == 426  # the echo server wants an upgrade
+    assert websocket_echo(preview["url"] + "ws", [b"hello", b"x" * 70_000]) == [b"hello", b"x" * 70_000]
+
+
+def test_a_silent_app_and_500_connections_leave_another_users_preview_and_healthz_responsive(server: Served) -> None:
+    client, service = server
+    run_67, run_17 = web_run(client, 67), web_run(client, 17)
+    write_app(client, run_67, "silent.py", SILENT_APP)
+    start(client, run_67, "exec python3 silent.py 8106")
+    start(client, run_17, "exec python3 -m http.server 8107 --bind 127.0.0.1")
+    silent, other = expose(client, run_67, 8106), expose(client, run_17, 8107)
+    assert wait_served(other["url"]).status_code == 200
+    host, port = service.previews.address.split(":")  # type: ignore[union-attr]
+    path = "/" + silent["url"].split("/", 3)[3]
+    flood = []
+    try:
+        for _ in range(500):
+            sock = socket.create_connection((host, int(port)), timeout=10)
+            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            flood.append(sock)
+        time.sleep(0.5)
+        for _ in range(5):
+            started = time.monotonic()
+            assert httpx.get(other["url"], timeout=10).status_code == 200
+            assert client.get("/healthz").status_code == 200
+            assert time.monotonic() - started < 1.0
+        # 67's share of connections is bounded: the rest were refused at once with a 429.
+        refused = 0
+        for sock in flood:
+            sock.settimeout(0.01)
+            try:
+                refused += sock.recv(64).startswith(b"HTTP/1.1 429")
+            except (TimeoutError, OSError):
+                pass
+        assert refused > 300
+    finally:
+        for sock in flood:
+            sock.close()
+    # Visitors that hung up free 67's share at once, though its app never answered them.
+    deadline = time.monotonic() + 5
+    while service.descriptors.in_use(Feature.PREVIEWS, 67):
+        assert time.monotonic() < deadline, service.descriptors.in_use(Feature.PREVIEWS, 67)
+        time.sleep(0.05)
+
+
+def test_a_paused_sandbox_is_resumed_by_a_visitor(server: Served) -> None:
+    client, service = server
+    run_id = web_run(client, 29)
+    shell(client, run_id, "true")
+    preview = expose(client, run_id, 8197)
+    backend = service.sandboxes.backends["process"]
+    backend.reap_idle(now=time.monotonic() + service.settings.pause_after_s + 1)
+    assert any(s.user_id == 29 and s.state == "paused" for s in service.sandboxes.status())
+    started = time.monotonic()
+    response = httpx.get(preview["url"], timeout=30)
+    assert response.status_code == 503 and "Retry-After" in response.headers  # thawed; nothing listens yet
+    assert time.monotonic() - started < 5.0
+    assert any(s.user_id == 29 and s.state == "running" for s in service.sandboxes.status())
+
+
+def test_revoking_a_preview_cuts_its_open_websocket(server: Served) -> None:
+    client, _ = server
+    run_id = web_run(client, 67)
+    write_app(client, run_id, "ws_echo.py", WEBSOCKET_ECHO_APP)
+    start(client, run_id, "exec python3 ws_echo.py 8108")
+    preview = expose(client, run_id, 8108)
+    assert wait_served(preview["url"]).status_code == 426
+    with open_websocket(preview["url"] + "ws") as sock:
+        assert client.delete(f"/v1/previews/{preview['preview_id']}").status_code == 204
+        sock.settimeout(5)
+        assert sock.recv(1) == b""  # closed by the relay, not left open
+
+
+def test_host_mode_serves_a_preview_at_its_own_host_and_nothing_by_path() -> None:
+    port = free_port()
+    with served(preview_listen=f"127.0.0.1:{port}", preview_base_url=f"http://{{token}}.preview.test:{port}", **block(1)) as pair:
+        client, _ = pair
+        run_id = web_run(client, 67)
+        write_app(client, run_id, "echo_headers.py", ECHO_HEADERS_APP)
+        start(client, run_id, "exec python3 echo_headers.py 8109")
+        preview = expose(client, run_id, 8109)
+        host = preview["url"].split("://", 1)[1].rstrip("/")
+        token = host.split(".", 1)[0]
+        assert preview["url"] == f"http://{token}.preview.test:{port}/"
+        local = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while (answer := httpx.get(f"{local}/page?q=1", headers={"Host": host}, timeout=10)).status_code == 503:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert answer.status_code == 200 and answer.json()["path"] == "/page?q=1"
+        assert httpx.get(f"{local}/{token}/page", timeout=10).status_code == 404  # the path form is not served
+        assert httpx.get(f"{local}/page", headers={"Host": f"{'a' * 32}.preview.test:{port}"}, timeout=10).status_code == 404
