@@ -21,11 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.egress.policy import InvalidTarget, parse_http_authority
+from orchestrator.request_head import smuggles
 from sandbox_agent.relay import RelayIdle
 
-# What no header line may hold once the head is split at CRLF: an upstream that ends a line at a
-# bare LF (or CR) would read a header there that the checks here never saw (a second Host).
-_NOT_IN_A_HEADER = frozenset(b"\r\n\x00")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a method (RFC 9110's token)
 HOP_BY_HOP = frozenset({b"proxy-connection", b"proxy-authorization", b"connection", b"keep-alive"})
 CHUNK = 1 << 16
@@ -61,7 +59,7 @@ def plan_plain_request(
     if any(c <= " " or c == "\x7f" for c in path):
         raise PlainRequestRefused(400, "bad_target", "Bad proxy request: the request target holds a space or a control character.")
     for line in header_lines:
-        if line[:1] in (b" ", b"\t") or any(byte in _NOT_IN_A_HEADER for byte in line):
+        if smuggles(line):  # an upstream ending a line at a bare LF would see another Host
             raise PlainRequestRefused(
                 400, "bad_header", "A header line holds a bare CR, LF or NUL, or continues the previous one (obs-fold)."
             )

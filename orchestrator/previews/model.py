@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 from orchestrator.clock import iso
 from orchestrator.errors import InvalidInput
+from orchestrator.request_head import smuggles
 
 TOKEN_BYTES = 20  # 160 bits, as 32 characters of lowercase base32: a DNS label too (host mode)
 _TOKEN = re.compile(r"[a-z2-7]{32}")
@@ -109,10 +110,9 @@ class BadHead(ValueError):
 
 def parse_head(raw: bytes) -> RequestHead:
     """Pure: a request head (without its final blank line) as sent by a visitor."""
-    text = raw.decode("latin-1")
-    if any(c in text.replace("\r\n", "") for c in "\r\n\x00"):  # a bare CR or LF: one reader's line break
-        raise BadHead("a bare CR, LF or NUL in the request head")
-    lines = text.split("\r\n")
+    if any(smuggles(line) for line in raw.split(b"\r\n")):
+        raise BadHead("a bare CR, LF or NUL in the request head, or a folded header line")
+    lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
         raise BadHead("not an HTTP/1 request line")
