@@ -107,7 +107,10 @@ def test_a_descriptor_budget_that_does_not_fit_the_limit_is_one_line(tmp_path: P
     assert "the descriptor reserve (600, ORCH_FD_RESERVE) must be below the process's descriptor limit (512)" in line
     assert not (tmp_path / "data" / "state").exists()  # refused before anything was opened
     line = _one_line(_serve(_env(tmp_path / "data", ORCH_FD_EGRESS_PCT="90", ORCH_FD_STREAMS_PCT="20")))
-    assert "ORCH_FD_EGRESS_PCT (90) and ORCH_FD_STREAMS_PCT (20) together take more than 100 %" in line
+    assert (
+        "ORCH_FD_EGRESS_PCT (90), ORCH_FD_STREAMS_PCT (20) and ORCH_FD_PREVIEWS_PCT (10) together take more than 100 %"
+        in line
+    )
 
 
 def test_serve_raises_its_descriptor_limit_to_the_hard_one_or_the_setting(tmp_path: Path) -> None:
