@@ -20,7 +20,7 @@ from orchestrator.users.group_gids import GidRange, GroupGids
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.startup_checks import StartupRefused
-from orchestrator.state_store import StateStore
+from orchestrator.state_store import MIGRATIONS, StateStore
 from orchestrator.users.repository import UserRepository
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.api_calls import tool
@@ -94,4 +94,8 @@ def test_item12_the_gid_allocator_skips_gids_found_on_disk(tmp_path: Path) -> No
 
 def test_a_fresh_data_dir_still_starts(data_dir: Path) -> None:
     (data_dir / "skills").mkdir()  # operator-provided skills are not user state
-    OrchestratorService(make_settings(data_dir)).close()
+    service = OrchestratorService(make_settings(data_dir))  # no StartupRefused
+    try:
+        assert service.store.schema_version() == len(MIGRATIONS)  # a new database, fully migrated
+    finally:
+        service.close()

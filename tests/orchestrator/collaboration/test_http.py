@@ -191,7 +191,8 @@ def test_inbox_validation(client: TestClient, two_sessions: str) -> None:
     assert client.get("/v1/sessions/nobody/inbox").status_code == 404
     assert client.get("/v1/sessions/B/inbox", headers={"X-Acting-User": "8"}).status_code == 404  # not theirs
     assert client.get("/v1/sessions/B/inbox", headers={"Authorization": "Bearer wrong"}).status_code == 401
-    assert client.get("/v1/sessions/..%2F/inbox").status_code in (404, 422)
+    # an encoded slash is decoded before routing: no route has a session id with a slash in it
+    assert client.get("/v1/sessions/..%2F/inbox").status_code == 404
 
 
 def test_tools_are_listed_with_their_schemas(client: TestClient) -> None:

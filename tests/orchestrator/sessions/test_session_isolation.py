@@ -115,7 +115,8 @@ def test_bad_acting_user_and_bad_ids_are_422(api: SessionsApi) -> None:
     api.create("mine", 17)
     assert api.client.get("/v1/sessions/mine", headers={"X-Acting-User": "abc"}).status_code == 422
     assert api.client.get("/v1/sessions/mine", headers={"X-Acting-User": "0"}).status_code == 422
-    assert api.client.post("/v1/sessions/a%2F..%2Fb/messages", json={"messages": []}).status_code in (404, 422)
+    # an encoded slash is decoded before routing: no route has a session id with a slash in it
+    assert api.client.post("/v1/sessions/a%2F..%2Fb/messages", json={"messages": []}).status_code == 404
     bad = api.client.post("/v1/sessions/mine/messages", json={"messages": [{"role": "system", "content": "x"}]})
     assert bad.status_code == 422 and bad.json()["error"]["field"].startswith("messages.0.role")
     assert api.client.post("/v1/sessions/mine/messages", json={"messages": []}).status_code == 422
