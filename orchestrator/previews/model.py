@@ -17,6 +17,10 @@ from orchestrator.request_head import smuggles
 TOKEN_BYTES = 20  # 160 bits, as 32 characters of lowercase base32: a DNS label too (host mode)
 _TOKEN = re.compile(r"[a-z2-7]{32}")
 TOKEN_PLACEHOLDER = "{token}"  # in ORCH_PREVIEW_BASE_URL: host mode
+# The app's cookies travel under this prefix in the visitor's browser: the relay adds it to the
+# names the app sets and passes on only the cookies that carry it (without it), so no cookie
+# of the API or of another site on the same host (cookies ignore ports) reaches the app.
+APP_COOKIE_PREFIX = "pv_"
 # Never passed to the app: the API's credentials, and what only this hop may decide.
 DROPPED_HEADERS = frozenset(
     {
@@ -151,17 +155,76 @@ def referred_token(referer: str | None) -> str | None:
     return named[0] if named is not None else None
 
 
+def app_cookies(head: RequestHead) -> str | None:
+    """Pure: the `Cookie` value the app receives: of the visitor's cookies only those the app set
+    through the relay (`scoped_set_cookie`), under the names it gave them; None when none."""
+    pairs = []
+    for name, value in head.headers:
+        if name.lower() != "cookie":
+            continue
+        for pair in value.split(";"):
+            name, sep, _ = (pair := pair.strip()).partition("=")
+            if sep and name.startswith(APP_COOKIE_PREFIX) and len(name) > len(APP_COOKIE_PREFIX):
+                pairs.append(pair[len(APP_COOKIE_PREFIX) :])
+    return "; ".join(pairs) or None
+
+
+def scoped_set_cookie(value: str, prefix: str) -> str | None:
+    """Pure: a `Set-Cookie` value of the app as the visitor's browser receives it: the name under
+    APP_COOKIE_PREFIX, no `Domain` (so it stays on the preview's own host, never a parent
+    domain other previews or the API share), and its `Path` under the preview's `prefix`
+    (`/{token}` in path mode, where previews share one origin: another preview's pages and
+    the API's paths are never sent it). None for a value that names no cookie (dropped)."""
+    first, *attributes = value.split(";")
+    name, sep, cookie_value = first.strip().partition("=")
+    if not sep or not name.strip() or smuggles(value.encode("latin-1", "replace")):
+        return None
+    path = "/"
+    kept = []
+    for attribute in attributes:
+        key, _, attr_value = attribute.strip().partition("=")
+        if key.strip().lower() == "path":
+            path = attr_value.strip() if attr_value.strip().startswith("/") else "/"
+        elif key.strip().lower() != "domain" and attribute.strip():
+            kept.append(attribute.strip())
+    return "; ".join([f"{APP_COOKIE_PREFIX}{name.strip()}={cookie_value.strip()}", f"Path={prefix}{path}", *kept])
+
+
+def scoped_response_head(raw: bytes, prefix: str) -> bytes:
+    """Pure: a response head of the app (without its final blank line) with each `Set-Cookie`
+    scoped to the preview (`scoped_set_cookie`); every other line as the app sent it."""
+    lines = []
+    for line in raw.split(b"\r\n"):
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"set-cookie":
+            scoped = scoped_set_cookie(value.decode("latin-1").strip(), prefix)
+            if scoped is None:
+                continue
+            line = b"Set-Cookie: " + scoped.encode("latin-1")
+        lines.append(line)
+    return b"\r\n".join(lines)
+
+
+def interim_status(raw: bytes) -> bool:
+    """Pure: whether a response head is an interim one (1xx, other than 101 Switching Protocols)
+    after which the app sends another head."""
+    parts = raw.split(b"\r\n", 1)[0].split(b" ", 2)
+    return len(parts) >= 2 and parts[1].startswith(b"1") and len(parts[1]) == 3 and parts[1] != b"101"
+
+
 def upstream_head(head: RequestHead, path: str, *, port: int, visitor_ip: str, public_host: str | None,
                   scheme: str, prefix: str) -> bytes:  # fmt: skip
     """Pure: the head the app in the sandbox receives: its own path, `Host` as it listens
     (localhost:{port}), `X-Forwarded-*` saying where the visitor came from, and none of the
-    API's credentials (`Authorization`, cookies). One request per connection: `Connection:
-    close`, unless the visitor asks to upgrade (a WebSocket), which is passed on."""
+    API's credentials (`Authorization`; of the cookies only the app's own, `app_cookies`). One
+    request per connection: `Connection: close`, unless the visitor asks to upgrade (a WebSocket), which is passed on."""
     connection = (head.header("connection") or "").lower()
     upgrade = head.header("upgrade")
     upgrading = upgrade is not None and "upgrade" in [t.strip() for t in connection.split(",")]
     lines = [f"{head.method} {path} HTTP/1.1", f"Host: localhost:{port}"]
     lines += [f"{name}: {value}" for name, value in head.headers if name.lower() not in DROPPED_HEADERS]
+    if (cookies := app_cookies(head)) is not None:
+        lines.append(f"Cookie: {cookies}")
     lines.append("Connection: Upgrade" if upgrading else "Connection: close")
     lines.append(f"X-Forwarded-For: {visitor_ip}")
     lines.append(f"X-Forwarded-Proto: {scheme}")

@@ -4,8 +4,8 @@ bytes, open a stream to the port through the sandbox's agent (`AsyncAgentClient.
 the sandbox keeps no network) and relay raw bytes both ways, zero-copy, until the app's side
 ends or the visitor hangs up (one that only half-closes its side gets no answer). One request
 per connection (`Connection: close` upstream), or one WebSocket for as long as it lives: so
-nothing here parses a response, and chunked, streamed and large answers pass as they come,
-never held whole.
+nothing here parses a response beyond its head (read to scope the app's cookies to the
+preview), and chunked, streamed and large bodies pass as they come, never held whole.
 
 Runs on the preview service's own event loop, never the API's."""
 
@@ -30,6 +30,8 @@ from orchestrator.previews.model import (
     plain_answer,
     referred_token,
     host_token,
+    interim_status,
+    scoped_response_head,
     split_target,
     upstream_head,
     utc_day,
@@ -41,6 +43,7 @@ from sandbox_agent.relay import RelayIdle, relay
 log = logging.getLogger(__name__)
 
 HEAD_MAX_BYTES = 16 * 1024
+RESPONSE_HEAD_MAX_BYTES = 64 * 1024  # an app's answer head, cookies and all
 PENDING_HEADS_MAX = 512  # visitors' connections whose head has not arrived yet, all users together
 OPEN_PORT_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 5.0  # to write one of our own short answers to a visitor
@@ -279,10 +282,10 @@ class PreviewRelay:
             scheme=self.limits.scheme, prefix=prefix,
         ) + rest)  # fmt: skip
         record.bytes_up += len(rest)
-        if already:
-            await loop.sock_sendall(conn, already)
-            record.bytes_down += len(already)
-        self._count_bytes(preview.user_id, len(rest) + len(already))
+        self._count_bytes(preview.user_id, len(rest))
+        answered = await self._answer_head(conn, upstream, already, prefix, preview, record)
+        if answered is None:
+            return
         limit = self.limits.bytes_per_day
 
         def counted(n: int, from_visitor: bool) -> None:
@@ -294,8 +297,63 @@ class PreviewRelay:
                 raise _OverDaily()
 
         record.outcome = "relayed"
+        if answered:
+            await loop.sock_sendall(conn, answered)
+            self._count_bytes(preview.user_id, len(answered))
         error = await relay(conn, upstream, on_bytes=counted, idle_s=self.limits.idle_timeout_s, until_one_ends=True)
         if isinstance(error, _OverDaily):
             record.outcome = "daily_bytes"
         elif error is not None:
             record.outcome = "idle" if isinstance(error, RelayIdle) else "cut"
+
+    async def _answer_head(self, conn: socket.socket, upstream: socket.socket, already: bytes, prefix: str,
+                           preview: PreviewRecord, record: ConnectionRecord) -> bytes | None:  # fmt: skip
+        """Read the app's response head (and any interim 1xx heads before it) while the visitor's
+        bytes keep flowing to the app (a body the app reads before it answers), send each head on
+        with its cookies scoped to the preview (`scoped_response_head`), and return what the app
+        sent after the last head (relayed as it is with the rest). None when either side ended
+        or went quiet first, or the head is too large (502)."""
+        loop = asyncio.get_running_loop()
+        buffer = already
+        record.bytes_down += len(already)
+        while True:
+            while (end := buffer.find(b"\r\n\r\n")) < 0:
+                if len(buffer) > RESPONSE_HEAD_MAX_BYTES:
+                    record.outcome = "bad_response"
+                    await self._answer(conn, plain_answer(502, "Bad Gateway", "The app's response head is too large."))
+                    return None
+                try:
+                    async with asyncio.timeout(self.limits.idle_timeout_s):
+                        readable = await _first_readable(loop, conn, upstream)
+                        piece = await loop.sock_recv(readable, 65536)
+                        if piece and readable is conn:
+                            await loop.sock_sendall(upstream, piece)
+                except TimeoutError:
+                    record.outcome = "idle"
+                    return None
+                if not piece:
+                    record.outcome = "cut"
+                    return None
+                if readable is conn:
+                    record.bytes_up += len(piece)
+                    self._count_bytes(preview.user_id, len(piece))
+                else:
+                    record.bytes_down += len(piece)
+                    buffer += piece
+            head, buffer = scoped_response_head(buffer[:end], prefix) + b"\r\n\r\n", buffer[end + 4 :]
+            await loop.sock_sendall(conn, head)
+            self._count_bytes(preview.user_id, len(head))
+            if not interim_status(head):
+                return buffer
+
+
+async def _first_readable(loop: asyncio.AbstractEventLoop, *socks: socket.socket) -> socket.socket:
+    """The first of `socks` with bytes (or an end) to read."""
+    ready: asyncio.Future[socket.socket] = loop.create_future()
+    for sock in socks:
+        loop.add_reader(sock.fileno(), lambda s=sock: ready.done() or ready.set_result(s))
+    try:
+        return await ready
+    finally:
+        for sock in socks:
+            loop.remove_reader(sock.fileno())

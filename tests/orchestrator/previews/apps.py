@@ -26,6 +26,26 @@ class Echo(BaseHTTPRequestHandler):
 HTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
 '''
 
+COOKIE_APP = r'''
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Cookies(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"cookie": self.headers.get("Cookie", ""), "user": sys.argv[2]}).encode()
+        self.send_response(200)
+        if self.path.startswith("/set"):  # as wide as an app can ask: the whole host, every path
+            self.send_header("Set-Cookie", f"sid=user{sys.argv[2]}; Path=/; HttpOnly")
+            self.send_header("Set-Cookie", f"wide=user{sys.argv[2]}; Domain=127.0.0.1; Path=/")
+            self.send_header("Set-Cookie", f"deep=user{sys.argv[2]}; Path=/app/")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Cookies).serve_forever()
+'''
+
 STREAMING_APP = r'''
 import os, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer

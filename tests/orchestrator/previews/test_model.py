@@ -10,13 +10,17 @@ import pytest
 from orchestrator.errors import InvalidInput
 from orchestrator.previews.model import (
     BadHead,
+    app_cookies,
     expiry,
     host_suffix,
     host_token,
+    interim_status,
     new_token,
     parse_head,
     preview_url,
     referred_token,
+    scoped_response_head,
+    scoped_set_cookie,
     split_target,
     upstream_head,
 )
@@ -83,3 +87,30 @@ def test_host_mode_names_the_preview_by_its_host() -> None:
 def test_a_head_with_a_bare_line_break_or_a_bad_line_is_refused(raw: bytes) -> None:
     with pytest.raises(BadHead):
         parse_head(raw)
+
+
+def test_an_apps_cookie_is_scoped_to_its_preview_and_renamed() -> None:
+    prefix = f"/{TOKEN}"
+    assert scoped_set_cookie("sid=abc; Path=/; Domain=.example.com; HttpOnly; SameSite=Lax", prefix) == (
+        f"pv_sid=abc; Path=/{TOKEN}/; HttpOnly; SameSite=Lax"
+    )
+    assert scoped_set_cookie("a=1", prefix) == f"pv_a=1; Path=/{TOKEN}/"  # the default path is the app's root
+    assert scoped_set_cookie("a=1; path=/app/; domain=127.0.0.1", prefix) == f"pv_a=1; Path=/{TOKEN}/app/"
+    assert scoped_set_cookie("a=1; Path=relative", prefix) == f"pv_a=1; Path=/{TOKEN}/"
+    assert scoped_set_cookie("a=1; Domain=example.com", "") == "pv_a=1; Path=/"  # host mode: its own host only
+    assert scoped_set_cookie("novalue", prefix) is None and scoped_set_cookie("=x", prefix) is None
+    head = b"HTTP/1.1 200 OK\r\nset-cookie: a=1; Domain=x\r\nSet-Cookie: junk\r\nContent-Length: 0"
+    assert scoped_response_head(head, prefix) == f"HTTP/1.1 200 OK\r\nSet-Cookie: pv_a=1; Path=/{TOKEN}/\r\nContent-Length: 0".encode()
+
+
+def test_the_app_gets_back_only_its_own_cookies() -> None:
+    head = parse_head(b"GET / HTTP/1.1\r\nCookie: session=api; pv_sid=abc; pv_=x\r\nCookie: pv_b=2; preview_access_x=s")
+    assert app_cookies(head) == "sid=abc; b=2"
+    assert app_cookies(parse_head(b"GET / HTTP/1.1\r\nCookie: session=api")) is None
+    sent = upstream_head(head, "/", port=8000, visitor_ip="127.0.0.1", public_host=None, scheme="http", prefix="")
+    assert b"Cookie: sid=abc; b=2\r\n" in sent and b"session=api" not in sent and b"preview_access" not in sent
+
+
+def test_an_interim_head_is_followed_by_another() -> None:
+    assert interim_status(b"HTTP/1.1 100 Continue") and interim_status(b"HTTP/1.1 103 Early Hints\r\nLink: x")
+    assert not interim_status(b"HTTP/1.1 101 Switching Protocols") and not interim_status(b"HTTP/1.1 200 OK")

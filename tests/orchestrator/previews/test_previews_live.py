@@ -29,6 +29,7 @@ from tests.live_server import free_port
 from tests.metrics_text import sample_value, scrape
 from tests.uid_block import block
 from tests.orchestrator.previews.apps import (
+    COOKIE_APP,
     ECHO_HEADERS_APP,
     SILENT_APP,
     STREAMING_APP,
@@ -156,6 +157,36 @@ def test_the_app_sees_no_api_authorization_or_cookie_and_its_own_host(server: Se
     assert seen["host"] == "localhost:8101"
     assert seen["x-forwarded-for"] == "127.0.0.1"  # ours, not what the visitor claimed
     assert seen["x-forwarded-prefix"] == "/" + preview["url"].rstrip("/").rsplit("/", 1)[1]
+
+
+def test_a_previews_cookies_reach_only_its_own_app_never_another_preview_or_the_api(server: Served) -> None:
+    """Path mode: every preview shares the listener's origin, and cookies ignore ports. A hostile
+    app asks for cookies on the whole host; a browser's cookie jar (RFC 6265 path and domain
+    matching, as http.cookiejar does it) then carries none of them to another preview, nor to
+    the API's origin, and the app gets its own back."""
+    client, service = server
+    run_a, run_b = web_run(client, 67), web_run(client, 17)
+    for user, run_id in ((67, run_a), (17, run_b)):
+        write_app(client, run_id, "cookies.py", COOKIE_APP)
+        start(client, run_id, f"exec python3 cookies.py 8110 {user}")
+    of_a, of_b = expose(client, run_a, 8110), expose(client, run_b, 8110)
+    token_a = of_a["url"].rstrip("/").rsplit("/", 1)[1]
+    assert wait_served(of_a["url"]).status_code == 200 and wait_served(of_b["url"]).status_code == 200
+    api_port = free_port()
+    with httpx.Client(timeout=10) as browser:
+        assert browser.get(of_a["url"] + "set").json()["user"] == "67"
+        assert len(browser.cookies.jar) == 3
+        for cookie in browser.cookies.jar:  # none wider than A's own prefix, none for another domain
+            assert cookie.path.startswith(f"/{token_a}/") and not cookie.domain_specified, cookie
+        at_b = browser.get(of_b["url"] + "show")
+        assert "user67" not in at_b.request.headers.get("cookie", "") and at_b.json() == {"cookie": "", "user": "17"}
+        for api_url in (f"http://127.0.0.1:{api_port}/v1/runs", f"http://127.0.0.1:{api_port}/", "http://127.0.0.1/healthz"):
+            assert "cookie" not in browser.build_request("GET", api_url).headers, api_url
+        # A's app gets its own cookies back, as it named them, and nothing else of the jar's.
+        browser.cookies.set("session", "api-secret", domain="127.0.0.1", path="/")
+        seen = browser.get(of_a["url"] + "show").json()["cookie"]
+        assert sorted(seen.split("; ")) == ["sid=user67", "wide=user67"] and "api-secret" not in seen
+        assert browser.get(of_a["url"] + "app/show").json()["cookie"].count("deep=user67") == 1
 
 
 def test_a_guessed_a_revoked_and_an_expired_token_are_404(server: Served) -> None:
