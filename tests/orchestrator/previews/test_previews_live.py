@@ -365,3 +365,29 @@ def test_host_mode_serves_a_preview_at_its_own_host_and_nothing_by_path() -> Non
         assert answer.status_code == 200 and answer.json()["path"] == "/page?q=1"
         assert httpx.get(f"{local}/{token}/page", timeout=10).status_code == 404  # the path form is not served
         assert httpx.get(f"{local}/page", headers={"Host": f"{'a' * 32}.preview.test:{port}"}, timeout=10).status_code == 404
+
+
+def test_every_preview_of_a_deleted_user_ends_and_its_open_connections_are_cut(server: Served) -> None:
+    """What the user purge calls (`PreviewService.revoke_all_of_user`): that user's links are
+    404 at once and an open WebSocket of theirs is closed; another user's preview is untouched."""
+    client, service = server
+    previews = service.previews
+    assert previews is not None
+    run_43, run_17 = web_run(client, 43), web_run(client, 17)
+    write_app(client, run_43, "ws_echo.py", WEBSOCKET_ECHO_APP)
+    start(client, run_43, "exec python3 ws_echo.py 8111")
+    start(client, run_17, "exec python3 -m http.server 8112 --bind 127.0.0.1")
+    socket_43, plain_43, of_17 = expose(client, run_43, 8111), expose(client, run_43, 8111, ttl_s=60), expose(client, run_17, 8112)
+    assert wait_served(socket_43["url"]).status_code == 426 and wait_served(of_17["url"]).status_code == 200
+    with open_websocket(socket_43["url"] + "ws") as sock:
+        assert previews.revoke_all_of_user(43, actor="admin:purge") == 2
+        sock.settimeout(5)
+        assert sock.recv(1) == b""
+    for gone in (socket_43, plain_43):
+        assert httpx.get(gone["url"], timeout=10).status_code == 404
+        assert client.get(f"/v1/previews/{gone['preview_id']}").status_code == 404
+    assert httpx.get(of_17["url"], timeout=10).status_code == 200
+    assert client.get(f"/v1/previews/{of_17['preview_id']}").json() == of_17
+    assert previews.revoke_all_of_user(43, actor="admin:purge") == 0  # nothing left: a second purge is a no-op
+    revoked = {r.detail["preview_id"] for r in audit.entries(service.store, action="preview_revoked", limit=100) if r.actor == "admin:purge"}
+    assert revoked == {socket_43["preview_id"], plain_43["preview_id"]}
