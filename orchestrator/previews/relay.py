@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator.descriptors.budget import PREVIEW_COST, DescriptorBudget, DescriptorsRefused, Feature
 from orchestrator.errors import ToolError
+from orchestrator.previews.access import AccessCookie
 from orchestrator.previews.model import (
     BadHead,
     PreviewRecord,
@@ -58,6 +59,7 @@ class PreviewLimits:
     bytes_per_day: int
     scheme: str
     host_suffix: str | None = None  # host mode: previews are `<token><suffix>` (model.host_suffix)
+    access: AccessCookie | None = None  # previews need the signed cookie their link mints (access.py)
 
 
 @dataclass
@@ -214,6 +216,17 @@ class PreviewRelay:
             location = {"Location": f"/{preview.token}/{path}"}
             await self._answer(conn, plain_answer(308, "Permanent Redirect", "The preview is under its own path.", extra=location))
             return
+        if self.limits.access is not None:
+            admission, path = self.limits.access.admit(preview, head, path, prefix, datetime.now(timezone.utc))
+            if admission.status == 303:
+                record.outcome = "cookie_minted"
+                minted = {"Location": admission.location, "Set-Cookie": admission.set_cookie}
+                await self._answer(conn, plain_answer(303, "See Other", "Opened: the preview follows.", extra=minted))
+                return
+            if not admission.allowed:
+                record.outcome = "no_access_cookie"
+                await self._answer(conn, plain_answer(403, "Forbidden", admission.message))
+                return
         if self.bytes_today(preview.user_id) >= self.limits.bytes_per_day:
             record.outcome = "daily_bytes"
             await self._answer(conn, plain_answer(429, "Too Many Requests", "This user's previews moved all the bytes they may today (UTC).",

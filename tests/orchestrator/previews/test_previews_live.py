@@ -391,3 +391,51 @@ def test_every_preview_of_a_deleted_user_ends_and_its_open_connections_are_cut(s
     assert previews.revoke_all_of_user(43, actor="admin:purge") == 0  # nothing left: a second purge is a no-op
     revoked = {r.detail["preview_id"] for r in audit.entries(service.store, action="preview_revoked", limit=100) if r.actor == "admin:purge"}
     assert revoked == {socket_43["preview_id"], plain_43["preview_id"]}
+
+
+def test_with_the_access_cookie_a_link_mints_a_cookie_and_a_stale_link_or_a_bare_url_is_refused() -> None:
+    with served(preview_cookie_link_s=3, **block(2)) as (client, service):
+        run_id = web_run(client, 67)
+        write_app(client, run_id, "echo_headers.py", ECHO_HEADERS_APP)
+        start(client, run_id, "exec python3 echo_headers.py 8113")
+        preview, other = expose(client, run_id, 8113), expose(client, run_id, 8113)
+        assert set(preview) == {"preview_id", "url", "port", "expires_at"}
+        clean, _, key = preview["url"].partition("?preview_key=")
+        assert key and clean.endswith("/")
+        token = clean.rstrip("/").rsplit("/", 1)[1]
+        assert httpx.get(clean, timeout=10).status_code == 403  # the token alone no longer opens it
+
+        with httpx.Client(timeout=10) as browser:
+            minted = browser.get(preview["url"].replace("?", "page?x=1&"))
+            assert minted.status_code == 303 and minted.headers["location"] == f"/{token}/page?x=1"
+            set_cookie = minted.headers["set-cookie"]
+            assert "HttpOnly" in set_cookie and "Path=/;" in set_cookie and "SameSite=Lax" in set_cookie
+            deadline = time.monotonic() + 20
+            while (page := browser.get(clean + "page?x=1")).status_code == 503:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert page.status_code == 200 and page.json()["path"] == "/page?x=1"
+            assert "preview_access" not in repr(page.json()["headers"])  # the cookie never reaches the app
+            (cookie,) = list(browser.cookies.jar)
+            # The cookie is this preview's alone: under another preview's name, or altered, it is refused.
+            other_clean = other["url"].partition("?")[0]
+            other_name = httpx.get(other["url"], timeout=10).headers["set-cookie"].split("=", 1)[0]
+            assert httpx.get(other_clean, cookies={other_name: cookie.value}, timeout=10).status_code == 403
+            forged = cookie.value.rsplit(".", 1)[0] + ".AAAA"
+            assert httpx.get(clean, cookies={cookie.name: forged}, timeout=10).status_code == 403
+            until, _, signature = cookie.value.partition(".")
+            assert httpx.get(clean, cookies={cookie.name: f"{int(until) + 10**6}.{signature}"}, timeout=10).status_code == 403
+
+            time.sleep(3.2)  # the link's key has expired: a late visitor is refused, the early one keeps access
+            stale = httpx.get(preview["url"], timeout=10)
+            assert stale.status_code == 403 and "expired" in stale.text
+            assert browser.get(clean + "again").status_code == 200
+        # The API hands out a fresh link on demand.
+        fresh = client.get(f"/v1/previews/{preview['preview_id']}").json()["url"]
+        assert fresh != preview["url"] and httpx.get(fresh, timeout=10).status_code == 303
+        # A revoked preview is a 404 even with its cookie.
+        assert client.delete(f"/v1/previews/{preview['preview_id']}").status_code == 204
+        assert httpx.get(clean, cookies={cookie.name: cookie.value}, timeout=10).status_code == 404
+        service.previews.flush_audit()  # type: ignore[union-attr]
+        outcomes = {r.detail["outcome"] for r in audit.entries(service.store, action="preview_connection", limit=100)}
+        assert {"cookie_minted", "no_access_cookie", "relayed"} <= outcomes
