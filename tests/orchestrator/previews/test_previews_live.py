@@ -439,3 +439,50 @@ def test_with_the_access_cookie_a_link_mints_a_cookie_and_a_stale_link_or_a_bare
         service.previews.flush_audit()  # type: ignore[union-attr]
         outcomes = {r.detail["outcome"] for r in audit.entries(service.store, action="preview_connection", limit=100)}
         assert {"cookie_minted", "no_access_cookie", "relayed"} <= outcomes
+
+
+def test_a_slow_head_an_oversized_head_a_quiet_app_and_the_daily_bytes_are_bounded() -> None:
+    settings = {"preview_head_timeout_s": 0.5, "preview_idle_timeout_s": 1.0, "preview_max_bytes_per_day": 1024 * 1024}
+    with served(**settings, **block(3)) as (client, service):
+        previews = service.previews
+        assert previews is not None
+        host, port = previews.address.split(":")
+        run_id = web_run(client, 67)
+        write_app(client, run_id, "silent.py", SILENT_APP)
+        start(client, run_id, "exec python3 silent.py 8114")
+        shell(client, run_id, "mkdir -p site && head -c 2097152 /dev/urandom > site/big.bin")
+        start(client, run_id, "cd site && exec python3 -m http.server 8115 --bind 127.0.0.1")
+        quiet, files = expose(client, run_id, 8114), expose(client, run_id, 8115)
+
+        def answer(data: bytes, wait_s: float = 10) -> tuple[bytes, float]:
+            with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
+                started = time.monotonic()
+                sock.sendall(data)
+                received = b""
+                while piece := sock.recv(65536):
+                    received += piece
+                return received, time.monotonic() - started
+
+        # A visitor that never finishes its head is answered 408 after the head deadline.
+        slow, took = answer(b"GET /" + files["url"].split("/", 3)[3].encode() + b" HTTP/1.1\r\nHost: x\r\n")
+        assert slow.startswith(b"HTTP/1.1 408") and 0.4 < took < 3, (slow, took)
+        big, _ = answer(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 20_000)
+        assert big.startswith(b"HTTP/1.1 431")
+        # An app that accepts and never answers: the connection is closed after the idle time.
+        path = "/" + quiet["url"].split("/", 3)[3]
+        nothing, took = answer(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert nothing == b"" and 0.9 < took < 5, took
+
+        # 1 MiB a day: the 2 MiB download is cut near the bound, and the next request is a 429.
+        assert wait_served(files["url"]).status_code == 200
+        with httpx.stream("GET", files["url"] + "big.bin", timeout=30) as response:
+            got = 0
+            with pytest.raises(httpx.HTTPError):
+                for chunk in response.iter_raw():
+                    got += len(chunk)
+        assert got < 2 * 1024 * 1024
+        refused = httpx.get(files["url"], timeout=10)
+        assert refused.status_code == 429 and refused.headers["retry-after"].isdigit()
+        previews.flush_audit()
+        outcomes = {r.detail["outcome"] for r in audit.entries(service.store, action="preview_connection", limit=100)}
+        assert {"idle", "daily_bytes"} <= outcomes, outcomes
