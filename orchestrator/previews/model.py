@@ -190,11 +190,15 @@ def scoped_set_cookie(value: str, prefix: str) -> str | None:
     return "; ".join([f"{APP_COOKIE_PREFIX}{name.strip()}={cookie_value.strip()}", f"Path={prefix}{path}", *kept])
 
 
-def scoped_response_head(raw: bytes, prefix: str) -> bytes:
+def scoped_response_head(raw: bytes, prefix: str) -> bytes | None:
     """Pure: a response head of the app (without its final blank line) with each `Set-Cookie`
-    scoped to the preview (`scoped_set_cookie`); every other line as the app sent it."""
+    scoped to the preview (`scoped_set_cookie`); every other line as the app sent it. None for
+    a head another reader would split or join differently (a bare CR, LF or NUL, a folded
+    line): a browser could find a `Set-Cookie` there that this reading never saw."""
     lines = []
     for line in raw.split(b"\r\n"):
+        if smuggles(line):
+            return None
         name, sep, value = line.partition(b":")
         if sep and name.strip().lower() == b"set-cookie":
             scoped = scoped_set_cookie(value.decode("latin-1").strip(), prefix)

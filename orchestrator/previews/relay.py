@@ -327,10 +327,12 @@ class PreviewRelay:
         sent after the last head (relayed as it is with the rest). None when either side ended
         or went quiet first, or the head is too large (502)."""
         loop = asyncio.get_running_loop()
-        buffer = already
+        buffer = bytearray(already)
         record.bytes_down += len(already)
+        searched = 0  # the buffer holds no head's end before this offset
         while True:
-            while (end := buffer.find(b"\r\n\r\n")) < 0:
+            while (end := buffer.find(b"\r\n\r\n", max(searched - 3, 0))) < 0:
+                searched = len(buffer)
                 if len(buffer) > RESPONSE_HEAD_MAX_BYTES:
                     record.outcome = "bad_response"
                     await self._answer(conn, plain_answer(502, "Bad Gateway", "The app's response head is too large."))
@@ -353,11 +355,17 @@ class PreviewRelay:
                 else:
                     record.bytes_down += len(piece)
                     buffer += piece
-            head, buffer = scoped_response_head(buffer[:end], prefix) + b"\r\n\r\n", buffer[end + 4 :]
+            scoped = scoped_response_head(bytes(buffer[:end]), prefix)
+            if scoped is None:
+                record.outcome = "bad_response"
+                message = "The app's response head is malformed (a bare CR or LF, or a folded line)."
+                await self._answer(conn, plain_answer(502, "Bad Gateway", message))
+                return None
+            head, buffer, searched = scoped + b"\r\n\r\n", buffer[end + 4 :], 0
             await loop.sock_sendall(conn, head)
             self._count_bytes(preview.user_id, len(head))
             if not interim_status(head):
-                return buffer
+                return bytes(buffer)
 
 
 async def _first_readable(loop: asyncio.AbstractEventLoop, *socks: socket.socket) -> socket.socket:

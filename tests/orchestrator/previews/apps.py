@@ -46,6 +46,31 @@ class Cookies(BaseHTTPRequestHandler):
 HTTPServer(("127.0.0.1", int(sys.argv[1])), Cookies).serve_forever()
 '''
 
+# Answers heads that other readers split or join differently than at CRLF: a Set-Cookie after a
+# bare LF, and one continued on a folded line, each trying to reach the whole host.
+SMUGGLING_COOKIE_APP = r'''
+import socket, sys
+HEADS = {
+    b"/lf": b"HTTP/1.1 200 OK\r\nX-A: 1\nSet-Cookie: lf=1; Path=/\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+    b"/fold": b"HTTP/1.1 200 OK\r\nSet-Cookie: fold=1;\r\n Path=/\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+}
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(sys.argv[1])))
+server.listen(64)
+while True:
+    conn, _ = server.accept()
+    head = b""
+    while b"\r\n\r\n" not in head:
+        piece = conn.recv(4096)
+        if not piece:
+            break
+        head += piece
+    path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
+    conn.sendall(HEADS.get(path, b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"))
+    conn.close()
+'''
+
 STREAMING_APP = r'''
 import os, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer

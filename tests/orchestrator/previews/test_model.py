@@ -101,6 +101,10 @@ def test_an_apps_cookie_is_scoped_to_its_preview_and_renamed() -> None:
     assert scoped_set_cookie("novalue", prefix) is None and scoped_set_cookie("=x", prefix) is None
     head = b"HTTP/1.1 200 OK\r\nset-cookie: a=1; Domain=x\r\nSet-Cookie: junk\r\nContent-Length: 0"
     assert scoped_response_head(head, prefix) == f"HTTP/1.1 200 OK\r\nSet-Cookie: pv_a=1; Path=/{TOKEN}/\r\nContent-Length: 0".encode()
+    # A head another reader splits or joins differently could hide a cookie from this reading: refused.
+    assert scoped_response_head(b"HTTP/1.1 200 OK\r\nX: 1\nSet-Cookie: a=1; Path=/", prefix) is None
+    assert scoped_response_head(b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1;\r\n Path=/", prefix) is None
+    assert scoped_response_head(b"HTTP/1.1 200 OK\r\nSet-Cookie: a=1\x00; Path=/", prefix) is None
 
 
 def test_the_app_gets_back_only_its_own_cookies() -> None:

@@ -32,6 +32,7 @@ from tests.orchestrator.previews.apps import (
     COOKIE_APP,
     ECHO_HEADERS_APP,
     SILENT_APP,
+    SMUGGLING_COOKIE_APP,
     STREAMING_APP,
     WEBSOCKET_ECHO_APP,
     open_websocket,
@@ -187,6 +188,28 @@ def test_a_previews_cookies_reach_only_its_own_app_never_another_preview_or_the_
         seen = browser.get(of_a["url"] + "show").json()["cookie"]
         assert sorted(seen.split("; ")) == ["sid=user67", "wide=user67"] and "api-secret" not in seen
         assert browser.get(of_a["url"] + "app/show").json()["cookie"].count("deep=user67") == 1
+
+
+def test_an_answer_head_that_hides_a_cookie_from_a_crlf_reader_is_refused(server: Served) -> None:
+    """A browser may split an answer's head at a bare LF and join a folded line; the relay reads
+    it at CRLF only. An app hiding a `Set-Cookie` that way would slip it past the scoping: the
+    relay answers 502 instead of passing such a head."""
+    client, _ = server
+    run_id = web_run(client, 67)
+    write_app(client, run_id, "smuggle.py", SMUGGLING_COOKIE_APP)
+    start(client, run_id, "exec python3 smuggle.py 8116")
+    preview = expose(client, run_id, 8116)
+    assert wait_served(preview["url"]).status_code == 204
+    host, port = preview["url"].split("/")[2].split(":")
+    path = "/" + preview["url"].split("/", 3)[3]
+    for trick in ("lf", "fold"):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(f"GET {path}{trick} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            received = b""
+            while piece := sock.recv(65536):
+                received += piece
+        assert received.startswith(b"HTTP/1.1 502"), received
+        assert b"Path=/\r" not in received and b"Path=/\n" not in received
 
 
 def test_a_guessed_a_revoked_and_an_expired_token_are_404(server: Served) -> None:
