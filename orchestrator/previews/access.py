@@ -23,7 +23,7 @@ from urllib.parse import parse_qsl, quote, urlencode
 from orchestrator.previews.model import PreviewRecord, RequestHead
 
 KEY_PARAM = "preview_key"
-COOKIE_PREFIX = "preview_access_"  # never the app's prefix (model.APP_COOKIE_PREFIX): never passed to the app
+COOKIE_PREFIX = "preview_access_"  # never an app's prefix (model.app_cookie_prefix): never passed to the app
 KEY_BYTES = 32
 
 

@@ -5,6 +5,7 @@ No socket, no database here."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import secrets
 from dataclasses import dataclass
@@ -17,10 +18,6 @@ from orchestrator.request_head import smuggles
 TOKEN_BYTES = 20  # 160 bits, as 32 characters of lowercase base32: a DNS label too (host mode)
 _TOKEN = re.compile(r"[a-z2-7]{32}")
 TOKEN_PLACEHOLDER = "{token}"  # in ORCH_PREVIEW_BASE_URL: host mode
-# The app's cookies travel under this prefix in the visitor's browser: the relay adds it to the
-# names the app sets and passes on only the cookies that carry it (without it), so no cookie
-# of the API or of another site on the same host (cookies ignore ports) reaches the app.
-APP_COOKIE_PREFIX = "pv_"
 # Never passed to the app: the API's credentials, and what only this hop may decide.
 DROPPED_HEADERS = frozenset(
     {
@@ -155,23 +152,33 @@ def referred_token(referer: str | None) -> str | None:
     return named[0] if named is not None else None
 
 
-def app_cookies(head: RequestHead) -> str | None:
-    """Pure: the `Cookie` value the app receives: of the visitor's cookies only those the app set
-    through the relay (`scoped_set_cookie`), under the names it gave them; None when none."""
+def app_cookie_prefix(token: str) -> str:
+    """Pure: the prefix the app's cookies carry in the visitor's browser, its preview's own
+    (`pv` and 10 hex digits of the token's SHA-256: unguessable without the token). The relay
+    adds it to the names the app sets and passes on only the cookies that carry it, without
+    it: so no cookie of the API, of another site on the same host (cookies ignore ports), or
+    one another preview's page planted for the whole host, reaches the app."""
+    return f"pv{hashlib.sha256(token.encode()).hexdigest()[:10]}_"
+
+
+def app_cookies(head: RequestHead, name_prefix: str) -> str | None:
+    """Pure: the `Cookie` value the app receives: of the visitor's cookies only those under its
+    preview's `name_prefix` (`app_cookie_prefix`), under the names the app gave them; None
+    when none."""
     pairs = []
     for name, value in head.headers:
         if name.lower() != "cookie":
             continue
         for pair in value.split(";"):
             name, sep, _ = (pair := pair.strip()).partition("=")
-            if sep and name.startswith(APP_COOKIE_PREFIX) and len(name) > len(APP_COOKIE_PREFIX):
-                pairs.append(pair[len(APP_COOKIE_PREFIX) :])
+            if sep and name.startswith(name_prefix) and len(name) > len(name_prefix):
+                pairs.append(pair[len(name_prefix) :])
     return "; ".join(pairs) or None
 
 
-def scoped_set_cookie(value: str, prefix: str) -> str | None:
+def scoped_set_cookie(value: str, prefix: str, name_prefix: str) -> str | None:
     """Pure: a `Set-Cookie` value of the app as the visitor's browser receives it: the name under
-    APP_COOKIE_PREFIX, no `Domain` (so it stays on the preview's own host, never a parent
+    `name_prefix` (`app_cookie_prefix`), no `Domain` (so it stays on the preview's own host, never a parent
     domain other previews or the API share), and its `Path` under the preview's `prefix`
     (`/{token}` in path mode, where previews share one origin: another preview's pages and
     the API's paths are never sent it). None for a value that names no cookie (dropped)."""
@@ -187,10 +194,10 @@ def scoped_set_cookie(value: str, prefix: str) -> str | None:
             path = attr_value.strip() if attr_value.strip().startswith("/") else "/"
         elif key.strip().lower() != "domain" and attribute.strip():
             kept.append(attribute.strip())
-    return "; ".join([f"{APP_COOKIE_PREFIX}{name.strip()}={cookie_value.strip()}", f"Path={prefix}{path}", *kept])
+    return "; ".join([f"{name_prefix}{name.strip()}={cookie_value.strip()}", f"Path={prefix}{path}", *kept])
 
 
-def scoped_response_head(raw: bytes, prefix: str) -> bytes | None:
+def scoped_response_head(raw: bytes, prefix: str, name_prefix: str) -> bytes | None:
     """Pure: a response head of the app (without its final blank line) with each `Set-Cookie`
     scoped to the preview (`scoped_set_cookie`); every other line as the app sent it. None for
     a head another reader would split or join differently (a bare CR, LF or NUL, a folded
@@ -201,7 +208,7 @@ def scoped_response_head(raw: bytes, prefix: str) -> bytes | None:
             return None
         name, sep, value = line.partition(b":")
         if sep and name.strip().lower() == b"set-cookie":
-            scoped = scoped_set_cookie(value.decode("latin-1").strip(), prefix)
+            scoped = scoped_set_cookie(value.decode("latin-1").strip(), prefix, name_prefix)
             if scoped is None:
                 continue
             line = b"Set-Cookie: " + scoped.encode("latin-1")
@@ -217,7 +224,7 @@ def interim_status(raw: bytes) -> bool:
 
 
 def upstream_head(head: RequestHead, path: str, *, port: int, visitor_ip: str, public_host: str | None,
-                  scheme: str, prefix: str) -> bytes:  # fmt: skip
+                  scheme: str, prefix: str, cookie_prefix: str) -> bytes:  # fmt: skip
     """Pure: the head the app in the sandbox receives: its own path, `Host` as it listens
     (localhost:{port}), `X-Forwarded-*` saying where the visitor came from, and none of the
     API's credentials (`Authorization`; of the cookies only the app's own, `app_cookies`). One
@@ -227,7 +234,7 @@ def upstream_head(head: RequestHead, path: str, *, port: int, visitor_ip: str, p
     upgrading = upgrade is not None and "upgrade" in [t.strip() for t in connection.split(",")]
     lines = [f"{head.method} {path} HTTP/1.1", f"Host: localhost:{port}"]
     lines += [f"{name}: {value}" for name, value in head.headers if name.lower() not in DROPPED_HEADERS]
-    if (cookies := app_cookies(head)) is not None:
+    if (cookies := app_cookies(head, cookie_prefix)) is not None:
         lines.append(f"Cookie: {cookies}")
     lines.append("Connection: Upgrade" if upgrading else "Connection: close")
     lines.append(f"X-Forwarded-For: {visitor_ip}")

@@ -26,6 +26,7 @@ from orchestrator.previews.access import AccessCookie
 from orchestrator.previews.model import (
     BadHead,
     PreviewRecord,
+    app_cookie_prefix,
     RequestHead,
     parse_head,
     plain_answer,
@@ -292,7 +293,7 @@ class PreviewRelay:
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(upstream, upstream_head(
             head, path, port=preview.port, visitor_ip=visitor_ip, public_host=head.header("host"),
-            scheme=self.limits.scheme, prefix=prefix,
+            scheme=self.limits.scheme, prefix=prefix, cookie_prefix=app_cookie_prefix(preview.token),
         ) + rest)  # fmt: skip
         record.bytes_up += len(rest)
         self._count_bytes(preview.user_id, len(rest))
@@ -355,7 +356,7 @@ class PreviewRelay:
                 else:
                     record.bytes_down += len(piece)
                     buffer += piece
-            scoped = scoped_response_head(bytes(buffer[:end]), prefix)
+            scoped = scoped_response_head(bytes(buffer[:end]), prefix, app_cookie_prefix(preview.token))
             if scoped is None:
                 record.outcome = "bad_response"
                 message = "The app's response head is malformed (a bare CR or LF, or a folded line)."

@@ -188,6 +188,14 @@ def test_a_previews_cookies_reach_only_its_own_app_never_another_preview_or_the_
         seen = browser.get(of_a["url"] + "show").json()["cookie"]
         assert sorted(seen.split("; ")) == ["sid=user67", "wide=user67"] and "api-secret" not in seen
         assert browser.get(of_a["url"] + "app/show").json()["cookie"].count("deep=user67") == 1
+        # A's page's script (or any page on the host) sets a cookie under the relay's naming for the
+        # whole host, hoping to plant it in B's app (a session fixed for B): B's app never gets it.
+        for name, _ in [c.split("=", 1) for c in seen.split("; ")]:
+            planted = [c.name for c in browser.cookies.jar if c.name.endswith("_" + name) and c.name != name]
+            for jar_name in planted:
+                browser.cookies.set(jar_name, "planted", domain="127.0.0.1", path="/")
+        browser.cookies.set("pv_sid", "planted", domain="127.0.0.1", path="/")
+        assert browser.get(of_b["url"] + "show").json() == {"cookie": "", "user": "17"}
 
 
 def test_an_answer_head_that_hides_a_cookie_from_a_crlf_reader_is_refused(server: Served) -> None:
