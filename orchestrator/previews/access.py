@@ -72,10 +72,11 @@ def _good(key: bytes, purpose: str, preview_id: str, value: str | None, now: dat
     return hmac.compare_digest(signature, _signature(key, purpose, preview_id, int(until)))
 
 
-def cookie_name(preview_id: str) -> str:
+def cookie_name(record: PreviewRecord) -> str:
     """One name per preview (in path mode every preview shares the host, and the cookie's path
-    is `/`, so root-relative requests a preview page makes carry it too)."""
-    return COOKIE_PREFIX + hashlib.sha256(preview_id.encode()).hexdigest()[:16]
+    is `/`, so root-relative requests a preview page makes carry it too), from its token: no
+    other preview's page can name it to overwrite it."""
+    return COOKIE_PREFIX + hashlib.sha256(f"access\n{record.token}".encode()).hexdigest()[:16]
 
 
 def split_key(path: str) -> tuple[str, str | None]:
@@ -134,8 +135,8 @@ class AccessCookie:
             ends = _unix(datetime.fromisoformat(record.expires_at))
             value = _signed(self.key, "cookie", record.preview_id, ends)
             attributes = f"Path=/; Max-Age={max(ends - _unix(now), 1)}; HttpOnly; SameSite=Lax" + ("; Secure" if self.secure else "")
-            cookie = f"{cookie_name(record.preview_id)}={value}; {attributes}"
+            cookie = f"{cookie_name(record)}={value}; {attributes}"
             return Admission(False, 303, location=f"{prefix}{clean}", set_cookie=cookie), clean
-        if _good(self.key, "cookie", record.preview_id, _request_cookie(head, cookie_name(record.preview_id)), now):
+        if _good(self.key, "cookie", record.preview_id, _request_cookie(head, cookie_name(record)), now):
             return Admission(True), clean
         return Admission(False, 403, message="This preview needs its link opened first (or a new link)."), clean

@@ -30,15 +30,16 @@ def test_a_link_mints_a_cookie_only_while_its_key_is_good_and_only_for_its_previ
     key = url.split("preview_key=", 1)[1]
     admission, path = access.admit(RECORD, parse_head(b"GET / HTTP/1.1"), f"/x?preview_key={key}", "/tok", NOW)
     assert admission.status == 303 and admission.location == "/tok/x" and path == "/x"
-    assert "; Secure" in admission.set_cookie and admission.set_cookie.startswith(cookie_name("pv_1") + "=")
+    assert "; Secure" in admission.set_cookie and admission.set_cookie.startswith(cookie_name(RECORD) + "=")
     cookie = admission.set_cookie.split(";", 1)[0]
     with_cookie = parse_head(f"GET / HTTP/1.1\r\nCookie: a=b; {cookie}".encode())
     assert access.admit(RECORD, with_cookie, "/x", "/tok", NOW + timedelta(minutes=59))[0].allowed
     assert not access.admit(RECORD, with_cookie, "/x", "/tok", NOW + timedelta(hours=1))[0].allowed  # the preview ended
     late, _ = access.admit(RECORD, parse_head(b"GET / HTTP/1.1"), f"/?preview_key={key}", "", NOW + timedelta(seconds=61))
     assert late.status == 403
-    other = PreviewRecord(**{**RECORD.__dict__, "preview_id": "pv_2"})
-    stolen = parse_head(f"GET / HTTP/1.1\r\nCookie: {cookie_name('pv_2')}={cookie.split('=', 1)[1]}".encode())
+    other = PreviewRecord(**{**RECORD.__dict__, "preview_id": "pv_2", "token": "u" * 32})
+    assert cookie_name(other) != cookie_name(RECORD)
+    stolen = parse_head(f"GET / HTTP/1.1\r\nCookie: {cookie_name(other)}={cookie.split('=', 1)[1]}".encode())
     assert access.admit(other, stolen, "/", "", NOW)[0].status == 403
     assert AccessCookie(key=b"j" * 32, link_s=60, secure=True).admit(RECORD, with_cookie, "/", "", NOW)[0].status == 403
 
