@@ -79,7 +79,8 @@ EGRESS_BYTES = Counter(
 )  # fmt: skip
 PREVIEW_CONNECTIONS = Counter(
     "orchestrator_preview_connections", "Visitor connections to preview URLs that ended, by outcome (relayed, "
-    "not_found, port_not_listening, sandbox_unavailable, daily_bytes, descriptor_share_exceeded, idle, ...).",
+    "not_found, port_not_listening, sandbox_unavailable, daily_bytes, descriptor_share_exceeded, cookie_minted, "
+    "no_access_cookie, idle, ...).",
     ["outcome"], registry=REGISTRY,
 )  # fmt: skip
 PREVIEW_BYTES = Counter(

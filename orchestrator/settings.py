@@ -304,6 +304,12 @@ class Settings(BaseSettings):
     preview_max_bytes_per_day: int = Field(
         5 * 1024**3, gt=0, description="Bytes (both ways) one user's previews may relay per UTC day; then 429."
     )
+    preview_cookie_link_s: int | None = Field(
+        None, gt=0,
+        description="Unset: a preview's link is all a visitor needs. Set: every preview requires an HttpOnly cookie "
+        "signed with a host-side key, which its link mints on a visit within this many seconds of being handed "
+        "out (then a redirect to the URL without the key); other requests without the cookie answer 403.",
+    )  # fmt: skip
     preview_head_timeout_s: float = Field(
         10.0, gt=0, description="Time a visitor has to send a whole request head to the preview listener."
     )

@@ -5,6 +5,7 @@ No socket, no database here."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import secrets
 from dataclasses import dataclass
@@ -151,17 +152,90 @@ def referred_token(referer: str | None) -> str | None:
     return named[0] if named is not None else None
 
 
+def app_cookie_prefix(token: str) -> str:
+    """Pure: the prefix the app's cookies carry in the visitor's browser, its preview's own
+    (`pv` and 10 hex digits of the token's SHA-256: unguessable without the token). The relay
+    adds it to the names the app sets and passes on only the cookies that carry it, without
+    it: so no cookie of the API, of another site on the same host (cookies ignore ports), or
+    one another preview's page planted for the whole host, reaches the app."""
+    return f"pv{hashlib.sha256(token.encode()).hexdigest()[:10]}_"
+
+
+def app_cookies(head: RequestHead, name_prefix: str) -> str | None:
+    """Pure: the `Cookie` value the app receives: of the visitor's cookies only those under its
+    preview's `name_prefix` (`app_cookie_prefix`), under the names the app gave them; None
+    when none."""
+    pairs = []
+    for name, value in head.headers:
+        if name.lower() != "cookie":
+            continue
+        for pair in value.split(";"):
+            name, sep, _ = (pair := pair.strip()).partition("=")
+            if sep and name.startswith(name_prefix) and len(name) > len(name_prefix):
+                pairs.append(pair[len(name_prefix) :])
+    return "; ".join(pairs) or None
+
+
+def scoped_set_cookie(value: str, prefix: str, name_prefix: str) -> str | None:
+    """Pure: a `Set-Cookie` value of the app as the visitor's browser receives it: the name under
+    `name_prefix` (`app_cookie_prefix`), no `Domain` (so it stays on the preview's own host, never a parent
+    domain other previews or the API share), and its `Path` under the preview's `prefix`
+    (`/{token}` in path mode, where previews share one origin: another preview's pages and
+    the API's paths are never sent it). None for a value that names no cookie (dropped)."""
+    first, *attributes = value.split(";")
+    name, sep, cookie_value = first.strip().partition("=")
+    if not sep or not name.strip() or smuggles(value.encode("latin-1", "replace")):
+        return None
+    path = "/"
+    kept = []
+    for attribute in attributes:
+        key, _, attr_value = attribute.strip().partition("=")
+        if key.strip().lower() == "path":
+            path = attr_value.strip() if attr_value.strip().startswith("/") else "/"
+        elif key.strip().lower() != "domain" and attribute.strip():
+            kept.append(attribute.strip())
+    return "; ".join([f"{name_prefix}{name.strip()}={cookie_value.strip()}", f"Path={prefix}{path}", *kept])
+
+
+def scoped_response_head(raw: bytes, prefix: str, name_prefix: str) -> bytes | None:
+    """Pure: a response head of the app (without its final blank line) with each `Set-Cookie`
+    scoped to the preview (`scoped_set_cookie`); every other line as the app sent it. None for
+    a head another reader would split or join differently (a bare CR, LF or NUL, a folded
+    line): a browser could find a `Set-Cookie` there that this reading never saw."""
+    lines = []
+    for line in raw.split(b"\r\n"):
+        if smuggles(line):
+            return None
+        name, sep, value = line.partition(b":")
+        if sep and name.strip().lower() == b"set-cookie":
+            scoped = scoped_set_cookie(value.decode("latin-1").strip(), prefix, name_prefix)
+            if scoped is None:
+                continue
+            line = b"Set-Cookie: " + scoped.encode("latin-1")
+        lines.append(line)
+    return b"\r\n".join(lines)
+
+
+def interim_status(raw: bytes) -> bool:
+    """Pure: whether a response head is an interim one (1xx, other than 101 Switching Protocols)
+    after which the app sends another head."""
+    parts = raw.split(b"\r\n", 1)[0].split(b" ", 2)
+    return len(parts) >= 2 and parts[1].startswith(b"1") and len(parts[1]) == 3 and parts[1] != b"101"
+
+
 def upstream_head(head: RequestHead, path: str, *, port: int, visitor_ip: str, public_host: str | None,
-                  scheme: str, prefix: str) -> bytes:  # fmt: skip
+                  scheme: str, prefix: str, cookie_prefix: str) -> bytes:  # fmt: skip
     """Pure: the head the app in the sandbox receives: its own path, `Host` as it listens
     (localhost:{port}), `X-Forwarded-*` saying where the visitor came from, and none of the
-    API's credentials (`Authorization`, cookies). One request per connection: `Connection:
-    close`, unless the visitor asks to upgrade (a WebSocket), which is passed on."""
+    API's credentials (`Authorization`; of the cookies only the app's own, `app_cookies`). One
+    request per connection: `Connection: close`, unless the visitor asks to upgrade (a WebSocket), which is passed on."""
     connection = (head.header("connection") or "").lower()
     upgrade = head.header("upgrade")
     upgrading = upgrade is not None and "upgrade" in [t.strip() for t in connection.split(",")]
     lines = [f"{head.method} {path} HTTP/1.1", f"Host: localhost:{port}"]
     lines += [f"{name}: {value}" for name, value in head.headers if name.lower() not in DROPPED_HEADERS]
+    if (cookies := app_cookies(head, cookie_prefix)) is not None:
+        lines.append(f"Cookie: {cookies}")
     lines.append("Connection: Upgrade" if upgrading else "Connection: close")
     lines.append(f"X-Forwarded-For: {visitor_ip}")
     lines.append(f"X-Forwarded-Proto: {scheme}")

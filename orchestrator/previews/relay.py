@@ -4,8 +4,8 @@ bytes, open a stream to the port through the sandbox's agent (`AsyncAgentClient.
 the sandbox keeps no network) and relay raw bytes both ways, zero-copy, until the app's side
 ends or the visitor hangs up (one that only half-closes its side gets no answer). One request
 per connection (`Connection: close` upstream), or one WebSocket for as long as it lives: so
-nothing here parses a response, and chunked, streamed and large answers pass as they come,
-never held whole.
+nothing here parses a response beyond its head (read to scope the app's cookies to the
+preview), and chunked, streamed and large bodies pass as they come, never held whole.
 
 Runs on the preview service's own event loop, never the API's."""
 
@@ -22,14 +22,18 @@ from typing import Any
 
 from orchestrator.descriptors.budget import PREVIEW_COST, DescriptorBudget, DescriptorsRefused, Feature
 from orchestrator.errors import ToolError
+from orchestrator.previews.access import AccessCookie
 from orchestrator.previews.model import (
     BadHead,
     PreviewRecord,
+    app_cookie_prefix,
     RequestHead,
     parse_head,
     plain_answer,
     referred_token,
     host_token,
+    interim_status,
+    scoped_response_head,
     split_target,
     upstream_head,
     utc_day,
@@ -41,6 +45,7 @@ from sandbox_agent.relay import RelayIdle, relay
 log = logging.getLogger(__name__)
 
 HEAD_MAX_BYTES = 16 * 1024
+RESPONSE_HEAD_MAX_BYTES = 64 * 1024  # an app's answer head, cookies and all
 PENDING_HEADS_MAX = 512  # visitors' connections whose head has not arrived yet, all users together
 OPEN_PORT_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 5.0  # to write one of our own short answers to a visitor
@@ -55,6 +60,7 @@ class PreviewLimits:
     bytes_per_day: int
     scheme: str
     host_suffix: str | None = None  # host mode: previews are `<token><suffix>` (model.host_suffix)
+    access: AccessCookie | None = None  # previews need the signed cookie their link mints (access.py)
 
 
 @dataclass
@@ -211,6 +217,17 @@ class PreviewRelay:
             location = {"Location": f"/{preview.token}/{path}"}
             await self._answer(conn, plain_answer(308, "Permanent Redirect", "The preview is under its own path.", extra=location))
             return
+        if self.limits.access is not None:
+            admission, path = self.limits.access.admit(preview, head, path, prefix, datetime.now(timezone.utc))
+            if admission.status == 303:
+                record.outcome = "cookie_minted"
+                minted = {"Location": admission.location, "Set-Cookie": admission.set_cookie}
+                await self._answer(conn, plain_answer(303, "See Other", "Opened: the preview follows.", extra=minted))
+                return
+            if not admission.allowed:
+                record.outcome = "no_access_cookie"
+                await self._answer(conn, plain_answer(403, "Forbidden", admission.message))
+                return
         if self.bytes_today(preview.user_id) >= self.limits.bytes_per_day:
             record.outcome = "daily_bytes"
             await self._answer(conn, plain_answer(429, "Too Many Requests", "This user's previews moved all the bytes they may today (UTC).",
@@ -276,13 +293,13 @@ class PreviewRelay:
         loop = asyncio.get_running_loop()
         await loop.sock_sendall(upstream, upstream_head(
             head, path, port=preview.port, visitor_ip=visitor_ip, public_host=head.header("host"),
-            scheme=self.limits.scheme, prefix=prefix,
+            scheme=self.limits.scheme, prefix=prefix, cookie_prefix=app_cookie_prefix(preview.token),
         ) + rest)  # fmt: skip
         record.bytes_up += len(rest)
-        if already:
-            await loop.sock_sendall(conn, already)
-            record.bytes_down += len(already)
-        self._count_bytes(preview.user_id, len(rest) + len(already))
+        self._count_bytes(preview.user_id, len(rest))
+        answered = await self._answer_head(conn, upstream, already, prefix, preview, record)
+        if answered is None:
+            return
         limit = self.limits.bytes_per_day
 
         def counted(n: int, from_visitor: bool) -> None:
@@ -294,8 +311,71 @@ class PreviewRelay:
                 raise _OverDaily()
 
         record.outcome = "relayed"
+        if answered:
+            await loop.sock_sendall(conn, answered)
+            self._count_bytes(preview.user_id, len(answered))
         error = await relay(conn, upstream, on_bytes=counted, idle_s=self.limits.idle_timeout_s, until_one_ends=True)
         if isinstance(error, _OverDaily):
             record.outcome = "daily_bytes"
         elif error is not None:
             record.outcome = "idle" if isinstance(error, RelayIdle) else "cut"
+
+    async def _answer_head(self, conn: socket.socket, upstream: socket.socket, already: bytes, prefix: str,
+                           preview: PreviewRecord, record: ConnectionRecord) -> bytes | None:  # fmt: skip
+        """Read the app's response head (and any interim 1xx heads before it) while the visitor's
+        bytes keep flowing to the app (a body the app reads before it answers), send each head on
+        with its cookies scoped to the preview (`scoped_response_head`), and return what the app
+        sent after the last head (relayed as it is with the rest). None when either side ended
+        or went quiet first, or the head is too large (502)."""
+        loop = asyncio.get_running_loop()
+        buffer = bytearray(already)
+        record.bytes_down += len(already)
+        searched = 0  # the buffer holds no head's end before this offset
+        while True:
+            while (end := buffer.find(b"\r\n\r\n", max(searched - 3, 0))) < 0:
+                searched = len(buffer)
+                if len(buffer) > RESPONSE_HEAD_MAX_BYTES:
+                    record.outcome = "bad_response"
+                    await self._answer(conn, plain_answer(502, "Bad Gateway", "The app's response head is too large."))
+                    return None
+                try:
+                    async with asyncio.timeout(self.limits.idle_timeout_s):
+                        readable = await _first_readable(loop, conn, upstream)
+                        piece = await loop.sock_recv(readable, 65536)
+                        if piece and readable is conn:
+                            await loop.sock_sendall(upstream, piece)
+                except TimeoutError:
+                    record.outcome = "idle"
+                    return None
+                if not piece:
+                    record.outcome = "cut"
+                    return None
+                if readable is conn:
+                    record.bytes_up += len(piece)
+                    self._count_bytes(preview.user_id, len(piece))
+                else:
+                    record.bytes_down += len(piece)
+                    buffer += piece
+            scoped = scoped_response_head(bytes(buffer[:end]), prefix, app_cookie_prefix(preview.token))
+            if scoped is None:
+                record.outcome = "bad_response"
+                message = "The app's response head is malformed (a bare CR or LF, or a folded line)."
+                await self._answer(conn, plain_answer(502, "Bad Gateway", message))
+                return None
+            head, buffer, searched = scoped + b"\r\n\r\n", buffer[end + 4 :], 0
+            await loop.sock_sendall(conn, head)
+            self._count_bytes(preview.user_id, len(head))
+            if not interim_status(head):
+                return bytes(buffer)
+
+
+async def _first_readable(loop: asyncio.AbstractEventLoop, *socks: socket.socket) -> socket.socket:
+    """The first of `socks` with bytes (or an end) to read."""
+    ready: asyncio.Future[socket.socket] = loop.create_future()
+    for sock in socks:
+        loop.add_reader(sock.fileno(), lambda s=sock: ready.done() or ready.set_result(s))
+    try:
+        return await ready
+    finally:
+        for sock in socks:
+            loop.remove_reader(sock.fileno())

@@ -22,6 +22,7 @@ from orchestrator import audit, metrics
 from orchestrator.descriptors.budget import DescriptorBudget
 from orchestrator.errors import NotFound, RunEnded
 from orchestrator.log import kv
+from orchestrator.previews.access import AccessCookie, load_or_create_key
 from orchestrator.previews.model import PreviewRecord, check_port, expiry, host_suffix, preview_url
 from orchestrator.previews.relay import ConnectionRecord, PreviewLimits, PreviewRelay
 from orchestrator.previews.store import PreviewStore
@@ -35,6 +36,7 @@ from orchestrator.throttled_log import budget_loop_accept_errors, ThrottledLog
 log = logging.getLogger(__name__)
 
 AUDIT_BACKLOG = 10_000
+ACCESS_KEY_FILE = "preview-access.key"  # in the state dir: the access cookie's signing key
 START_THREADS = 8  # sandboxes started or resumed for visitors at once
 
 
@@ -71,6 +73,12 @@ class PreviewService:
                 bytes_per_day=settings.preview_max_bytes_per_day,
                 scheme=urlsplit(self.base_url).scheme or "http",
                 host_suffix=host_suffix(self.base_url),
+                access=(
+                    None if settings.preview_cookie_link_s is None else AccessCookie(
+                        key=load_or_create_key(settings.layout.state_dir / ACCESS_KEY_FILE),
+                        link_s=settings.preview_cookie_link_s, secure=urlsplit(self.base_url).scheme == "https",
+                    )
+                ),
             ),
             report=self._report,
         )
@@ -111,6 +119,13 @@ class PreviewService:
         """The run's live previews, oldest first."""
         return self.records.live_for_run(run_id, datetime.now(timezone.utc))
 
+    def link(self, record: PreviewRecord) -> str:
+        """The URL handed out for the preview: with the access cookie on, it carries a fresh key
+        good for ORCH_PREVIEW_COOKIE_LINK_S (orchestrator/previews/access.py)."""
+        url = self.url(record)
+        access = self.relay.limits.access
+        return url if access is None else access.link(url, record, datetime.now(timezone.utc))
+
     def revoke(self, preview_id: str, *, actor: str) -> None:
         """The link answers 404 from now on, and its open connections are cut."""
         record = self.get(preview_id)
@@ -124,6 +139,21 @@ class PreviewService:
         metrics.PREVIEW_LINKS.labels("revoked").inc()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.relay.cut, preview_id)
+
+    def revoke_all_of_user(self, user_id: int, *, actor: str) -> int:
+        """End every preview of a user (a purge): each answers 404 and its connections are cut;
+        returns how many there were."""
+        ended = 0
+        for preview_id in self.records.ids_of_user(user_id):
+            with self._store.write() as tx:
+                if not self.records.delete(tx, preview_id):
+                    continue
+                audit.record(tx, actor=actor, action="preview_revoked", runtime_user_id=user_id, preview_id=preview_id)
+            ended += 1
+            metrics.PREVIEW_LINKS.labels("revoked").inc()
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self.relay.cut, preview_id)
+        return ended
 
     def url(self, record: PreviewRecord) -> str:
         return preview_url(self.base_url, record.token)

@@ -20,7 +20,7 @@ class ExposePortArgs(BaseModel):
 
 def preview_answer(previews: PreviewService, record: PreviewRecord) -> dict[str, Any]:
     """The wire shape of a preview (the tool's result, and the API's answer)."""
-    return {"preview_id": record.preview_id, "url": previews.url(record), "port": record.port, "expires_at": record.expires_at}
+    return {"preview_id": record.preview_id, "url": previews.link(record), "port": record.port, "expires_at": record.expires_at}
 
 
 def register_preview_tools(registry: ToolRegistry, previews: PreviewService) -> None:

@@ -26,6 +26,51 @@ class Echo(BaseHTTPRequestHandler):
 HTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
 '''
 
+COOKIE_APP = r'''
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Cookies(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"cookie": self.headers.get("Cookie", ""), "user": sys.argv[2]}).encode()
+        self.send_response(200)
+        if self.path.startswith("/set"):  # as wide as an app can ask: the whole host, every path
+            self.send_header("Set-Cookie", f"sid=user{sys.argv[2]}; Path=/; HttpOnly")
+            self.send_header("Set-Cookie", f"wide=user{sys.argv[2]}; Domain=127.0.0.1; Path=/")
+            self.send_header("Set-Cookie", f"deep=user{sys.argv[2]}; Path=/app/")
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Cookies).serve_forever()
+'''
+
+# Answers heads that other readers split or join differently than at CRLF: a Set-Cookie after a
+# bare LF, and one continued on a folded line, each trying to reach the whole host.
+SMUGGLING_COOKIE_APP = r'''
+import socket, sys
+HEADS = {
+    b"/lf": b"HTTP/1.1 200 OK\r\nX-A: 1\nSet-Cookie: lf=1; Path=/\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+    b"/fold": b"HTTP/1.1 200 OK\r\nSet-Cookie: fold=1;\r\n Path=/\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+}
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", int(sys.argv[1])))
+server.listen(64)
+while True:
+    conn, _ = server.accept()
+    head = b""
+    while b"\r\n\r\n" not in head:
+        piece = conn.recv(4096)
+        if not piece:
+            break
+        head += piece
+    path = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"/"
+    conn.sendall(HEADS.get(path, b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"))
+    conn.close()
+'''
+
 STREAMING_APP = r'''
 import os, sys, time
 from http.server import BaseHTTPRequestHandler, HTTPServer

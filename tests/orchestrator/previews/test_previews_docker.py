@@ -1,6 +1,7 @@
 """Preview URLs with docker sandboxes (no network in the container): the sandbox's own
 python3 http.server is reached through the agent's tunnel, its listing and a 5 MB file
-byte-identical, and a WebSocket echoes."""
+byte-identical, a WebSocket echoes, a streamed answer arrives as it is written, a port with
+nothing listening answers 503 at once, and a paused sandbox is resumed by a visitor."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fastapi.testclient import TestClient
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.conftest import API_TOKEN
-from tests.orchestrator.previews.apps import WEBSOCKET_ECHO_APP, websocket_echo
+from tests.orchestrator.previews.apps import STREAMING_APP, WEBSOCKET_ECHO_APP, websocket_echo
 from tests.orchestrator.previews.test_previews_live import FIVE_MB, expose, shell, start, wait_served, write_app
 from tests.orchestrator.sandboxes.docker.conftest import docker_data_dir, docker_settings, sandbox_image  # noqa: F401
 from tests.orchestrator.sandboxes.test_process_network import web_run
@@ -54,6 +55,24 @@ def test_a_docker_sandbox_http_server_and_websocket_through_the_preview(
     ws = expose(client, run_id, 8105)
     assert wait_served(ws["url"], timeout_s=30).status_code == 426
     assert websocket_echo(ws["url"] + "ws", [b"ping", b"y" * 100_000]) == [b"ping", b"y" * 100_000]
+
+    # A streamed answer arrives progressively: its first chunk before the app writes the last.
+    write_app(client, run_id, "streaming.py", STREAMING_APP)
+    start(client, run_id, "exec python3 streaming.py 8104")
+    streamed = expose(client, run_id, 8104)
+    assert wait_served(streamed["url"] + "ready", timeout_s=30).status_code == 200
+    with httpx.stream("GET", streamed["url"] + "stream", timeout=30) as response:
+        pieces = response.iter_raw()
+        assert next(pieces).startswith(b"first")
+        shell(client, run_id, "touch go")  # only now does the app send the rest
+        assert b"".join(pieces).endswith(b"last\n")
+
+    # Nothing listens on a port: 503 with Retry-After, at once.
+    idle = expose(client, run_id, 8199)
+    started = time.monotonic()
+    refused = httpx.get(idle["url"], timeout=10)
+    assert refused.status_code == 503 and refused.headers["retry-after"].isdigit()
+    assert time.monotonic() - started < 2.0
 
 
 def test_a_paused_docker_sandbox_is_resumed_by_a_visitor(docker_previews: tuple[TestClient, OrchestratorService]) -> None:

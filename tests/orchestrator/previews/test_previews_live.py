@@ -29,8 +29,10 @@ from tests.live_server import free_port
 from tests.metrics_text import sample_value, scrape
 from tests.uid_block import block
 from tests.orchestrator.previews.apps import (
+    COOKIE_APP,
     ECHO_HEADERS_APP,
     SILENT_APP,
+    SMUGGLING_COOKIE_APP,
     STREAMING_APP,
     WEBSOCKET_ECHO_APP,
     open_websocket,
@@ -156,6 +158,66 @@ def test_the_app_sees_no_api_authorization_or_cookie_and_its_own_host(server: Se
     assert seen["host"] == "localhost:8101"
     assert seen["x-forwarded-for"] == "127.0.0.1"  # ours, not what the visitor claimed
     assert seen["x-forwarded-prefix"] == "/" + preview["url"].rstrip("/").rsplit("/", 1)[1]
+
+
+def test_a_previews_cookies_reach_only_its_own_app_never_another_preview_or_the_api(server: Served) -> None:
+    """Path mode: every preview shares the listener's origin, and cookies ignore ports. A hostile
+    app asks for cookies on the whole host; a browser's cookie jar (RFC 6265 path and domain
+    matching, as http.cookiejar does it) then carries none of them to another preview, nor to
+    the API's origin, and the app gets its own back."""
+    client, service = server
+    run_a, run_b = web_run(client, 67), web_run(client, 17)
+    for user, run_id in ((67, run_a), (17, run_b)):
+        write_app(client, run_id, "cookies.py", COOKIE_APP)
+        start(client, run_id, f"exec python3 cookies.py 8110 {user}")
+    of_a, of_b = expose(client, run_a, 8110), expose(client, run_b, 8110)
+    token_a = of_a["url"].rstrip("/").rsplit("/", 1)[1]
+    assert wait_served(of_a["url"]).status_code == 200 and wait_served(of_b["url"]).status_code == 200
+    api_port = free_port()
+    with httpx.Client(timeout=10) as browser:
+        assert browser.get(of_a["url"] + "set").json()["user"] == "67"
+        assert len(browser.cookies.jar) == 3
+        for cookie in browser.cookies.jar:  # none wider than A's own prefix, none for another domain
+            assert cookie.path.startswith(f"/{token_a}/") and not cookie.domain_specified, cookie
+        at_b = browser.get(of_b["url"] + "show")
+        assert "user67" not in at_b.request.headers.get("cookie", "") and at_b.json() == {"cookie": "", "user": "17"}
+        for api_url in (f"http://127.0.0.1:{api_port}/v1/runs", f"http://127.0.0.1:{api_port}/", "http://127.0.0.1/healthz"):
+            assert "cookie" not in browser.build_request("GET", api_url).headers, api_url
+        # A's app gets its own cookies back, as it named them, and nothing else of the jar's.
+        browser.cookies.set("session", "api-secret", domain="127.0.0.1", path="/")
+        seen = browser.get(of_a["url"] + "show").json()["cookie"]
+        assert sorted(seen.split("; ")) == ["sid=user67", "wide=user67"] and "api-secret" not in seen
+        assert browser.get(of_a["url"] + "app/show").json()["cookie"].count("deep=user67") == 1
+        # A's page's script (or any page on the host) sets a cookie under the relay's naming for the
+        # whole host, hoping to plant it in B's app (a session fixed for B): B's app never gets it.
+        for name, _ in [c.split("=", 1) for c in seen.split("; ")]:
+            planted = [c.name for c in browser.cookies.jar if c.name.endswith("_" + name) and c.name != name]
+            for jar_name in planted:
+                browser.cookies.set(jar_name, "planted", domain="127.0.0.1", path="/")
+        browser.cookies.set("pv_sid", "planted", domain="127.0.0.1", path="/")
+        assert browser.get(of_b["url"] + "show").json() == {"cookie": "", "user": "17"}
+
+
+def test_an_answer_head_that_hides_a_cookie_from_a_crlf_reader_is_refused(server: Served) -> None:
+    """A browser may split an answer's head at a bare LF and join a folded line; the relay reads
+    it at CRLF only. An app hiding a `Set-Cookie` that way would slip it past the scoping: the
+    relay answers 502 instead of passing such a head."""
+    client, _ = server
+    run_id = web_run(client, 67)
+    write_app(client, run_id, "smuggle.py", SMUGGLING_COOKIE_APP)
+    start(client, run_id, "exec python3 smuggle.py 8116")
+    preview = expose(client, run_id, 8116)
+    assert wait_served(preview["url"]).status_code == 204
+    host, port = preview["url"].split("/")[2].split(":")
+    path = "/" + preview["url"].split("/", 3)[3]
+    for trick in ("lf", "fold"):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(f"GET {path}{trick} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+            received = b""
+            while piece := sock.recv(65536):
+                received += piece
+        assert received.startswith(b"HTTP/1.1 502"), received
+        assert b"Path=/\r" not in received and b"Path=/\n" not in received
 
 
 def test_a_guessed_a_revoked_and_an_expired_token_are_404(server: Served) -> None:
@@ -334,3 +396,124 @@ def test_host_mode_serves_a_preview_at_its_own_host_and_nothing_by_path() -> Non
         assert answer.status_code == 200 and answer.json()["path"] == "/page?q=1"
         assert httpx.get(f"{local}/{token}/page", timeout=10).status_code == 404  # the path form is not served
         assert httpx.get(f"{local}/page", headers={"Host": f"{'a' * 32}.preview.test:{port}"}, timeout=10).status_code == 404
+
+
+def test_every_preview_of_a_deleted_user_ends_and_its_open_connections_are_cut(server: Served) -> None:
+    """What the user purge calls (`PreviewService.revoke_all_of_user`): that user's links are
+    404 at once and an open WebSocket of theirs is closed; another user's preview is untouched."""
+    client, service = server
+    previews = service.previews
+    assert previews is not None
+    run_43, run_17 = web_run(client, 43), web_run(client, 17)
+    write_app(client, run_43, "ws_echo.py", WEBSOCKET_ECHO_APP)
+    start(client, run_43, "exec python3 ws_echo.py 8111")
+    start(client, run_17, "exec python3 -m http.server 8112 --bind 127.0.0.1")
+    socket_43, plain_43, of_17 = expose(client, run_43, 8111), expose(client, run_43, 8111, ttl_s=60), expose(client, run_17, 8112)
+    assert wait_served(socket_43["url"]).status_code == 426 and wait_served(of_17["url"]).status_code == 200
+    with open_websocket(socket_43["url"] + "ws") as sock:
+        assert previews.revoke_all_of_user(43, actor="admin:purge") == 2
+        sock.settimeout(5)
+        assert sock.recv(1) == b""
+    for gone in (socket_43, plain_43):
+        assert httpx.get(gone["url"], timeout=10).status_code == 404
+        assert client.get(f"/v1/previews/{gone['preview_id']}").status_code == 404
+    assert httpx.get(of_17["url"], timeout=10).status_code == 200
+    assert client.get(f"/v1/previews/{of_17['preview_id']}").json() == of_17
+    assert previews.revoke_all_of_user(43, actor="admin:purge") == 0  # nothing left: a second purge is a no-op
+    revoked = {r.detail["preview_id"] for r in audit.entries(service.store, action="preview_revoked", limit=100) if r.actor == "admin:purge"}
+    assert revoked == {socket_43["preview_id"], plain_43["preview_id"]}
+
+
+def test_with_the_access_cookie_a_link_mints_a_cookie_and_a_stale_link_or_a_bare_url_is_refused() -> None:
+    with served(preview_cookie_link_s=3, **block(2)) as (client, service):
+        run_id = web_run(client, 67)
+        write_app(client, run_id, "echo_headers.py", ECHO_HEADERS_APP)
+        start(client, run_id, "exec python3 echo_headers.py 8113")
+        preview, other = expose(client, run_id, 8113), expose(client, run_id, 8113)
+        assert set(preview) == {"preview_id", "url", "port", "expires_at"}
+        clean, _, key = preview["url"].partition("?preview_key=")
+        assert key and clean.endswith("/")
+        token = clean.rstrip("/").rsplit("/", 1)[1]
+        assert httpx.get(clean, timeout=10).status_code == 403  # the token alone no longer opens it
+
+        with httpx.Client(timeout=10) as browser:
+            minted = browser.get(preview["url"].replace("?", "page?x=1&"))
+            assert minted.status_code == 303 and minted.headers["location"] == f"/{token}/page?x=1"
+            set_cookie = minted.headers["set-cookie"]
+            assert "HttpOnly" in set_cookie and "Path=/;" in set_cookie and "SameSite=Lax" in set_cookie
+            deadline = time.monotonic() + 20
+            while (page := browser.get(clean + "page?x=1")).status_code == 503:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert page.status_code == 200 and page.json()["path"] == "/page?x=1"
+            assert "preview_access" not in repr(page.json()["headers"])  # the cookie never reaches the app
+            (cookie,) = list(browser.cookies.jar)
+            # The cookie is this preview's alone: under another preview's name, or altered, it is refused.
+            other_clean = other["url"].partition("?")[0]
+            other_name = httpx.get(other["url"], timeout=10).headers["set-cookie"].split("=", 1)[0]
+            assert httpx.get(other_clean, cookies={other_name: cookie.value}, timeout=10).status_code == 403
+            forged = cookie.value.rsplit(".", 1)[0] + ".AAAA"
+            assert httpx.get(clean, cookies={cookie.name: forged}, timeout=10).status_code == 403
+            until, _, signature = cookie.value.partition(".")
+            assert httpx.get(clean, cookies={cookie.name: f"{int(until) + 10**6}.{signature}"}, timeout=10).status_code == 403
+
+            time.sleep(3.2)  # the link's key has expired: a late visitor is refused, the early one keeps access
+            stale = httpx.get(preview["url"], timeout=10)
+            assert stale.status_code == 403 and "expired" in stale.text
+            assert browser.get(clean + "again").status_code == 200
+        # The API hands out a fresh link on demand.
+        fresh = client.get(f"/v1/previews/{preview['preview_id']}").json()["url"]
+        assert fresh != preview["url"] and httpx.get(fresh, timeout=10).status_code == 303
+        # A revoked preview is a 404 even with its cookie.
+        assert client.delete(f"/v1/previews/{preview['preview_id']}").status_code == 204
+        assert httpx.get(clean, cookies={cookie.name: cookie.value}, timeout=10).status_code == 404
+        service.previews.flush_audit()  # type: ignore[union-attr]
+        outcomes = {r.detail["outcome"] for r in audit.entries(service.store, action="preview_connection", limit=100)}
+        assert {"cookie_minted", "no_access_cookie", "relayed"} <= outcomes
+
+
+def test_a_slow_head_an_oversized_head_a_quiet_app_and_the_daily_bytes_are_bounded() -> None:
+    settings = {"preview_head_timeout_s": 0.5, "preview_idle_timeout_s": 1.0, "preview_max_bytes_per_day": 1024 * 1024}
+    with served(**settings, **block(3)) as (client, service):
+        previews = service.previews
+        assert previews is not None
+        host, port = previews.address.split(":")
+        run_id = web_run(client, 67)
+        write_app(client, run_id, "silent.py", SILENT_APP)
+        start(client, run_id, "exec python3 silent.py 8114")
+        shell(client, run_id, "mkdir -p site && head -c 2097152 /dev/urandom > site/big.bin")
+        start(client, run_id, "cd site && exec python3 -m http.server 8115 --bind 127.0.0.1")
+        quiet, files = expose(client, run_id, 8114), expose(client, run_id, 8115)
+
+        def answer(data: bytes, wait_s: float = 10) -> tuple[bytes, float]:
+            with socket.create_connection((host, int(port)), timeout=wait_s) as sock:
+                started = time.monotonic()
+                sock.sendall(data)
+                received = b""
+                while piece := sock.recv(65536):
+                    received += piece
+                return received, time.monotonic() - started
+
+        # A visitor that never finishes its head is answered 408 after the head deadline.
+        slow, took = answer(b"GET /" + files["url"].split("/", 3)[3].encode() + b" HTTP/1.1\r\nHost: x\r\n")
+        assert slow.startswith(b"HTTP/1.1 408") and 0.4 < took < 3, (slow, took)
+        big, _ = answer(b"GET / HTTP/1.1\r\nX-Big: " + b"a" * 20_000)
+        assert big.startswith(b"HTTP/1.1 431")
+        # An app that accepts and never answers: the connection is closed after the idle time.
+        path = "/" + quiet["url"].split("/", 3)[3]
+        nothing, took = answer(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert nothing == b"" and 0.9 < took < 5, took
+
+        # 1 MiB a day: the 2 MiB download is cut near the bound, and the next request is a 429.
+        assert wait_served(files["url"]).status_code == 200
+        with httpx.stream("GET", files["url"] + "big.bin", timeout=30) as response:
+            got = 0
+            with pytest.raises(httpx.HTTPError):
+                for chunk in response.iter_raw():
+                    got += len(chunk)
+        assert got < 2 * 1024 * 1024
+        refused = httpx.get(files["url"], timeout=10)
+        assert refused.status_code == 429 and refused.headers["retry-after"].isdigit()
+        previews.flush_audit()
+        outcomes = {r.detail["outcome"] for r in audit.entries(service.store, action="preview_connection", limit=100)}
+        assert {"idle", "daily_bytes"} <= outcomes, outcomes
