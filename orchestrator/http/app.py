@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from orchestrator import __version__
 from orchestrator.http import (
+    routes_admin_users,
     routes_collaboration,
     routes_core,
     routes_disk,
@@ -66,6 +67,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.add_middleware(RequestId)  # added last, so outermost: the access log and the guard see its id
     app.include_router(routes_core.router)
     app.include_router(routes_disk.router)
+    app.include_router(routes_admin_users.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_collaboration.router)
     app.include_router(routes_files.router)

@@ -125,6 +125,21 @@ class PreviewService:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.relay.cut, preview_id)
 
+    def revoke_all_of_user(self, user_id: int, *, actor: str) -> int:
+        """End every preview of a user (a purge): each answers 404 and its connections are cut;
+        returns how many there were."""
+        ended = 0
+        for preview_id in self.records.ids_of_user(user_id):
+            with self._store.write() as tx:
+                if not self.records.delete(tx, preview_id):
+                    continue
+                audit.record(tx, actor=actor, action="preview_revoked", runtime_user_id=user_id, preview_id=preview_id)
+            ended += 1
+            metrics.PREVIEW_LINKS.labels("revoked").inc()
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self.relay.cut, preview_id)
+        return ended
+
     def url(self, record: PreviewRecord) -> str:
         return preview_url(self.base_url, record.token)
 

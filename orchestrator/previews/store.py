@@ -54,5 +54,11 @@ class PreviewStore:
             )
         return [_record(row) for row in rows]
 
+    def ids_of_user(self, user_id: int) -> list[str]:
+        """Every preview of the user, live or expired (a purge ends them all)."""
+        with self._store.read() as tx:
+            rows = tx.all("SELECT preview_id FROM previews WHERE user_id = ? ORDER BY created_at", (user_id,))
+        return [row["preview_id"] for row in rows]
+
     def delete(self, tx: Transaction, preview_id: str) -> bool:
         return tx.execute("DELETE FROM previews WHERE preview_id = ?", (preview_id,)).rowcount > 0

@@ -260,6 +260,9 @@ class KubernetesBackend:
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         return self._slots.cancel_calls(user_id, run_id=run_id, session_id=session_id, stop=self.stop)
 
+    def pause(self, user_id: int) -> bool:
+        return False  # pods are never paused: Kubernetes has no freezer in its API
+
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)
         with slot.lock:
