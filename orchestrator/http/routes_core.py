@@ -70,10 +70,10 @@ async def healthz(
         "runtime_identity_invalid_value": state.invalid_value,
         # Whether process-backend sandboxes are kept apart (own uids, own network namespace).
         # uid_block: the sandbox uids this instance claims on the host (orchestrator/sandboxes/uid_blocks.py).
-        "isolation": {**_process_isolation(service), "uid_block": _uid_block(service)},
+        "isolation": {**process_isolation(service), "uid_block": _uid_block(service)},
         # Which disk-quota mechanism is in force (docs/disk-quotas.md) and the host watermark.
         "disk_quota": service.disk_quotas.health().__dict__,
-        "egress": _egress_status(service),
+        "egress": egress_status(service),
         # Per backend: the host's kernel, or gVisor's between the sandbox and it (docs/security.md).
         "kernel_boundary": kernel_boundaries(service.settings, service.sandboxes.backends),
         # The kubernetes backend's API server and namespace; null when it is not registered.
@@ -101,7 +101,7 @@ def _kubernetes_status(service: OrchestratorService) -> dict | None:
     return {"cluster": backend.cluster, "namespace": backend.namespace, "data_volume": backend.data.describe()}
 
 
-def _egress_status(service: OrchestratorService) -> dict[str, object]:
+def egress_status(service: OrchestratorService) -> dict[str, object]:
     """Whether each backend makes the egress proxy the only way out (docs/egress.md)."""
     settings = service.settings
     if service.egress is None:
@@ -121,7 +121,7 @@ def _egress_status(service: OrchestratorService) -> dict[str, object]:
     return status
 
 
-def _process_isolation(service: OrchestratorService) -> dict[str, object]:
+def process_isolation(service: OrchestratorService) -> dict[str, object]:
     process = service.sandboxes.backend_named("process", ProcessBackend)
     return process.isolation.as_json() if process is not None else {}
 

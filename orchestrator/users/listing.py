@@ -44,6 +44,26 @@ def matches(summary: UserSummary, wanted: UserFilter) -> bool:
     return wanted.state is None or summary.state == wanted.state
 
 
+@dataclass(frozen=True)
+class GroupSummary:
+    group: GroupRef
+    members: tuple[int, ...]
+
+
+def list_groups(store: StateStore, *, limit: int = 500) -> list[GroupSummary]:
+    """Every group chat with members, and who they are."""
+    with store.read() as tx:
+        rows = tx.all(
+            "SELECT channel, chat_id, group_concat(user_id) AS members FROM group_members"
+            " GROUP BY channel, chat_id ORDER BY channel, chat_id LIMIT ?",
+            (limit,),
+        )
+    return [
+        GroupSummary(GroupRef(row["channel"], row["chat_id"]), tuple(sorted(int(m) for m in row["members"].split(","))))
+        for row in rows
+    ]
+
+
 class UserListing:
     def __init__(
         self,
