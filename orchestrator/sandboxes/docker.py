@@ -417,9 +417,7 @@ class DockerBackend:
             sandbox_gid=gid,
             extra_gids=extra,
             network=self.settings.sandbox_network,
-            limits=replace(
-                self.limits, cpus=user.cpus or self.limits.cpus, memory_mb=user.memory_mb or self.limits.memory_mb
-            ),
+            limits=self.limits.for_user(user.cpus, user.memory_mb),
             agent_dir=self.layout.agent_current,
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),

@@ -60,6 +60,10 @@ class Limits:
     memory_mb: int
     pids: int
 
+    def for_user(self, cpus: float | None, memory_mb: int | None) -> Limits:
+        """These limits with a user's own CPU and memory (the admin's override) where given."""
+        return Limits(cpus or self.cpus, memory_mb or self.memory_mb, self.pids)
+
 
 @dataclass(frozen=True)
 class BindMount:

@@ -136,6 +136,16 @@ def test_cpu_and_memory_are_set_within_the_operators_maxima(api) -> None:
     assert service.sandboxes.sandbox_user(41).cpus == 1.5
     listed = client.get("/v1/admin/users", headers=ADMIN).json()["users"]
     assert next(u for u in listed if u["user_id"] == 41)["memory_mb"] == 512
+    # A restart applies them: the sandbox's cgroup carries the user's own memory limit.
+    run_id = start_run(client, session_of(client, 41), trigger="web")["run_id"]
+    assert tool(client, run_id, "shell", command="true")["ok"]
+    assert client.post("/v1/admin/users/41/sandbox/restart", headers=ADMIN).status_code == 200
+    cgroup = service.sandboxes.backends["process"]._agents[41].cgroup
+    assert cgroup is not None or os.geteuid() != 0  # as root the sandbox has its cgroup
+    if cgroup is not None and cgroup.limited_by != "none":
+        memory = [value for path, value in cgroup.writes if path.name in ("memory.max", "memory.limit_in_bytes")]
+        assert memory == [str(512 * 1024 * 1024)], cgroup.writes
+        assert all(open(path).read().strip() == value for path, value in cgroup.writes if path.name == "memory.max")
     back = client.put("/v1/admin/users/41/resources", json={"cpus": None, "memory_mb": None}, headers=ADMIN).json()
     assert back["override"] is False and back["cpus"] == 1.0
     assert [e.detail for e in audit.entries(service.store, action="user.resources_set")][-1] == {"cpus": 1.5, "memory_mb": 512}
