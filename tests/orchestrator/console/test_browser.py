@@ -20,6 +20,8 @@ import httpx
 import pytest
 from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
 
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
@@ -57,6 +59,15 @@ class World:
 
     def text(self, css: str) -> str:
         return self.find(css).text
+
+    def submit(self, css: str, *, alert: bool = False) -> None:
+        """Click a form's button and wait until the next page replaced this one (a click
+        returns before the browser navigated); `alert`: accept the page's "are you sure"."""
+        page = self.find("html")
+        self.find(css).click()
+        if alert:
+            WebDriverWait(self.driver, 30).until(expected_conditions.alert_is_present()).accept()
+        WebDriverWait(self.driver, 60).until(expected_conditions.staleness_of(page))
 
     def shot(self, name: str) -> None:
         save_screenshot(self.driver, SHOTS / f"{name}.png")
@@ -98,7 +109,7 @@ def world() -> Iterator[World]:
 def log_in(world: World) -> None:
     world.page("/admin/login")
     world.find("#token").send_keys(ADMIN_TOKEN)
-    world.find("form.login button").click()
+    world.submit("form.login button")
     assert world.driver.current_url == world.url + "/admin/"  # type: ignore[attr-defined]
 
 
@@ -116,11 +127,11 @@ def start_group_run(world: World, speaker: int) -> dict:
 def flip_identity(world: World, mode: str, *, shoot: bool = False) -> None:
     world.page("/admin/identity")
     world.find(f"input[name=mode][value={mode}]").click()
-    world.find("#switch").click()
+    world.submit("#switch")
     assert world.text("#after") == mode  # the confirmation says what the next runs get
     if shoot:
         world.shot("identity-confirm")
-    world.find("#confirm").click()
+    world.submit("#confirm")
     assert world.text("#mode") == mode and world.text("#source") == "admin"
 
 
@@ -178,7 +189,7 @@ def test_the_browser_stops_a_users_sandbox_and_the_next_call_starts_a_new_one(wo
     world.page(f"/admin/users/{STOPPED}")
     assert world.text("#sandbox-state") == "running"
     world.shot("user")
-    world.find("#sandbox-stop").click()
+    world.submit("#sandbox-stop")
     assert world.text("#sandbox-state") == "stopped"
     assert "sandbox stopped" in world.text(".notice")
     assert sandbox_since(world, STOPPED) is None
@@ -195,7 +206,7 @@ def test_the_browser_grows_a_disk_quota_and_the_admin_api_shows_it(world: World)
     assert before["image_mb"] == 16
     world.page(f"/admin/users/{STOPPED}")
     world.find("#disk_mb").send_keys("24")
-    world.find("#save-disk").click()
+    world.submit("#save-disk")
     assert "disk quota 24 MiB" in world.text(".notice")
     after = world.api.get(f"/v1/admin/users/{STOPPED}/disk", headers=ADMIN).json()["usage"]
     assert after["image_mb"] == 24 and after["bytes_limit"] > before["bytes_limit"]
@@ -213,7 +224,7 @@ def test_the_browser_allows_an_egress_host_for_one_user_and_its_next_connection_
     assert through_proxy(world, run_id, f"{target}/hello")["status"] == 403
     world.page(f"/admin/users/{STOPPED}")
     world.find("#egress-allow").send_keys(target)
-    world.find("#save-egress").click()
+    world.submit("#save-egress")
     assert "egress rules saved" in world.text(".notice") and target in world.text("#egress-effective")
     got = through_proxy(world, run_id, f"{target}/hello")
     assert got["status"] == 200 and got["body"] == HELLO.decode(), got
@@ -230,8 +241,7 @@ def test_the_browser_purges_a_user_whose_files_go_and_whose_id_is_refused(world:
     assert (home / "secret.txt").exists()
     world.page(f"/admin/users/{PURGED}")
     world.find("#confirm_user_id").send_keys(str(PURGED))
-    world.find("#purge").click()
-    world.driver.switch_to.alert.accept()  # type: ignore[attr-defined]  # the page's own "are you sure"
+    world.submit("#purge", alert=True)  # the page's own "are you sure"
     assert "user 88 purged" in world.text(".notice")
     assert not home.exists() and not (world.service.layout.disk_images_dir / "user-88.img").exists()
     gone = world.api.get(f"/v1/users/{PURGED}")
@@ -256,8 +266,12 @@ def test_a_display_name_that_is_an_xss_payload_shows_as_text(world: World) -> No
 
 
 def test_groups_and_a_runs_tool_calls_are_shown(world: World) -> None:
+    # A group workspace's volume is named by its chat in the admin API, and on the page.
+    volumes = world.api.get("/v1/admin/disk", headers=ADMIN).json()["volumes"]
+    group = next(v for v in volumes if v["volume"].startswith("group-"))
+    assert group["chat"] == {"channel": "feishu", "chat_id": "oc_ops"}, volumes
     world.page("/admin/groups")
-    assert "feishu/oc_ops" in world.text("main")
+    assert "feishu/oc_ops" in world.text("main") and " MiB" in world.text("main")
     world.shot("groups")
     run_id = world.web_run(SPEAKER)
     assert world.tool(run_id, "shell", command="true")["ok"]
@@ -310,7 +324,7 @@ def test_an_expired_session_goes_back_to_the_login(world: World) -> None:
     world.page("/admin/users")  # the expired session is gone for good
     assert "/admin/login" in world.driver.current_url  # type: ignore[attr-defined]
     log_in(world)
-    world.find("form.logout button").click()
+    world.submit("form.logout button")
     assert "/admin/login" in world.driver.current_url  # type: ignore[attr-defined]
     world.page("/admin/")
     assert "/admin/login" in world.driver.current_url  # type: ignore[attr-defined]
