@@ -24,7 +24,6 @@ from starlette.datastructures import FormData
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from mounts import ids
-from mounts.layout import GroupRef
 from orchestrator import __version__, audit
 from orchestrator.clock import iso
 from orchestrator.console.charts import CallSample, bar_chart, hour_of_calls, line_chart
@@ -42,10 +41,10 @@ from orchestrator.http.auth import caller_for
 from orchestrator.http.routes_core import egress_status, process_isolation
 from orchestrator.identity import IdentityMode
 from orchestrator.quotas.model import group_volume
-from orchestrator.runs.listing import RunFilter, list_runs, tool_calls_of
+from orchestrator.runs.listing import RunFilter, list_runs, run_filter, tool_calls_of
 from orchestrator.sandboxes.kernel_boundary import kernel_boundaries
 from orchestrator.service import OrchestratorService
-from orchestrator.users.listing import UserFilter, list_groups
+from orchestrator.users.listing import UserFilter, list_groups, parse_cursor
 from orchestrator.users.sandbox_control import SandboxAction
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -289,7 +288,10 @@ def users_page(
 ) -> HTMLResponse:
     session = _session(request)
     service = _service(request)
-    after = int(cursor) if cursor.isascii() and cursor.isdecimal() else None
+    try:
+        after = parse_cursor(cursor)
+    except InvalidInput as exc:
+        raise ConsoleRefusal(422, exc.message) from None
     found, next_after = service.user_listing.page(
         UserFilter(platform=platform or None, backend=backend or None, state=state or None), after=after, limit=PAGE
     )
@@ -472,13 +474,8 @@ def runs_page(
     session = _session(request)
     service = _service(request)
     try:
-        wanted = RunFilter(
-            active=state == "active",
-            user_id=_user_id(user_id) if user_id else None,
-            session_id=ids.session_id(session_id, "session_id") if session_id else None,
-            group=GroupRef(ids.name(channel, "channel"), ids.chat_id(chat_id, "chat_id")) if channel and chat_id else None,
-        )
-    except ids.InvalidIdentifier as exc:
+        wanted = run_filter(state, _user_id(user_id) if user_id else None, session_id or None, channel or None, chat_id or None)
+    except InvalidInput as exc:
         raise ConsoleRefusal(422, exc.message) from None
     return render(
         "runs.html", session=session, title="Runs", runs=list_runs(service.store, wanted, limit=200),

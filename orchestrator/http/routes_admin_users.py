@@ -8,8 +8,6 @@ from typing import Literal
 from fastapi import APIRouter, Depends, Query
 
 from mounts import ids
-from mounts.layout import GroupRef
-from orchestrator.errors import InvalidInput
 from orchestrator.http.admin_models import (
     AdminRunOut,
     AdminRunsOut,
@@ -23,10 +21,10 @@ from orchestrator.http.admin_models import (
 )
 from orchestrator.http.auth import Caller, require_admin, service_of
 from orchestrator.http.models import GroupOut, PersonOut
-from orchestrator.http.params import SQLITE_INT_MAX, purged_or_live_user_id_param, user_id_param
-from orchestrator.runs.listing import ListedRun, RunFilter, list_runs
+from orchestrator.http.params import purged_or_live_user_id_param, user_id_param
+from orchestrator.runs.listing import ListedRun, list_runs, run_filter
 from orchestrator.service import OrchestratorService
-from orchestrator.users.listing import UserFilter, UserSummary
+from orchestrator.users.listing import UserFilter, UserSummary, parse_cursor
 from orchestrator.users.sandbox_control import SandboxAction
 
 router = APIRouter()
@@ -58,27 +56,6 @@ def run_out(listed: ListedRun) -> AdminRunOut:
         identity_mode=run.identity_mode, status=run.status, started_at=run.started_at, ended_at=run.ended_at,
         last_activity_at=listed.last_activity_at, group=group,
     )  # fmt: skip
-
-
-def parse_cursor(cursor: str | None) -> int | None:
-    """Pure: a users page cursor (the last user id of the page before) or None."""
-    if cursor is None or cursor == "":
-        return None
-    if not cursor.isascii() or not cursor.isdecimal() or int(cursor) > SQLITE_INT_MAX:
-        raise InvalidInput("cursor must be the next_cursor of an earlier page", field="cursor")
-    return int(cursor)
-
-
-def run_filter(state: str, user_id: int | None, session_id: str | None, channel: str | None, chat_id: str | None) -> RunFilter:
-    """Pure: the filter of GET /v1/admin/runs (a group needs both channel and chat_id)."""
-    if (channel is None) != (chat_id is None):
-        raise InvalidInput("a group is named by both channel and chat_id", field="channel" if channel is None else "chat_id")
-    try:
-        group = GroupRef(ids.name(channel, "channel"), ids.chat_id(chat_id, "chat_id")) if channel and chat_id else None
-        session = ids.session_id(session_id, "session_id") if session_id is not None else None
-    except ids.InvalidIdentifier as exc:
-        raise InvalidInput(exc.message, field=exc.field) from None
-    return RunFilter(active=state == "active", user_id=user_id, session_id=session, group=group)
 
 
 @router.get("/v1/admin/users", response_model=AdminUsersOut, tags=["admin"])

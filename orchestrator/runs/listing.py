@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mounts import ids
 from mounts.layout import GroupRef
 from orchestrator import audit
+from orchestrator.errors import InvalidInput
 from orchestrator.runs.records import RunRecord, run_from_row
 from orchestrator.state_store import StateStore
 
@@ -24,6 +26,18 @@ class ListedRun:
     run: RunRecord
     last_activity_at: str | None
     group: GroupRef | None
+
+
+def run_filter(state: str, user_id: int | None, session_id: str | None, channel: str | None, chat_id: str | None) -> RunFilter:
+    """Pure: the filter of GET /v1/admin/runs (a group needs both channel and chat_id)."""
+    if (channel is None) != (chat_id is None):
+        raise InvalidInput("a group is named by both channel and chat_id", field="channel" if channel is None else "chat_id")
+    try:
+        group = GroupRef(ids.name(channel, "channel"), ids.chat_id(chat_id, "chat_id")) if channel and chat_id else None
+        session = ids.session_id(session_id, "session_id") if session_id is not None else None
+    except ids.InvalidIdentifier as exc:
+        raise InvalidInput(exc.message, field=exc.field) from None
+    return RunFilter(active=state == "active", user_id=user_id, session_id=session, group=group)
 
 
 def where_clause(wanted: RunFilter) -> tuple[str, list[object]]:

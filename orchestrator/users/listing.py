@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mounts.layout import GroupRef
+from orchestrator.errors import InvalidInput
+from orchestrator.runs.records import MAX_RUN_SEQ as SQLITE_INT_MAX
 from orchestrator.sandboxes.router import SandboxRouter
 from orchestrator.state_store import StateStore
 from orchestrator.users.identities import IdentityRecord, IdentityRepository
@@ -62,6 +64,15 @@ def list_groups(store: StateStore, *, limit: int = 500) -> list[GroupSummary]:
         GroupSummary(GroupRef(row["channel"], row["chat_id"]), tuple(sorted(int(m) for m in row["members"].split(","))))
         for row in rows
     ]
+
+
+def parse_cursor(cursor: str | None) -> int | None:
+    """Pure: a users page cursor (the last user id of the page before) or None."""
+    if cursor is None or cursor == "":
+        return None
+    if not cursor.isascii() or not cursor.isdecimal() or int(cursor) > SQLITE_INT_MAX:
+        raise InvalidInput("cursor must be the next_cursor of an earlier page", field="cursor")
+    return int(cursor)
 
 
 class UserListing:

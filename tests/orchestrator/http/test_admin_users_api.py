@@ -15,7 +15,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 (fixtures)
 from tests.api_calls import start_run, tool
-from tests.conftest import ADMIN_TOKEN, API_TOKEN, admin_headers, make_settings
+from tests.conftest import API_TOKEN, admin_headers, make_settings
 
 ADMIN = admin_headers()
 
