@@ -319,8 +319,10 @@ class DockerBackend:
 
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
+        limits = self.limits.for_user(user.cpus, user.memory_mb)
         desired = Desired(
-            user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build, self.settings.sandbox_runtime
+            user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build, self.settings.sandbox_runtime,
+            limits=(round(limits.cpus, 6), limits.memory_mb),
         )
         if slot.count.paused:
             self._thaw_locked(slot)  # e.g. the retry of a call: then judged like any other
