@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
@@ -66,7 +66,7 @@ class World:
         self.find(css).click()
         if alert:
             WebDriverWait(self.driver, 30).until(expected_conditions.alert_is_present()).accept()
-        WebDriverWait(self.driver, 60).until(expected_conditions.staleness_of(page))
+        WebDriverWait(self.driver, 60).until(lambda _driver: gone(page))
 
     def shot(self, name: str) -> None:
         save_screenshot(self.driver, SHOTS / f"{name}.png")
@@ -82,6 +82,16 @@ class World:
         response = self.api.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}, timeout=120)
         assert response.status_code == 200, response.text
         return response.json()
+
+
+def gone(element) -> bool:  # type: ignore[no-untyped-def]
+    """Whether an element of an earlier page is no longer in the browser's document (chromedriver
+    says so as a stale reference, or, when the page is being replaced, as an inspector error)."""
+    try:
+        element.is_enabled()
+    except WebDriverException:  # StaleElementReferenceException is one
+        return True
+    return False
 
 
 @pytest.fixture(scope="module")
