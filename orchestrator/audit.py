@@ -51,17 +51,60 @@ def complete(tx: Transaction, entry_id: int, **detail: Any) -> None:
     tx.execute("UPDATE audit_log SET detail = ? WHERE id = ?", (json.dumps(detail, sort_keys=True), entry_id))
 
 
-def entries(store: StateStore, *, action: str | None = None, session_id: str | None = None, limit: int = 100) -> list[AuditEntry]:
-    clauses, params = [], []
-    if action is not None:
-        clauses.append("action = ?")
-        params.append(action)
-    if session_id is not None:
-        clauses.append("session_id = ?")
-        params.append(session_id)
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+@dataclass(frozen=True)
+class AuditFilter:
+    """Which entries a listing shows; None is "any". `user_id` matches the owner or the
+    runtime user; `tool` and `outcome` a tool call's; `since`/`until` are ISO 8601 UTC times
+    (inclusive, exclusive); `run_id` a tool call's run; `before` an entry id (the next page)."""
+
+    action: str | None = None
+    session_id: str | None = None
+    user_id: int | None = None
+    run_id: str | None = None
+    tool: str | None = None
+    outcome: str | None = None
+    since: str | None = None
+    until: str | None = None
+    before: int | None = None
+
+
+def where_clause(found: AuditFilter) -> tuple[str, list[object]]:
+    """Pure: the SQL condition (with its parameters) of a filter."""
+    clauses: list[str] = []
+    params: list[object] = []
+    for sql, value in (
+        ("action = ?", found.action),
+        ("session_id = ?", found.session_id),
+        ("json_extract(detail, '$.run_id') = ?", found.run_id),
+        ("json_extract(detail, '$.tool') = ?", found.tool),
+        ("json_extract(detail, '$.outcome') = ?", found.outcome),
+        ("at >= ?", found.since),
+        ("at < ?", found.until),
+        ("id < ?", found.before),
+    ):
+        if value is not None:
+            clauses.append(sql)
+            params.append(value)
+    if found.user_id is not None:
+        clauses.append("(owner_user_id = ? OR runtime_user_id = ?)")
+        params += [found.user_id, found.user_id]
+    return (f"WHERE {' AND '.join(clauses)}" if clauses else ""), params
+
+
+def entries(
+    store: StateStore,
+    *,
+    action: str | None = None,
+    session_id: str | None = None,
+    limit: int = 100,
+    where: AuditFilter | None = None,
+    oldest_first: bool = False,
+) -> list[AuditEntry]:
+    found = where if where is not None else AuditFilter(action=action, session_id=session_id)
+    clause, params = where_clause(found)
+    order = "ASC" if oldest_first else "DESC"
     with store.read() as tx:
-        rows = tx.all(f"SELECT * FROM audit_log {where} ORDER BY id DESC LIMIT ?", (*params, limit))
+        rows = tx.all(f"SELECT * FROM audit_log {clause} ORDER BY id {order} LIMIT ?", (*params, limit))
     return [
         AuditEntry(
             id=row["id"],

@@ -60,7 +60,11 @@ from orchestrator.tools.registry import ToolRegistry
 from orchestrator.users.dirs import UserDirectories
 from orchestrator.deliveries.url_fetch import UrlFetcher
 from orchestrator.users.identities import IdentityRepository
+from orchestrator.users.listing import UserListing
+from orchestrator.users.purge import UserPurge
 from orchestrator.users.repository import UserRepository
+from orchestrator.users.resources import Maxima, ResourceOverrides, Resources
+from orchestrator.users.sandbox_control import SandboxControl
 from orchestrator.sandboxes import uid_registry
 from orchestrator.sandboxes.docker_spec import instance_id
 
@@ -275,6 +279,26 @@ class OrchestratorService:
         )
         quotas_on = self.disk_quotas.mechanism is not QuotaMechanism.OFF
         metrics.register_disk_usage(self._volume_usage if quotas_on else None)
+        # The admin's hand on users (docs/admin-console.md): sandboxes, CPU and memory, purges.
+        self.resources = ResourceOverrides(
+            self.store,
+            default=Resources(settings.sandbox_cpus, settings.sandbox_memory_mb),
+            maxima=Maxima(settings.user_max_cpus, settings.user_max_memory_mb),
+        )
+        self.sandboxes.resources_of = self.resources.override_of
+        self.sandbox_control = SandboxControl(self.store, self.sandboxes)
+        self.purge = UserPurge(
+            store=self.store,
+            purged=self.users.purged,
+            layout=self.layout,
+            stop_sandbox=self._stop_sandbox_of,
+            remove_volume=self.disk_quotas.remove_user_volume,
+            delete_session=lambda session_id, actor: self.sessions.delete(session_id, actor=actor),
+        )
+        self.user_listing = UserListing(self.store, self.users, self.identities, self.sandboxes, self.sandbox_control)
+        self.purge.steps["resources"] = lambda user_id, _actor: self.resources.forget(user_id)
+        if self.previews is not None:
+            self.purge.steps["previews"] = lambda user_id, actor: self.previews.revoke_all_of_user(user_id, actor=actor)  # type: ignore[union-attr]
         self.idle_runs = IdleRunSweeper(
             repo=self.run_repo, runs=self.runs, in_flight=self.calls_in_flight, max_idle_s=settings.run_max_idle_s
         )

@@ -255,6 +255,16 @@ class Settings(BaseSettings):
     sandbox_cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox.")
     sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit per sandbox (MiB).")
     sandbox_pids: int = Field(512, gt=0, description="Process limit per sandbox.")
+    # The admin console and per-user resources (docs/admin-console.md).
+    user_max_cpus: float = Field(
+        4.0, gt=0, description="The most CPUs an admin may give one user's sandbox (PUT /v1/admin/users/{uid}/resources)."
+    )
+    user_max_memory_mb: int = Field(
+        8192, gt=0, description="The most memory (MiB) an admin may give one user's sandbox."
+    )
+    console_session_ttl_s: float = Field(
+        3600.0, gt=0, description="How long an admin console login lasts before it asks for the token again."
+    )
     sandbox_shm_mb: int = Field(
         64, gt=0, description="Size of /dev/shm (a tmpfs of its own) in a bwrap sandbox of the process backend (MiB)."
     )

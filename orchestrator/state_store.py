@@ -208,6 +208,23 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX previews_by_expiry ON previews (expires_at);
     """,
+    # 12 (numbered by its issue; renumbered where it lands): purged users' tombstones (their ids
+    # are never used again, orchestrator/users/purge.py) and per-user CPU and memory
+    # (orchestrator/users/resources.py)
+    """
+    CREATE TABLE purged_users (
+        user_id    INTEGER PRIMARY KEY,
+        purged_at  TEXT NOT NULL,
+        actor      TEXT NOT NULL
+    );
+    CREATE TABLE user_resources (
+        user_id     INTEGER PRIMARY KEY,
+        cpus        REAL,
+        memory_mb   INTEGER,
+        actor       TEXT NOT NULL,
+        changed_at  TEXT NOT NULL
+    );
+    """,
 )
 
 

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from orchestrator import __version__
 from orchestrator.http import (
+    routes_admin_users,
     routes_collaboration,
     routes_core,
     routes_disk,
@@ -25,6 +26,7 @@ from orchestrator.http import (
     routes_skills,
     routes_uploads,
 )
+from orchestrator.console.routes import install_console
 from orchestrator.http.access_log import AccessLog
 from orchestrator.http.auth import has_valid_token
 from orchestrator.http.errors import install_error_handlers
@@ -66,6 +68,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.add_middleware(RequestId)  # added last, so outermost: the access log and the guard see its id
     app.include_router(routes_core.router)
     app.include_router(routes_disk.router)
+    app.include_router(routes_admin_users.router)
     app.include_router(routes_sessions.router)
     app.include_router(routes_collaboration.router)
     app.include_router(routes_files.router)
@@ -76,6 +79,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_lookups.router)
     app.include_router(routes_identities.router)
     app.include_router(routes_metrics.router)
+    install_console(app, service)  # /admin: the web console (docs/admin-console.md)
     mcp = routes_mcp.mount_mcp(app, service)  # the SDK's transport: not an OpenAPI route
     install_docs(
         app,

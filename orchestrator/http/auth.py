@@ -148,4 +148,6 @@ async def acting_user(
         service = request.app.state.service
         record = await run_in_threadpool(service.identities.sight, acting)
         return service.users.admit(record.user_id, "X-Acting-User")
+    if acting is not None:
+        request.app.state.service.users.purged.refuse(acting, "X-Acting-User")
     return acting

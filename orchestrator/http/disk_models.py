@@ -11,6 +11,11 @@ class DiskLimitIn(BaseModel):
     disk_mb: int = Field(..., ge=8, le=16 * 1024 * 1024, description="The user's new disk quota (MiB); only growth.")
 
 
+class GroupChatOut(BaseModel):
+    channel: str
+    chat_id: str
+
+
 class DiskUsageOut(BaseModel):
     volume: str
     mechanism: str
@@ -21,6 +26,7 @@ class DiskUsageOut(BaseModel):
     over_quota: bool
     partial: bool
     image_mb: int | None = Field(None, description="The image's size (loop): the quota as configured.")
+    chat: GroupChatOut | None = Field(None, description="For a `group-...` volume: the group chat whose workspace it is.")
 
 
 class HostCopiesOut(BaseModel):

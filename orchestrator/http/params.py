@@ -35,7 +35,18 @@ async def user_id_param(
     ),
 ) -> int:
     """A user named by our integer id or by `{platform}:{id}`; a platform identity no bot has
-    named yet is a 404 (`PUT /v1/identities/{platform}/{id}` names it)."""
+    named yet is a 404 (`PUT /v1/identities/{platform}/{id}` names it); a purged user is a 410."""
+    found = await purged_or_live_user_id_param(request, user_id)
+    return request.app.state.service.users.purged.refuse(found)
+
+
+async def purged_or_live_user_id_param(
+    request: Request,
+    user_id: Annotated[int, Field(gt=0, le=ids.MAX_USER_ID)] | Annotated[str, Field(max_length=ids.PERSON_MAX_CHARS, json_schema_extra={"pattern": ids.PERSON_PATTERN})] = Path(
+        ..., description="Our user id, or a person's platform identity as `{platform}:{id}` (e.g. `slack:U024BE7LH`)"
+    ),
+) -> int:
+    """As `user_id_param`, a purged user too (a purge repeated to finish its cleanup)."""
     # The union's str member takes "17" too (an exact type match): digits are a user id.
     if isinstance(user_id, str) and user_id.isdecimal() and user_id.isascii():
         user_id = int(user_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from fastapi import APIRouter, Depends, Header, Query
 
 from orchestrator import __version__, audit
@@ -21,7 +23,8 @@ from orchestrator.http.models import (
     UserIn,
     UserOut,
 )
-from orchestrator.http.params import chat_id_param, group_channel_param, project_id_param, user_id_param
+from orchestrator.clock import iso
+from orchestrator.http.params import SQLITE_INT_MAX, chat_id_param, group_channel_param, project_id_param, user_id_param
 from orchestrator.runs.identity_switch import IdentityModeState
 from orchestrator.service import OrchestratorService
 from orchestrator.sandboxes.kernel_boundary import kernel_boundaries
@@ -67,10 +70,10 @@ async def healthz(
         "runtime_identity_invalid_value": state.invalid_value,
         # Whether process-backend sandboxes are kept apart (own uids, own network namespace).
         # uid_block: the sandbox uids this instance claims on the host (orchestrator/sandboxes/uid_blocks.py).
-        "isolation": {**_process_isolation(service), "uid_block": _uid_block(service)},
+        "isolation": {**process_isolation(service), "uid_block": _uid_block(service)},
         # Which disk-quota mechanism is in force (docs/disk-quotas.md) and the host watermark.
         "disk_quota": service.disk_quotas.health().__dict__,
-        "egress": _egress_status(service),
+        "egress": egress_status(service),
         # Per backend: the host's kernel, or gVisor's between the sandbox and it (docs/security.md).
         "kernel_boundary": kernel_boundaries(service.settings, service.sandboxes.backends),
         # The kubernetes backend's API server and namespace; null when it is not registered.
@@ -98,7 +101,7 @@ def _kubernetes_status(service: OrchestratorService) -> dict | None:
     return {"cluster": backend.cluster, "namespace": backend.namespace, "data_volume": backend.data.describe()}
 
 
-def _egress_status(service: OrchestratorService) -> dict[str, object]:
+def egress_status(service: OrchestratorService) -> dict[str, object]:
     """Whether each backend makes the egress proxy the only way out (docs/egress.md)."""
     settings = service.settings
     if service.egress is None:
@@ -118,7 +121,7 @@ def _egress_status(service: OrchestratorService) -> dict[str, object]:
     return status
 
 
-def _process_isolation(service: OrchestratorService) -> dict[str, object]:
+def process_isolation(service: OrchestratorService) -> dict[str, object]:
     process = service.sandboxes.backend_named("process", ProcessBackend)
     return process.isolation.as_json() if process is not None else {}
 
@@ -236,15 +239,38 @@ def put_runtime_identity(
     return _mode_out(service.switch.set_by_admin(body.mode, actor=caller.actor))
 
 
-@router.get("/v1/admin/audit", tags=["admin"])
-def get_audit(
+def audit_filter(
     action: str | None = Query(None, max_length=100),
     session_id: str | None = Query(None, max_length=200),
+    user_id: int | None = Query(None, ge=1, le=SQLITE_INT_MAX, description="As the owner or the runtime user."),
+    run_id: str | None = Query(None, max_length=128, description="A run's tool calls."),
+    tool: str | None = Query(None, max_length=64, description="A tool call's tool."),
+    outcome: str | None = Query(None, max_length=64, description="A tool call's outcome: ok, started, or an error code."),
+    since: datetime | None = Query(None, description="From this time on (ISO 8601)."),
+    until: datetime | None = Query(None, description="Before this time (ISO 8601)."),
+    before: int | None = Query(None, ge=1, le=SQLITE_INT_MAX, description="Entries older than this id (the next page)."),
+) -> audit.AuditFilter:
+    """The audit filters of GET /v1/admin/audit and the console's audit page (a time without
+    a zone is UTC)."""
+    def moment(value: datetime | None) -> str | None:
+        if value is None:
+            return None
+        return iso(value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc))
+
+    return audit.AuditFilter(
+        action=action or None, session_id=session_id or None, user_id=user_id, run_id=run_id or None,
+        tool=tool or None, outcome=outcome or None, since=moment(since), until=moment(until), before=before,
+    )  # fmt: skip
+
+
+@router.get("/v1/admin/audit", tags=["admin"])
+def get_audit(
+    where: audit.AuditFilter = Depends(audit_filter),
     limit: int = Query(100, ge=1, le=1000),
     service: OrchestratorService = Depends(service_of),
     _: Caller = Depends(require_admin),
 ) -> dict:
-    entries = audit.entries(service.store, action=action, session_id=session_id, limit=limit)
+    entries = audit.entries(service.store, where=where, limit=limit)
     return {"entries": [entry.__dict__ for entry in entries]}
 
 

@@ -10,6 +10,7 @@ from orchestrator.http.disk_models import (
     DiskLimitIn,
     DiskOverviewOut,
     DiskUsageOut,
+    GroupChatOut,
     HostCopiesOut,
     MemberFreedOut,
     MemberUsageOut,
@@ -26,7 +27,9 @@ router = APIRouter()
 
 
 def _out(service: OrchestratorService, usage: DiskUsage) -> DiskUsageOut:
-    return DiskUsageOut(**usage.as_dict(), image_mb=service.disk_quotas.image_mb(usage.volume))
+    group = service.disk_quotas.group_of_volume(usage.volume)
+    chat = GroupChatOut(channel=group.channel, chat_id=group.chat_id) if group is not None else None
+    return DiskUsageOut(**usage.as_dict(), image_mb=service.disk_quotas.image_mb(usage.volume), chat=chat)
 
 
 def _host_copies(service: OrchestratorService, user_id: int) -> HostCopiesOut:

@@ -274,6 +274,19 @@ class DiskQuotas:
         assert usage is not None
         return usage, online
 
+    def remove_user_volume(self, user_id: int) -> bool:
+        """A purged user's image, unmounted and deleted (loop images only); False when there was none."""
+        if self.loop is None:
+            return False
+        return self.loop.remove(user_volume(self.layout, ids.user_id(user_id)))
+
+    def group_of_volume(self, key: str) -> GroupRef | None:
+        """The chat a `group-...` volume belongs to (its name is a digest), None for another key
+        or a group no longer on disk."""
+        if not key.startswith("group-"):
+            return None
+        return next((g for g in self._groups_on_disk() if group_volume(self.layout, g).key == key), None)
+
     def explain_no_space(self, user_id: int, error: ToolError) -> ToolError:
         """A sandbox answered no_space: the same error, its message saying whose quota is full
         (in a shared place: who holds it and who can free it)."""
@@ -518,11 +531,8 @@ class DiskQuotas:
             return user_volume(self.layout, int(key[5:]))
         if key == "share":
             return share_volume(self.layout)
-        if key.startswith("group-"):
-            for group in self._groups_on_disk():
-                if group_volume(self.layout, group).key == key:
-                    return group_volume(self.layout, group)
-        return None
+        group = self.group_of_volume(key)
+        return group_volume(self.layout, group) if group is not None else None
 
     def _groups_on_disk(self) -> list[GroupRef]:
         groups = []

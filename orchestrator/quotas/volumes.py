@@ -284,6 +284,25 @@ class LoopVolumes:
                 log.info("socket directory mounted %s", kv(path=socket_dir, size_kib=SOCKET_FS_KIB, inodes=SOCKET_FS_INODES))
             self._ready.add(key)
 
+    def remove(self, volume: Volume) -> bool:
+        """Unmount the volume's binds and image and delete the image (a purged user's); False
+        when it had no image. Its places are left as empty mount points for the caller."""
+        with self._lock(volume.key):
+            self._ready.discard(volume.key)
+            entries = read_mounts()
+            image = self.image_mount(volume.key, entries)
+            if image is not None:
+                binds = [e for e in entries if e.device == image.device and e != image]
+                for entry in sorted(binds, key=lambda e: -e.mount_id):
+                    loopfs.unmount(entry.mount_point)
+                loopfs.unmount(image.mount_point)
+            path = self.layout.disk_image(volume.key)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return False
+            return True
+
     def unmount_all(self) -> int:
         """Unmount every image of this data dir and every bind of one (binds first); returns how
         many. Other mounts below the data dir (an operator's) are left alone."""

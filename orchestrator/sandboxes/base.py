@@ -27,6 +27,9 @@ class SandboxUser:
 
     user_id: int
     plan: MountPlan
+    # The admin's per-user override (orchestrator/users/resources.py); None: the operator's default.
+    cpus: float | None = None
+    memory_mb: int | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,11 @@ class SandboxBackend(Protocol):
 
     def stop(self, user_id: int) -> None:
         """Stop the user's sandbox; the next call starts it again."""
+
+    def pause(self, user_id: int) -> bool:
+        """Freeze the user's running sandbox now (as the reaper does when it is idle); False
+        when none runs, a call is in flight, or the backend cannot pause. The next call
+        resumes it."""
 
     def status(self) -> list[SandboxStatus]:
         """Every sandbox this backend knows about."""

@@ -265,16 +265,17 @@ class SandboxCgroups:
         except OSError:
             return frozenset()
 
-    def plan(self, sandbox_uid: int) -> CgroupPlan:
+    def plan(self, sandbox_uid: int, limits: SandboxLimits | None = None) -> CgroupPlan:
         return plan_cgroup(
-            self.mounts, uid_base=self.uid_base, sandbox_uid=sandbox_uid, limits=self.limits,
+            self.mounts, uid_base=self.uid_base, sandbox_uid=sandbox_uid, limits=limits or self.limits,
             v2_controllers=self._v2_controllers(),
         )  # fmt: skip
 
-    def prepare(self, sandbox_uid: int) -> CgroupPlan:
+    def prepare(self, sandbox_uid: int, limits: SandboxLimits | None = None) -> CgroupPlan:
         """A fresh, empty cgroup for the sandbox (one left by an earlier agent is emptied
-        first), its limits written; the agent's launcher then joins `plan.procs`."""
-        plan = self.plan(sandbox_uid)
+        first), its limits written (`limits`: a user's own, else the default); the agent's
+        launcher then joins `plan.procs`."""
+        plan = self.plan(sandbox_uid, limits)
         if plan.v2_dir.exists():
             self.kill(plan)
         try:

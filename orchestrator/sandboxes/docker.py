@@ -280,6 +280,15 @@ class DockerBackend:
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         return self._slots.cancel_calls(user_id, run_id=run_id, session_id=session_id, stop=self.stop)
 
+    def pause(self, user_id: int) -> bool:
+        """Freeze the user's container now (the admin's pause): False when none runs or a call
+        is in flight. The next call unpauses it."""
+        slot = self._slot(user_id)
+        with slot.lock:
+            if slot.container_id is None or slot.stopped or slot.count.paused:
+                return False
+            return self._pause_locked(slot)
+
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)
         with slot.lock:
@@ -310,8 +319,10 @@ class DockerBackend:
 
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
+        limits = self.limits.for_user(user.cpus, user.memory_mb)
         desired = Desired(
-            user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build, self.settings.sandbox_runtime
+            user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build, self.settings.sandbox_runtime,
+            limits=(round(limits.cpus, 6), limits.memory_mb),
         )
         if slot.count.paused:
             self._thaw_locked(slot)  # e.g. the retry of a call: then judged like any other
@@ -408,7 +419,7 @@ class DockerBackend:
             sandbox_gid=gid,
             extra_gids=extra,
             network=self.settings.sandbox_network,
-            limits=self.limits,
+            limits=self.limits.for_user(user.cpus, user.memory_mb),
             agent_dir=self.layout.agent_current,
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),

@@ -60,6 +60,10 @@ class Limits:
     memory_mb: int
     pids: int
 
+    def for_user(self, cpus: float | None, memory_mb: int | None) -> Limits:
+        """These limits with a user's own CPU and memory (the admin's override) where given."""
+        return Limits(cpus or self.cpus, memory_mb or self.memory_mb, self.pids)
+
 
 @dataclass(frozen=True)
 class BindMount:
@@ -219,6 +223,7 @@ class Observed:
     plan_hash: str | None
     image_id: str | None
     runtime: str = "runc"
+    limits: tuple[float, int] | None = None  # (cpus, memory_mb) of its HostConfig; None: unknown
 
 
 @dataclass(frozen=True)
@@ -227,6 +232,7 @@ class Desired:
     image_id: str
     agent_build: str
     runtime: str = "runc"  # ORCH_SANDBOX_RUNTIME: a container of another runtime is outdated
+    limits: tuple[float, int] | None = None  # the user's (cpus, memory_mb): an admin's change makes it outdated
 
 
 def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
@@ -238,6 +244,7 @@ def decide(observed: Observed | None, desired: Desired, *, running_build: str | 
         observed.plan_hash != desired.plan_hash
         or observed.image_id != desired.image_id
         or observed.runtime != desired.runtime
+        or (None not in (observed.limits, desired.limits) and observed.limits != desired.limits)
     )
     if not observed.running:
         # A SIGTERM exit is our own idle stop (`docker stop`); anything else is a kill (137),
@@ -266,7 +273,14 @@ def observed_from_attrs(attrs: Mapping[str, object]) -> Observed:
         plan_hash=labels.get(LABEL_PLAN),
         image_id=labels.get(LABEL_IMAGE),
         runtime=str(host_config.get("Runtime") or "runc") if isinstance(host_config, Mapping) else "runc",
+        limits=_limits_of(host_config),
     )
+
+
+def _limits_of(host_config: object) -> tuple[float, int] | None:
+    if not isinstance(host_config, Mapping) or not host_config.get("NanoCpus") or not host_config.get("Memory"):
+        return None
+    return round(int(host_config["NanoCpus"]) / 1e9, 6), int(host_config["Memory"]) // (1024 * 1024)
 
 
 def user_of(labels: Mapping[str, str] | None) -> int | None:

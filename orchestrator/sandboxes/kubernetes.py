@@ -260,6 +260,9 @@ class KubernetesBackend:
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         return self._slots.cancel_calls(user_id, run_id=run_id, session_id=session_id, stop=self.stop)
 
+    def pause(self, user_id: int) -> bool:
+        return False  # pods are never paused: Kubernetes has no freezer in its API
+
     def stop(self, user_id: int) -> None:
         slot = self._slot(user_id)
         with slot.lock:
@@ -397,8 +400,9 @@ class KubernetesBackend:
             sandbox_uid=uid,
             sandbox_gid=gid,
             extra_gids=extra,
-            limits=self.limits,
-            requests=self.requests,
+            limits=(limits := self.limits.for_user(user.cpus, user.memory_mb)),
+            # Never more reserved than the user's limit (a lowered override).
+            requests=Requests(min(self.requests.cpus, limits.cpus), min(self.requests.memory_mb, limits.memory_mb)),
             agent_dir=self.layout.agent_current,
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),

@@ -371,7 +371,7 @@ class ProcessBackend:
             identity = {"user": run_as, "group": run_as, "extra_groups": extra_groups}
             if self._cgroups is not None:
                 try:
-                    cgroup = self._cgroups.prepare(run_as)
+                    cgroup = self._cgroups.prepare(run_as, self._limits_of(user))
                 except CgroupError as exc:
                     raise sandbox_unavailable(user_id, f"its cgroup: {exc}") from exc
                 self._warden.watch_cgroup(cgroup.v2_dir)
@@ -528,6 +528,26 @@ class ProcessBackend:
                 pass
         agent.live.blocking.close()
         agent.live.calls.close()
+
+    def _limits_of(self, user: SandboxUser) -> SandboxLimits | None:
+        """The user's own CPU and memory (an admin's override), None for the default."""
+        if user.cpus is None and user.memory_mb is None:
+            return None
+        return SandboxLimits(
+            cpus=user.cpus or self.settings.sandbox_cpus,
+            memory_bytes=(user.memory_mb or self.settings.sandbox_memory_mb) * 1024 * 1024,
+            pids=self.settings.sandbox_pids,
+        )
+
+    def pause(self, user_id: int) -> bool:
+        """Freeze the user's agent now (the admin's pause; the reaper's own when idle): False
+        when there is none running, or a call is in flight. The next call thaws it."""
+        with self._user_lock(user_id):
+            agent = self._agents.get(user_id)
+            if agent is None or agent.paused or not agent.alive or not self._freeze(agent):
+                return False
+            log.info("agent paused %s", kv(user=user_id, pid=agent.proc.pid, reason="requested"))
+            return True
 
     def stop(self, user_id: int) -> None:
         with self._user_lock(user_id):

@@ -157,10 +157,14 @@ class SandboxRouter:
         # Run before every call with (user, tool, arguments): a refusal raises (disk quotas).
         self.call_guards: list[Callable[[int, str, dict[str, Any]], None]] = []
         self.explain_no_space: Callable[[int, ToolError], ToolError] | None = None
+        # A user's CPU and memory override (cpus, memory_mb), None each for the default.
+        self.resources_of: Callable[[int], tuple[float | None, int | None]] = lambda _user_id: (None, None)
         # Run before every call with (user, context): the egress proxy keeps its listener up.
         self.call_hooks: list[Callable[[int, CallContext | None], None]] = []
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
+        if self._users.purged.is_purged(user_id):  # a call that raced the purge starts nothing
+            raise ToolError("user_purged", f"User {user_id} was purged; no sandbox starts for it. The tool did not run.")
         try:
             groups = self._group_gids.memberships_of(user_id)
         except GroupGidsExhausted as exc:
@@ -169,7 +173,8 @@ class SandboxRouter:
                 f"The sandbox of user {user_id} cannot be planned ({exc}). The tool did not run; "
                 "tell the user the sandbox service needs an operator.",
             ) from exc
-        return SandboxUser(user_id, _plan(self._layout, user_id, tuple(groups.items())))
+        cpus, memory_mb = self.resources_of(user_id)
+        return SandboxUser(user_id, _plan(self._layout, user_id, tuple(groups.items())), cpus=cpus, memory_mb=memory_mb)
 
     def backend_name_for(self, user_id: int) -> str:
         user = self._users.get(user_id)

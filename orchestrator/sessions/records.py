@@ -182,6 +182,14 @@ class SessionRepository:
             )
         return [session_from_row(row) for row in rows]
 
+    def latest_of_owner(self, owner_user_id: int, *, limit: int) -> list[SessionRecord]:
+        """The owner's sessions in every project, deleted ones too, newest first (the admin's view)."""
+        with self._store.read() as tx:
+            rows = tx.all(
+                "SELECT * FROM sessions WHERE owner_user_id = ? ORDER BY updated_at DESC LIMIT ?", (owner_user_id, limit)
+            )
+        return [session_from_row(row) for row in rows]
+
     def list_for_group(self, group: GroupRef) -> list[SessionRecord]:
         """A group chat's live sessions, whoever owns them, newest first."""
         with self._store.read() as tx:

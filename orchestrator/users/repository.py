@@ -10,6 +10,7 @@ from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict
 from orchestrator.state_store import StateStore, Transaction
 from orchestrator.users.dirs import check_user_id
+from orchestrator.users.tombstones import PurgedUsers, purged_error
 from mounts.ids import MAX_USER_ID
 
 __all__ = ["KEEP", "GroupRef", "Keep", "UserRecord", "UserRepository"]
@@ -45,10 +46,12 @@ class UserRepository:
     def __init__(self, store: StateStore, *, max_user_id: int = MAX_USER_ID) -> None:
         self._store = store
         self.max_user_id = max_user_id
+        self.purged = PurgedUsers(store)
 
     def admit(self, user_id: int, field: str = "user_id") -> int:
-        """A 422 (before anything is written) for a user id beyond this instance's ORCH_MAX_USER_ID."""
-        return check_user_id(user_id, self.max_user_id, field)
+        """A 422 (before anything is written) for a user id beyond this instance's ORCH_MAX_USER_ID,
+        a 410 for a purged one."""
+        return self.purged.refuse(check_user_id(user_id, self.max_user_id, field), field)
 
     def upsert(self, user_id: int, *, display_name: str | None, backend: str | None | Keep = KEEP) -> UserRecord:
         """Set the display name, and the backend override unless `backend` is KEEP (only the
@@ -70,6 +73,9 @@ class UserRepository:
 
     @staticmethod
     def ensure(tx: Transaction, user_id: int) -> None:
+        """The user's row; a purged user's id is refused here too (a write that raced the purge)."""
+        if tx.one("SELECT 1 FROM purged_users WHERE user_id = ?", (user_id,)) is not None:
+            raise purged_error(user_id)
         now = now_iso()
         tx.execute(
             "INSERT OR IGNORE INTO users (user_id, created_at, updated_at) VALUES (?, ?, ?)",

@@ -165,3 +165,17 @@ def test_observed_from_inspect_output() -> None:
     assert observed_from_attrs({**attrs, "HostConfig": {"Runtime": "runsc"}}).runtime == "runsc"
     assert user_of(attrs["Config"]["Labels"]) == 9  # type: ignore[index]
     assert user_of({LABEL_USER: "../1"}) is None and user_of({}) is None and user_of({LABEL_USER: "0"}) is None
+
+
+def test_a_container_whose_limits_are_not_the_users_any_more_is_replaced_when_idle() -> None:
+    desired = Desired("p1", "i1", "b1", "runc", limits=(0.5, 256))
+    old = Observed("cid", True, 0, "p1", "i1", "runc", limits=(1.0, 1024))
+    assert decide(old, desired, running_build="b1", busy=False) is Action.RECREATE
+    assert decide(old, desired, running_build="b1", busy=True) is Action.USE
+    assert decide(Observed("cid", False, 0, "p1", "i1", "runc", limits=(1.0, 1024)), desired, running_build=None, busy=False) is Action.RECREATE
+    same = Observed("cid", True, 0, "p1", "i1", "runc", limits=(0.5, 256))
+    assert decide(same, desired, running_build="b1", busy=False) is Action.USE
+    unknown = Observed("cid", True, 0, "p1", "i1", "runc")  # no HostConfig figures: not judged on them
+    assert decide(unknown, desired, running_build="b1", busy=False) is Action.USE
+    attrs = {"Id": "c", "State": {"Running": True}, "Config": {"Labels": {}}, "HostConfig": {"NanoCpus": 500_000_000, "Memory": 268435456}}
+    assert observed_from_attrs(attrs).limits == (0.5, 256)

@@ -1,0 +1,38 @@
+"""Console logins: validity over time, the CSRF comparison, the cookie, a bounded store."""
+
+from __future__ import annotations
+
+from orchestrator.console import sessions as module
+from orchestrator.console.sessions import ConsoleSessions, Validity, cookie_header, csrf_matches
+
+
+def test_a_session_is_valid_until_it_expires_and_then_forgotten() -> None:
+    now = [100.0]
+    store = ConsoleSessions(60, clock=lambda: now[0])
+    session = store.open()
+    assert store.find(session.session_id) == (Validity.VALID, session)
+    assert store.find("made-up") == (Validity.MISSING, None) and store.find(None) == (Validity.MISSING, None)
+    now[0] += 60
+    assert store.find(session.session_id) == (Validity.EXPIRED, None)
+    now[0] -= 30
+    assert store.find(session.session_id) == (Validity.MISSING, None)  # gone, not revived
+
+
+def test_csrf_tokens_must_match_exactly() -> None:
+    session = ConsoleSessions(60).open()
+    assert csrf_matches(session, session.csrf_token)
+    assert not csrf_matches(session, None) and not csrf_matches(session, "") and not csrf_matches(session, session.csrf_token + "x")
+
+
+def test_the_cookie_is_httponly_and_strict_and_secure_only_over_https() -> None:
+    assert cookie_header("v", secure=False, max_age=5) == "orch_console=v; Path=/admin; HttpOnly; SameSite=Strict; Max-Age=5"
+    assert cookie_header("v", secure=True, max_age=5).endswith("; Secure")
+
+
+def test_a_flood_of_logins_keeps_a_bounded_store(monkeypatch) -> None:
+    monkeypatch.setattr(module, "MAX_SESSIONS", 3)
+    store = ConsoleSessions(60)
+    first = store.open()
+    for _ in range(3):
+        store.open()
+    assert store.find(first.session_id)[0] is Validity.MISSING and len(store._sessions) == 3
