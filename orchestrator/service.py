@@ -297,6 +297,8 @@ class OrchestratorService:
         )
         self.user_listing = UserListing(self.store, self.users, self.identities, self.sandboxes, self.sandbox_control)
         self.purge.steps["resources"] = lambda user_id, _actor: self.resources.forget(user_id)
+        if self.egress is not None:
+            self.purge.steps["egress_rules"] = lambda user_id, _actor: self.egress.rules.forget(user_id)  # type: ignore[union-attr]
         if self.previews is not None:
             self.purge.steps["previews"] = lambda user_id, actor: self.previews.revoke_all_of_user(user_id, actor=actor)  # type: ignore[union-attr]
         self.idle_runs = IdleRunSweeper(

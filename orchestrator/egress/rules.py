@@ -41,6 +41,12 @@ class EgressRules:
     def allow_for(self, user_id: int) -> tuple[HostPattern, ...]:
         return self._effective.get(user_id, self.defaults)
 
+    def forget(self, user_id: int) -> None:
+        """A purged user's changes are gone (the purge deleted their row): the defaults apply."""
+        with self._lock:
+            self._rules.pop(user_id, None)
+            self._effective.pop(user_id, None)
+
     def put(self, user_id: int, rules: UserRules, *, actor: str) -> tuple[HostPattern, ...]:
         """Replace the user's changes (validated first: a bad pattern changes nothing)."""
         canonical = UserRules(
