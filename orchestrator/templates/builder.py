@@ -165,22 +165,28 @@ def publish(image: str, *, registry: str | None, node_engines: tuple[str, ...], 
         _run(["docker", "push", remote], log, timeout=1800)
         return remote
     for engine in node_engines:
-        wanted = _image_id(image, None)
-        if wanted is not None and _image_id(image, engine) == wanted:
-            log(f"== {engine} has {image} already")
-            continue
-        log(f"== loading {image} into {engine}")
-        save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
-        try:
-            done = subprocess.run(["docker", "-H", engine, "load", "-q"], stdin=save.stdout,
-                                  capture_output=True, text=True, timeout=1800)  # fmt: skip
-        finally:
-            assert save.stdout is not None
-            save.stdout.close()
-            save.wait(timeout=60)
-        if done.returncode != 0:
-            raise TemplateBuildFailed(f"loading the image into {engine} failed: {done.stderr.strip()[-300:]}")
+        load_into_engine(image, engine, log)
     return image
+
+
+def load_into_engine(image: str, engine: str, log: Log = lambda _line: None) -> None:
+    """Copy `image` from the host's Docker engine into `engine` (a node's own) unless it has
+    that very image id already."""
+    wanted = _image_id(image, None)
+    if wanted is not None and _image_id(image, engine) == wanted:
+        log(f"== {engine} has {image} already")
+        return
+    log(f"== loading {image} into {engine}")
+    save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+    try:
+        done = subprocess.run(["docker", "-H", engine, "load", "-q"], stdin=save.stdout,
+                              capture_output=True, text=True, timeout=1800)  # fmt: skip
+    finally:
+        assert save.stdout is not None
+        save.stdout.close()
+        save.wait(timeout=60)
+    if done.returncode != 0:
+        raise TemplateBuildFailed(f"loading the image into {engine} failed: {done.stderr.strip()[-300:]}")
 
 
 def _run(command: list[str], log: Log, timeout: float = 120) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 DEFAULT_TEMPLATE = "default"
 NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
-# Debian package names (policy §5.6.1) with an optional `=version`.
+# Debian package names (lower case, digits, + - .; two characters at least) with an optional `=version`.
 APT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?$")
 # A pip requirement we accept: a project name and an optional `==version` (no URLs, no options).
 PIP_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?(==[A-Za-z0-9.+!-]+)?$")

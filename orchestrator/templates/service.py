@@ -45,6 +45,10 @@ class TemplateService:
         self._lock = threading.Lock()
         self._pending: dict[str, Future[None]] = {}
         self._effective: dict[int, SandboxTemplate | None] = {}  # per user, dropped on any change
+        # A build cut short by a stop (the record still says building) runs again.
+        for record in self.repo.all():
+            if record.status == "building":
+                self._submit(record.name)
 
     def close(self) -> None:
         self._builds.shutdown(wait=False, cancel_futures=True)
