@@ -11,7 +11,8 @@
    image the script alone. Both from nothing (the cold start included). Reaches PyPI and
    Debian's mirror; sandboxes reach nothing else.
 
-Run: .venv/bin/python bench/workbench.py --previous IMAGE --workbench IMAGE
+Run: .venv/bin/python -m bench.workbench --previous IMAGE --workbench IMAGE   (as a module: bench/mcp.py
+would shadow the mcp package)
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def main() -> None:
             service.templates.wait("bench")
             record = service.templates.get("bench")
             assert record.status == "ready", record.log[-2000:]
-            print(f"template_build_{label}: {time.perf_counter() - t0:.1f} s")
+            print(f"template_build_{label}: {time.perf_counter() - t0:.2f} s")
         engine.images.remove(record.image or "", force=True)
 
         print(f"first_chart_previous: {first_chart(pairs['previous'][1], 50, pairs['previous'][0], install=True):.1f} s")
