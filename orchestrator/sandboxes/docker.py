@@ -630,6 +630,9 @@ class DockerBackend:
                 "an operator must run `orchestrator build-image`",
             ) from None
         if image_fit(image.labels, self._expected_lock) is ImageFit.STALE:
-            raise sandbox_unavailable(user.user_id, stale_image_message(reference))
+            message = stale_image_message(reference)
+            if user.template is not None:
+                message += f", then PUT template {user.template.name!r} again to rebuild it over the new image"
+            raise sandbox_unavailable(user.user_id, message)
         self._images[reference] = (image.id, now)
         return image.id

@@ -68,8 +68,10 @@ class TemplateService:
             raise InvalidInput(str(exc), field=exc.field) from None
         self._check_parent(name, recipe.parent)
         existing = self.repo.get(name)
-        if existing is not None and existing.recipe == recipe and existing.status in ("building", "ready"):
-            return existing  # the same recipe again: nothing to do (a build under way goes on)
+        if existing is not None and existing.recipe == recipe and existing.status == "building":
+            return existing  # the same recipe again: the build under way goes on
+        # Otherwise a build: a no-op when the image of this recipe over the current parent
+        # exists, a new image when the parent was rebuilt meanwhile.
         self.repo.put_recipe(name, recipe)
         self._changed()
         self._submit(name)
