@@ -20,6 +20,8 @@ APT_PATTERN = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+:~-]+)?$")
 PIP_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9_,.-]+\])?(==[A-Za-z0-9.+!-]+)?$")
 # An npm package: optionally scoped, optionally `@version`.
 NPM_PATTERN = re.compile(r"^(@[a-z0-9][a-z0-9._-]*/)?[a-z0-9][a-z0-9._-]*(@[A-Za-z0-9.^~<>=|*+-]+)?$")
+# File paths are written into the Dockerfile (COPY, chmod): no space, quote or shell character.
+FILE_PATH_PATTERN = re.compile(r"^(/[A-Za-z0-9._@+-]+)+$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 # The agent sets these for every shell (HOME, the per-user deps on PATH, the egress proxy): a
 # template may not take them over.
@@ -104,7 +106,7 @@ def _files(files: dict[str, str] | None) -> tuple[tuple[str, str], ...]:
             not path.startswith("/")
             or path.endswith("/")
             or any(p in ("", ".", "..") for p in parts[1:])
-            or "\x00" in path
+            or not FILE_PATH_PATTERN.match(path)
             or len(path) > 255
         ):
             raise RecipeInvalid(f"files: {path!r} is not a normalized absolute file path", "files")

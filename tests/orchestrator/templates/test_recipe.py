@@ -30,6 +30,8 @@ def test_a_recipe_is_normalized_and_its_hash_covers_the_parent_image() -> None:
         ({"files": {"/etc/../opt/sandbox/venv/bin/python": "x"}}, "files"),
         ({"files": {"/opt/sandbox/venv/x": "x"}}, "files"),
         ({"files": {"/etc/passwd": "root::0:0::/:/bin/sh"}}, "files"),
+        ({"files": {"/etc/a b": "x"}}, "files"),  # a space would split the Dockerfile's COPY
+        ({"files": {"/etc/$(id)": "x"}}, "files"),
         ({"env": {"PATH": "/evil"}}, "env"),
         ({"env": {"LD_PRELOAD": "/x.so"}}, "env"),
         ({"env": {"A": "two\nlines"}}, "env"),
