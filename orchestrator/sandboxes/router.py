@@ -174,8 +174,8 @@ class SandboxRouter:
         record = self._users.get(user_id)
         template = self.template_of(user_id) if self.template_of is not None else None
         return SandboxUser(
-            user_id, _plan(self._layout, user_id, tuple(groups.items())), template,
-            record.display_name if record is not None else None,
+            user_id, _plan(self._layout, user_id, tuple(groups.items())),
+            template=template, display_name=record.display_name if record is not None else None,
         )  # fmt: skip
 
     def backend_name_for(self, user_id: int) -> str:
