@@ -6,10 +6,14 @@ matplotlib import and write a PNG, and `ps` sees only the sandbox's own processe
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -32,6 +36,29 @@ USER = 67
 def upstream() -> Iterator[int]:
     with loopback_upstream() as port:
         yield port
+
+
+@pytest.fixture(scope="module")
+def git_upstream() -> Iterator[int]:
+    """A bare repository served over git's dumb HTTP protocol on 127.0.0.1 (static files)."""
+    root = Path(tempfile.mkdtemp(prefix="git-upstream-", dir=TEST_BASE.parent))
+    work = root / "work"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t.invalid"}  # fmt: skip
+    for command in (["git", "init", "-q", "-b", "main", str(work)], ["git", "-C", str(work), "commit", "-q", "--allow-empty", "-m", "upstream"],
+                    ["git", "clone", "-q", "--bare", str(work), str(root / "repo.git")],
+                    ["git", "-C", str(root / "repo.git"), "update-server-info"]):  # fmt: skip
+        subprocess.run(command, check=True, env=env, capture_output=True)
+    handler = functools.partial(SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *_args: None  # type: ignore[attr-defined]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +118,22 @@ def test_curl_reaches_an_allowed_loopback_upstream_through_the_proxy_only(
     assert got["exit_code"] == 0 and got["stdout"] == HELLO.decode(), got
     direct = sh(bench, f"curl -sS --max-time 5 --noproxy '*' http://{target}/hello")  # no way around the proxy
     assert direct["exit_code"] != 0, direct
+
+
+def test_git_clones_over_http_through_the_egress_proxy_when_the_host_is_allowed(
+    bench: tuple[TestClient, str], git_upstream: int
+) -> None:
+    client, _ = bench
+    target = f"127.0.0.1:{git_upstream}"
+    # The proxy variables name loopback in NO_PROXY (the sandbox's own ports): emptied here, so
+    # git's request to this loopback upstream goes through the proxy as any other host's would.
+    clone = f"NO_PROXY= no_proxy= git clone -q http://{target}/repo.git viahttp-{{n}} 2>&1; git -C viahttp-{{n}} log -1 --format=%s"
+    refused = sh(bench, clone.format(n=1))
+    assert "403" in refused["stdout"], refused
+    rules = client.put(f"/v1/admin/users/{USER}/egress", json={"allow": [target]}, headers=admin_headers())
+    assert rules.status_code == 200, rules.text
+    cloned = sh(bench, clone.format(n=2))
+    assert cloned["stdout"].strip().splitlines()[-1] == "upstream", cloned
 
 
 def test_pandas_and_matplotlib_write_a_png(bench: tuple[TestClient, str]) -> None:
