@@ -16,6 +16,7 @@ from orchestrator.http import (
     routes_core,
     routes_disk,
     routes_egress,
+    routes_templates,
     routes_files,
     routes_identities,
     routes_lookups,
@@ -75,6 +76,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_uploads.router)
     app.include_router(routes_skills.router)
     app.include_router(routes_egress.router)
+    app.include_router(routes_templates.router)
     app.include_router(routes_previews.router)
     app.include_router(routes_lookups.router)
     app.include_router(routes_identities.router)

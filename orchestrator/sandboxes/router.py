@@ -18,7 +18,7 @@ import anyio
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
-from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxStatus, SandboxUser
+from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxStatus, SandboxTemplate, SandboxUser
 from orchestrator.sandboxes.calling import OutputSink, SandboxCaller
 from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
@@ -161,6 +161,8 @@ class SandboxRouter:
         self.resources_of: Callable[[int], tuple[float | None, int | None]] = lambda _user_id: (None, None)
         # Run before every call with (user, context): the egress proxy keeps its listener up.
         self.call_hooks: list[Callable[[int, CallContext | None], None]] = []
+        # The template a user's sandbox runs (orchestrator/templates/); None: the default image.
+        self.template_of: Callable[[int], SandboxTemplate | None] | None = None
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
         if self._users.purged.is_purged(user_id):  # a call that raced the purge starts nothing
@@ -174,7 +176,12 @@ class SandboxRouter:
                 "tell the user the sandbox service needs an operator.",
             ) from exc
         cpus, memory_mb = self.resources_of(user_id)
-        return SandboxUser(user_id, _plan(self._layout, user_id, tuple(groups.items())), cpus=cpus, memory_mb=memory_mb)
+        record = self._users.get(user_id)
+        template = self.template_of(user_id) if self.template_of is not None else None
+        return SandboxUser(
+            user_id, _plan(self._layout, user_id, tuple(groups.items())), cpus=cpus, memory_mb=memory_mb,
+            template=template, display_name=record.display_name if record is not None else None,
+        )  # fmt: skip
 
     def backend_name_for(self, user_id: int) -> str:
         user = self._users.get(user_id)
