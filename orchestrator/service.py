@@ -22,6 +22,8 @@ from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries.outbox import DeliveryStore
 from orchestrator.descriptors.budget import DescriptorBudget, plan_for
 from orchestrator.descriptors.process_limit import descriptor_limit
+from orchestrator.credentials.injection import CredentialInjection
+from orchestrator.credentials.startup import open_credentials
 from orchestrator.egress.service import EgressService
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
@@ -115,6 +117,8 @@ class OrchestratorService:
             )  # fmt: skip
         self.store = StateStore(self.layout.state_db)
         self.store.open()
+        # A wrong or missing key refuses the start (CredentialsKeyRefused, a StartupRefused).
+        self.credentials, self.credential_ca = open_credentials(settings, self.store)
         self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
         self.identities = IdentityRepository(self.store, self.users)
         self.projects = ProjectRepository(self.store)
@@ -172,12 +176,20 @@ class OrchestratorService:
         self.disk_quotas.stop_sandbox = self._stop_sandbox_of  # over quota (scan), an offline grow (loop)
         if self.disk_quotas.mechanism is not QuotaMechanism.OFF:  # over quota (scan), over a share of a shared place
             self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
+        if self.credentials is not None:
+            self.directories.credential_env = self.credentials.placeholder_env
         self.egress: EgressService | None = None
         if settings.egress != "off":
             docker_backend = backends.get("docker")
+            injection = None
+            if self.credentials is not None and self.credential_ca is not None:
+                injection = CredentialInjection(
+                    self.credentials, self.credential_ca, settings.upstream_ca_bundle, self.sandboxes.in_flight.sessions_of
+                )
             self.egress = EgressService(
                 settings, self.directories, self.store, self.descriptors,
                 peer_container=docker_backend.peer_container if isinstance(docker_backend, DockerBackend) else lambda _: None,
+                credentials=injection,
             )  # fmt: skip
             self.sandboxes.call_hooks.append(self.egress.before_call)
         self.runs = RunService(
