@@ -24,6 +24,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.api_calls import group_session, start_run, tool
 from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers, make_settings
+from tests.orchestrator.credentials.sandbox_search import sandbox_search
 from tests.orchestrator.credentials.sandbox_tls import https_command
 from tests.orchestrator.credentials.tls_upstream import UpstreamCA, make_test_ca, tls_upstream
 from tests.orchestrator.egress.upstream import loopback_upstream
@@ -54,7 +55,9 @@ class World:
 
 
 @contextmanager
-def world() -> Iterator[World]:
+def world(**overrides: object) -> Iterator[World]:
+    """A server with credentials on (a key file outside its data dir), egress to three
+    loopback upstreams allowed for 17, 67 and 68; `overrides`: more settings (a backend)."""
     base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="credentials-"))
     os.chmod(base, 0o711)
     data = base / "data"
@@ -75,7 +78,7 @@ def world() -> Iterator[World]:
         with tls_upstream(base, chain) as upstream, tls_upstream(base, chain) as other, loopback_upstream() as plain:
             settings = make_settings(
                 data, egress_allow_loopback=True, credentials_key_file=key_file, egress_upstream_ca_bundle=ca.cert_file,
-                sandbox_uid_base=int(os.environ.get("ORCH_SANDBOX_UID_BASE", "100000")), max_user_id=999,
+                sandbox_uid_base=int(os.environ.get("ORCH_SANDBOX_UID_BASE", "100000")), max_user_id=999, **overrides,
             )  # fmt: skip
             service = OrchestratorService(settings)
             try:
@@ -87,6 +90,10 @@ def world() -> Iterator[World]:
                     yield World(client, service, base, ca, upstream, other, plain, log_file)
             finally:
                 service.close()
+                if overrides.get("backend") == "docker":
+                    from tests.orchestrator.sandboxes.docker.conftest import remove_containers
+
+                    remove_containers(data)
     finally:
         root.removeHandler(handler)
         root.setLevel(old_level)
@@ -234,67 +241,37 @@ def test_a_grant_of_17_reaches_67s_runs_in_that_session_only_until_revoked(w: Wo
     assert any(r.detail["run_id"] == run_in_s and r.runtime_user_id == MEMBER for r in rows["credential_used"])
 
 
-def test_the_secret_is_nowhere_the_sandbox_server_or_operator_can_read(w: World) -> None:
+def secret_is_nowhere(w: World, roots: list[str]) -> None:
+    """68's request carries its token; the sandbox finds it nowhere it can look (`roots`, or
+    every mount of its own with `--mounts`), and neither do the log, audit, DB nor /metrics."""
     put_credential(w, THIRD, "github", [f"127.0.0.1:{w.upstream}"], env="GITHUB_TOKEN")
     run = web_run(w.client, THIRD)
     assert authorization(https(w, run, f"127.0.0.1:{w.upstream}/echo")) == [f"Bearer {SECRET}"]
-    roots = [str(w.service.settings.layout.root), "/tmp", "/dev/shm", "/home", "/root", "/etc"]
-    looked = tool(w.client, run, "shell", command=sandbox_search(roots), timeout_s=120)
+    # The search finds what is there: a canary the sandbox wrote into its HOME and /tmp.
+    canary = "canary-" + SECRET[::-1]
+    planted = tool(w.client, run, "shell", command=f"printf %s {canary[:8]} {canary[8:]} > ~/c.txt; cp ~/c.txt /tmp/c.txt")
+    assert planted["ok"], planted
+    seen = tool(w.client, run, "shell", command=sandbox_search(canary, roots), timeout_s=300)["result"]["stdout"]
+    assert "FOUND" in seen and "c.txt" in seen, seen
+    tool(w.client, run, "shell", command="rm -f ~/c.txt /tmp/c.txt")
+    looked = tool(w.client, run, "shell", command=sandbox_search(SECRET, roots), timeout_s=300)
     assert looked["ok"] and looked["result"]["exit_code"] == 0, looked
-    assert "nothing found" in looked["result"]["stdout"], looked
-    assert "GITHUB_TOKEN=cred:github" in looked["result"]["stdout"], looked
+    report = looked["result"]["stdout"]
+    assert "nothing found" in report, looked
+    assert int(report.split("searched ")[1].split()[0]) > 20, report  # it did look
+    assert "GITHUB_TOKEN=cred:github" in report, looked
+    assert SECRET not in json.dumps(looked)  # nor in what the agent answered
     metrics = w.client.get("/metrics", headers=admin_headers())
-    assert SECRET not in metrics.text
+    assert metrics.status_code == 200 and SECRET not in metrics.text
+    assert w.service.egress is not None
     w.service.egress.flush_audit()
     for path in Path(w.service.settings.layout.root).rglob("*"):
-        if path.is_file():
+        if path.is_file() and not path.is_symlink():
             assert SECRET.encode() not in path.read_bytes(), path
     assert SECRET.encode() not in w.log_file.read_bytes()
     for row in audit.entries(w.service.store, limit=10000):
         assert SECRET not in json.dumps(row.detail)
 
 
-# Run as the sandbox: its environment, every file it can read under the given roots, and the
-# environment and command line of every process it sees. The secret travels base64-encoded,
-# so the search's own command line does not hold it.
-SEARCH_SCRIPT = r"""
-import base64, os, sys
-secret = base64.b64decode(sys.argv[1])
-found = []
-if secret in "\\0".join(f"{k}={v}" for k, v in os.environ.items()).encode():
-    found.append("env")
-for root in sys.argv[2:]:
-    for top, dirs, files in os.walk(root, onerror=lambda e: None):
-        if top.startswith(("/proc", "/sys")):
-            dirs[:] = []
-            continue
-        for name in files:
-            path = os.path.join(top, name)
-            try:
-                if os.path.islink(path) or not os.path.isfile(path):
-                    continue
-                with open(path, "rb") as f:
-                    if secret in f.read():
-                        found.append("file " + path)
-            except OSError:
-                pass
-for pid in os.listdir("/proc"):
-    if pid.isdigit() and int(pid) != os.getpid():
-        for part in ("environ", "cmdline"):
-            try:
-                with open(f"/proc/{pid}/{part}", "rb") as f:
-                    if secret in f.read():
-                        found.append(f"proc {pid} {part}")
-            except OSError:
-                pass
-print("GITHUB_TOKEN=" + os.environ.get("GITHUB_TOKEN", ""))
-print("FOUND " + repr(found) if found else "nothing found")
-"""
-
-
-def sandbox_search(roots: list[str]) -> str:
-    import base64
-    import shlex
-
-    encoded = base64.b64encode(SECRET.encode()).decode()
-    return " ".join(["python3", "-c", shlex.quote(SEARCH_SCRIPT), encoded, *map(shlex.quote, roots)])
+def test_the_secret_is_nowhere_the_sandbox_server_or_operator_can_read(w: World) -> None:
+    secret_is_nowhere(w, [str(w.service.settings.layout.root), "/tmp", "/dev/shm", "/home", "/root", "/etc"])
