@@ -202,6 +202,11 @@ class OrchestratorService:
             directories=self.directories,
             skills=self.skills,
         )
+        if self.credentials is not None:
+            credentials, users = self.credentials, self.users
+            self.runs.delegated_to = lambda user_id, session_id: credentials.delegated_to(
+                user_id, session_id, lambda uid: (users.get(uid).display_name if users.get(uid) else None)  # type: ignore[union-attr]
+            )
         self.sessions.register_cleanup_step("runs", self.runs.cancel_running_of_deleted, phase=CleanupPhase.STOP)
         # Ending a run or deleting a session kills its calls in flight (whole process trees).
         self.runs.end_listeners.append(self._stop_calls_of_run)

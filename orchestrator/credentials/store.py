@@ -32,6 +32,7 @@ from orchestrator.credentials.model import (
     placeholder,
 )
 from orchestrator.errors import Forbidden, NotFound
+from orchestrator.runs.prompt_identity import DelegatedCredential
 from orchestrator.state_store import StateStore, Transaction
 
 
@@ -290,6 +291,18 @@ class CredentialStore:
                 if credential is not None:
                     found.append((grant, credential))
         return sorted(found, key=lambda gc: gc[0].created_at)
+
+    def delegated_to(
+        self, runtime_user_id: int, session_id: str, display_name: Callable[[int], str | None]
+    ) -> tuple[DelegatedCredential, ...]:
+        """What a run of `runtime_user_id` in `session_id` is told it may use (metadata only)."""
+        return tuple(
+            DelegatedCredential(
+                credential=c.name, owner_user_id=c.user_id, owner_display_name=display_name(c.user_id), hosts=c.hosts,
+                expires_at=g.expires_at, grant_id=g.grant_id,
+            )  # fmt: skip
+            for g, c in self.usable_in(runtime_user_id, session_id)
+        )
 
     # --- what the proxy asks --------------------------------------------------------------
 

@@ -205,6 +205,15 @@ def test_a_grant_of_17_reaches_67s_runs_in_that_session_only_until_revoked(w: Wo
     grant = made.json()
     assert grant["grantor_user_id"] == OWNER and grant["grantee_user_id"] == MEMBER and grant["session_id"] == sid
     assert authorization(https(w, run_in_s, target)) == [f"Bearer {SECRET}"]
+    # A run of 67 in S is told what it may use, whose it is and until when; one elsewhere is not.
+    context = start_run(w.client, sid, trigger="group_message", speaker_user_id=MEMBER)
+    assert [(d["credential"], d["owner_user_id"], d["expires_at"]) for d in context["delegated_credentials"]] == [
+        ("deploy", OWNER, grant["expires_at"])
+    ]
+    assert f"Delegated credential `deploy` of user #{OWNER}" in context["prompt_identity_section"]
+    assert grant["expires_at"] in context["prompt_identity_section"] and SECRET not in json.dumps(context)
+    elsewhere = start_run(w.client, other_sid, trigger="group_message", speaker_user_id=MEMBER)
+    assert elsewhere["delegated_credentials"] == [] and "Delegated" not in (elsewhere["prompt_identity_section"] or "")
     assert authorization(https(w, run_elsewhere, target, insecure=True)) == []
     listed = w.client.get(f"/v1/users/{MEMBER}/grants", headers=acting(MEMBER)).json()
     assert [g["grant_id"] for g in listed["held"]] == [grant["grant_id"]] and listed["granted"] == []
@@ -232,6 +241,13 @@ def test_a_grant_of_17_reaches_67s_runs_in_that_session_only_until_revoked(w: Wo
     assert time.monotonic() - started < 10, "the revoked tunnel stayed open"
     stdout = "".join(c["text"] for c in out["chunks"] if c["stream"] == "stdout")
     assert "first line" in json.loads(stdout)["body"], out
+    assert authorization(https(w, run_in_s, target, insecure=True)) == []
+
+    # Expiry needs nobody: a grant of 2 s serves its session, then the next request goes without.
+    short = w.client.post(f"/v1/users/{OWNER}/grants", json={**body, "ttl_s": 2}, headers=acting(OWNER))
+    assert short.status_code == 201, short.text
+    assert authorization(https(w, run_in_s, target)) == [f"Bearer {SECRET}"]
+    time.sleep(2.5)
     assert authorization(https(w, run_in_s, target, insecure=True)) == []
 
     rows = {a: [r for r in audit_rows(w, a) if r.detail.get("grant_id") == grant["grant_id"]]
