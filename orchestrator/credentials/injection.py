@@ -11,6 +11,7 @@ is the session of the user's latest call (a background process it started).
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import Callable
 from pathlib import Path
@@ -37,8 +38,24 @@ class CredentialInjection:
     ) -> None:  # fmt: skip
         self.store = store
         self.ca = ca
-        self.client_context: ssl.SSLContext = upstream_context(str(upstream_ca_bundle) if upstream_ca_bundle.is_file() else None)
         self.sessions_in_flight = sessions_in_flight
+        self._bundle = upstream_ca_bundle
+        self._bundle_seen: tuple[int, int] | None = None
+        self._client_context = upstream_context(None)
+
+    @property
+    def client_context(self) -> ssl.SSLContext:
+        """What upstreams are verified against: the upstream CA bundle, loaded again when the
+        file changed (a rotated CA needs no restart); one stat per intercepted connection."""
+        try:
+            st = os.stat(self._bundle)
+            seen: tuple[int, int] | None = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            seen = None
+        if seen != self._bundle_seen:
+            self._client_context = upstream_context(str(self._bundle) if seen is not None else None)
+            self._bundle_seen = seen
+        return self._client_context
 
     def session_of(self, user_id: int, latest: str | None) -> str | None:
         return connection_session(self.sessions_in_flight(user_id), latest)

@@ -25,8 +25,7 @@ from orchestrator.service import OrchestratorService
 from tests.api_calls import group_session, start_run, tool
 from tests.conftest import API_TOKEN, TEST_ROOT, admin_headers, make_settings
 from tests.orchestrator.credentials.sandbox_search import sandbox_search
-from tests.orchestrator.credentials.sandbox_tls import https_command
-from tests.orchestrator.credentials.tls_upstream import UpstreamCA, make_test_ca, tls_upstream
+from orchestrator.credentials.probe import UPSTREAM_CA_NAME, echo_upstream, https_command, make_upstream_ca
 from tests.orchestrator.egress.upstream import loopback_upstream
 from tests.orchestrator.sandboxes.test_process_network import web_run
 
@@ -47,7 +46,7 @@ class World:
     client: TestClient
     service: OrchestratorService
     base: Path
-    ca: UpstreamCA
+    upstream_ca: Path  # the test CA's certificate: what the proxy verifies upstreams against
     upstream: int  # has 67's credential
     other: int  # no credential: a plain tunnel
     plain: int  # a plain-HTTP upstream, for the http:// refusal
@@ -62,7 +61,8 @@ def world(**overrides: object) -> Iterator[World]:
     os.chmod(base, 0o711)
     data = base / "data"
     data.mkdir()
-    ca, chain = make_test_ca(base)
+    upstream_ca = base / "upstream-ca.pem"
+    chain = make_upstream_ca(upstream_ca)
     key_file = base / "credentials.key"
     key_file.write_text(Fernet.generate_key().decode())
     key_file.chmod(0o600)
@@ -75,9 +75,9 @@ def world(**overrides: object) -> Iterator[World]:
     root.addHandler(handler)
     root.setLevel(logging.DEBUG)
     try:
-        with tls_upstream(base, chain) as upstream, tls_upstream(base, chain) as other, loopback_upstream() as plain:
+        with echo_upstream(chain) as upstream, echo_upstream(chain) as other, loopback_upstream() as plain:
             settings = make_settings(
-                data, egress_allow_loopback=True, credentials_key_file=key_file, egress_upstream_ca_bundle=ca.cert_file,
+                data, egress_allow_loopback=True, credentials_key_file=key_file, egress_upstream_ca_bundle=upstream_ca,
                 sandbox_uid_base=int(os.environ.get("ORCH_SANDBOX_UID_BASE", "100000")), max_user_id=999, **overrides,
             )  # fmt: skip
             service = OrchestratorService(settings)
@@ -87,7 +87,7 @@ def world(**overrides: object) -> Iterator[World]:
                         allow = [f"127.0.0.1:{upstream}", f"127.0.0.1:{other}", f"127.0.0.1:{plain}"]
                         r = client.put(f"/v1/admin/users/{user}/egress", json={"allow": allow}, headers=admin_headers())
                         assert r.status_code == 200, r.text
-                    yield World(client, service, base, ca, upstream, other, plain, log_file)
+                    yield World(client, service, base, upstream_ca, upstream, other, plain, log_file)
             finally:
                 service.close()
                 if overrides.get("backend") == "docker":
@@ -158,7 +158,7 @@ def test_a_host_without_a_credential_is_a_plain_tunnel_with_the_upstreams_own_ch
     run_67 = web_run(w.client, MEMBER)
     plain = https(w, run_67, f"127.0.0.1:{w.other}/echo", "Authorization: Bearer cred:github", insecure=True)
     issuer = x509.load_pem_x509_certificate(plain["peer_cert"].encode()).issuer.rfc4514_string()
-    assert w.ca.subject_cn in issuer, issuer
+    assert UPSTREAM_CA_NAME in issuer, issuer
     assert authorization(plain) == ["Bearer cred:github"]  # untouched: what the sandbox sent
     put_credential(w, MEMBER, "github", [f"127.0.0.1:{w.upstream}"], env="GITHUB_TOKEN")
     injected = https(w, run_67, f"127.0.0.1:{w.upstream}/echo")
