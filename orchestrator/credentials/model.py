@@ -15,7 +15,10 @@ from orchestrator.egress.policy import HostPattern, InvalidPattern, parse_patter
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,39}$"
 ENV_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 HEADER_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$"  # a header name is a token (RFC 9110)
+# printable ASCII around `{secret}` or `{base64(LOGIN:secret)}` (validate_spec is the authority)
+TEMPLATE_PATTERN = r"^[ -~]*\{(secret|base64\([^:(){}]*:secret\))\}[ -~]*$"
 MAX_HOSTS = 20
+RESERVED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "proxy-connection", "proxy-authorization"})
 MAX_SECRET_CHARS = 8192
 PLACEHOLDER_PREFIX = "cred:"
 
@@ -91,8 +94,8 @@ def validate_spec(name: str, hosts: Sequence[str], header: str, template: str, e
         raise InvalidCredential(str(exc), "hosts") from None
     if not re.fullmatch(HEADER_PATTERN, header):
         raise InvalidCredential(f"{header[:64]!r} is not a header name", "header")
-    if header.lower() in ("host", "content-length", "transfer-encoding", "connection"):
-        raise InvalidCredential(f"the {header} header cannot carry a credential", "header")
+    if header.lower() in RESERVED_HEADERS:
+        raise InvalidCredential(f"the {header} header cannot carry a credential (the proxy frames the request with it)", "header")
     if not ("{secret}" in template.replace("{base64(", "(") or _BASE64.search(template)) or len(template) > 200 or not _printable(template):
         raise InvalidCredential("a template holds {secret} or {base64(user:secret)}, in one printable line", "template")
     if env is not None and not re.fullmatch(ENV_PATTERN, env):

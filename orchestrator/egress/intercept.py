@@ -54,12 +54,16 @@ OnBytes = Callable[[int, bool], None]
 HeaderFor = Callable[[], "tuple[str, str] | None"]  # (name, value), None: no longer usable
 
 
-def inject_header(header_lines: Sequence[bytes], name: str, value: str) -> list[bytes]:
-    """Pure: the header lines without any of `name` (a placeholder the client sent), with
-    `name: value` added."""
+def without_header(header_lines: Sequence[bytes], name: str) -> list[bytes]:
+    """Pure: the header lines without any of `name` (a placeholder the client sent)."""
     lowered = name.lower().encode()
-    kept = [line for line in header_lines if line.partition(b":")[0].strip().lower() != lowered]
-    return [*kept, f"{name}: {value}".encode()]
+    return [line for line in header_lines if line.partition(b":")[0].strip().lower() != lowered]
+
+
+def with_header(head: bytes, name: str, value: str) -> bytes:
+    """Pure: a planned request head (ending in a blank line) with `name: value` added last."""
+    assert head.endswith(b"\r\n\r\n")
+    return head[:-2] + f"{name}: {value}\r\n\r\n".encode()
 
 
 def parse_request_line(raw: bytes) -> tuple[str, str, str, list[bytes]]:
@@ -130,8 +134,10 @@ async def serve_intercepted(
                     403, "credential_revoked",
                     f"Egress to {host}:{port}: the credential for it was revoked or expired; ask its owner to grant it again.",
                 )  # fmt: skip
-            lines = inject_header(lines, *name_value)
-            plan = plan_plain_request(method, version, lines, host, port, path, default_port=HTTPS_PORT)
+            # Planned without it (no refusal can ever quote the secret), then put in.
+            name, value = name_value
+            plan = plan_plain_request(method, version, without_header(lines, name), host, port, path, default_port=HTTPS_PORT)
+            head = with_header(plan.head, name, value)
         except InvalidTarget as exc:
             return await _refuse(writer, InterceptRefused(400, "bad_target", f"Bad request: {exc}."))
         except PlainRequestRefused as exc:
@@ -151,7 +157,7 @@ async def serve_intercepted(
             await _refuse(writer, InterceptRefused(502, "upstream_tls", f"Egress to {host}:{port}: TLS to the upstream failed ({type(exc).__name__})."))
             return InterceptOutcome("upstream_tls", refused=True, status=502)
         try:
-            return await _exchange(reader, writer, up_reader, up_writer, plan.head, plan.body_length, on_bytes, idle_s)
+            return await _exchange(reader, writer, up_reader, up_writer, head, plan.body_length, on_bytes, idle_s)
         finally:
             up_writer.transport.abort()  # the answer is all relayed, or the exchange failed
     finally:

@@ -8,12 +8,14 @@ who did not ask. A grant is made by its grantor only, and revoked by its grantor
 
 from __future__ import annotations
 
+import re
+
 from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from mounts import ids
 from orchestrator.credentials.keys import CredentialsKeyRefused
-from orchestrator.credentials.model import MAX_HOSTS, MAX_SECRET_CHARS, NAME_PATTERN, Credential, Grant, InvalidCredential, validate_spec
+from orchestrator.credentials.model import ENV_PATTERN, HEADER_PATTERN, MAX_HOSTS, MAX_SECRET_CHARS, NAME_PATTERN, TEMPLATE_PATTERN, Credential, Grant, InvalidCredential, validate_spec
 from orchestrator.credentials.startup import configured_keys
 from orchestrator.credentials.store import CredentialStore
 from orchestrator.errors import Forbidden, InvalidInput, Unavailable
@@ -30,11 +32,14 @@ class CredentialIn(BaseModel):
 
     secret: str = Field(..., min_length=1, max_length=MAX_SECRET_CHARS, description="The value; never returned.")
     hosts: list[str] = Field(..., min_length=1, max_length=MAX_HOSTS, description="Host patterns (egress rule syntax).")
-    header: str = Field("Authorization", max_length=64, description="The header it is sent in.")
+    header: str = Field("Authorization", max_length=64, pattern=HEADER_PATTERN, description="The header it is sent in.")
     template: str = Field(
-        "Bearer {secret}", max_length=200, description="The header's value: `{secret}`, or `{base64(user:secret)}` for Basic."
+        "Bearer {secret}", max_length=200, pattern=TEMPLATE_PATTERN,
+        description="The header's value: `{secret}`, or `{base64(LOGIN:secret)}` for Basic (`user`: the secret is user:password).",
+    )  # fmt: skip
+    env: str | None = Field(
+        None, max_length=64, pattern=ENV_PATTERN, description="A variable set to the placeholder `cred:{name}` in the sandbox."
     )
-    env: str | None = Field(None, max_length=64, description="A variable set to the placeholder `cred:{name}` in the sandbox.")
 
 
 class CredentialOut(BaseModel):
@@ -116,6 +121,8 @@ def grant_out(grant: Grant) -> GrantOut:
 
 
 def _name(name: str = Path(..., max_length=40, json_schema_extra={"pattern": NAME_PATTERN})) -> str:
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise InvalidInput(f"a credential name is {NAME_PATTERN[1:-1]}", field="name")
     return name
 
 

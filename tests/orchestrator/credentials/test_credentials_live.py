@@ -143,6 +143,9 @@ def test_67s_request_arrives_with_67s_token_and_17s_carries_none(w: World) -> No
     got = https(w, run_67, f"127.0.0.1:{w.upstream}/echo", "Authorization: Bearer cred:github")
     assert authorization(got) == [f"Bearer {SECRET}"], got  # the placeholder replaced, not doubled
     assert "Sandbox Orchestrator egress CA" not in got["head"]
+    # A second Host (another target for the header) is refused, and the refusal quotes no secret.
+    smuggled = https(w, run_67, f"127.0.0.1:{w.upstream}/echo", "Host: elsewhere.example")
+    assert smuggled["status"] == 400 and "host_mismatch" in smuggled["head"] and SECRET not in json.dumps(smuggled)
     theirs = https(w, run_17, f"127.0.0.1:{w.upstream}/echo", insecure=True)
     assert authorization(theirs) == [], theirs
     listed = w.client.get(f"/v1/users/{MEMBER}/credentials", headers=acting(MEMBER)).json()["credentials"]

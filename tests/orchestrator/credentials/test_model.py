@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.credentials.injection import connection_session
 from orchestrator.credentials.model import Credential, Grant, InvalidCredential, choose_credential, render_header, validate_spec
-from orchestrator.egress.intercept import inject_header
+from orchestrator.egress.intercept import with_header, without_header
 
 NOW = "2026-01-01T00:00:00.000000Z"
 
@@ -37,6 +37,7 @@ def test_templates_render_bearer_and_basic() -> None:
         ("gh", ["*.com.*"], "Authorization", "Bearer {secret}", None, "s", "hosts"),
         ("gh", ["api.github.com"], "Bad Header", "Bearer {secret}", None, "s", "header"),
         ("gh", ["api.github.com"], "Host", "Bearer {secret}", None, "s", "header"),
+        ("gh", ["api.github.com"], "Proxy-Authorization", "Bearer {secret}", None, "s", "header"),
         ("gh", ["api.github.com"], "Authorization", "Bearer token", None, "s", "template"),
         ("gh", ["api.github.com"], "Authorization", "Bearer {secret}\r\nX: y", None, "s", "template"),
         ("gh", ["api.github.com"], "Authorization", "Bearer {secret}", "1BAD", "s", "env"),
@@ -76,4 +77,8 @@ def test_the_session_of_a_connection_is_ambiguous_with_calls_of_two_sessions_in_
 
 def test_the_injected_header_replaces_every_placeholder_of_that_name() -> None:
     lines = [b"Host: api.example.org", b"authorization: Bearer cred:github", b"AUTHORIZATION: x", b"Accept: */*"]
-    assert inject_header(lines, "Authorization", "Bearer real") == [b"Host: api.example.org", b"Accept: */*", b"Authorization: Bearer real"]
+    assert without_header(lines, "Authorization") == [b"Host: api.example.org", b"Accept: */*"]
+    head = b"GET / HTTP/1.1\r\nHost: api.example.org\r\nConnection: close\r\n\r\n"
+    assert with_header(head, "Authorization", "Bearer real") == (
+        b"GET / HTTP/1.1\r\nHost: api.example.org\r\nConnection: close\r\nAuthorization: Bearer real\r\n\r\n"
+    )
