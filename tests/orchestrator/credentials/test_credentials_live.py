@@ -294,3 +294,14 @@ def secret_is_nowhere(w: World, roots: list[str]) -> None:
 
 def test_the_secret_is_nowhere_the_sandbox_server_or_operator_can_read(w: World) -> None:
     secret_is_nowhere(w, [str(w.service.settings.layout.root), "/tmp", "/dev/shm", "/home", "/root", "/etc"])
+
+
+def test_a_bwrap_sandbox_sees_the_deployment_bundle_and_gets_the_header() -> None:
+    """bwrap shows /usr and /etc only: the bundle under the data dir is bound in read-only."""
+    with world(process_sandbox="bwrap") as bw:
+        put_credential(bw, MEMBER, "github", [f"127.0.0.1:{bw.upstream}"])
+        run = web_run(bw.client, MEMBER)
+        assert authorization(https(bw, run, f"127.0.0.1:{bw.upstream}/echo")) == [f"Bearer {SECRET}"]
+        bundle = str(bw.service.settings.sandbox_ca_bundle)
+        written = tool(bw.client, run, "shell", command=f"echo x >> {bundle}")["result"]
+        assert written["exit_code"] != 0, written  # read-only
