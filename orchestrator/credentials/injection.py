@@ -20,6 +20,7 @@ from orchestrator.credentials.ca import DeploymentCA
 from orchestrator.credentials.model import Usable, render_header
 from orchestrator.credentials.store import CredentialStore
 from orchestrator.egress.intercept import upstream_context
+from orchestrator.errors import NotFound
 
 
 def connection_session(in_flight: set[str], latest: str | None) -> str | None:
@@ -69,8 +70,11 @@ class CredentialInjection:
     def header_for(self, usable: Usable) -> tuple[str, str] | None:
         if not self.store.still_usable(usable):
             return None
-        credential = self.store.get(usable.credential.user_id, usable.credential.name)
-        return credential.header, render_header(credential.template, self.store.secret_of(credential))
+        try:  # deleted in between: as revoked
+            credential = self.store.get(usable.credential.user_id, usable.credential.name)
+            return credential.header, render_header(credential.template, self.store.secret_of(credential))
+        except NotFound:
+            return None
 
     def server_context(self, host: str) -> ssl.SSLContext:
         return self.ca.context_for(host)

@@ -3,6 +3,8 @@ key refuses the start with what to do), and the deployment CA when egress is on.
 
 from __future__ import annotations
 
+from cryptography.fernet import MultiFernet
+
 from orchestrator.credentials.ca import DeploymentCA
 from orchestrator.credentials.keys import CredentialsKeyRefused, load_keys
 from orchestrator.credentials.store import CredentialStore
@@ -10,7 +12,7 @@ from orchestrator.settings import Settings
 from orchestrator.state_store import StateStore
 
 
-def configured_keys(settings: Settings):  # type: ignore[no-untyped-def]
+def configured_keys(settings: Settings) -> MultiFernet | None:
     key = settings.credentials_key.get_secret_value() if settings.credentials_key is not None else ""
     return load_keys(key, settings.credentials_key_file, settings.layout.root)
 

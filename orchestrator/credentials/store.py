@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -213,10 +214,11 @@ class CredentialStore:
         """`last_used_at` (the egress audit writer, off the proxy's loop)."""
         with self._store.write() as tx:
             tx.execute("UPDATE credentials SET last_used_at = ? WHERE user_id = ? AND name = ?", (at, user_id, name))
-        credential = self._credentials.get(user_id, {}).get(name)
-        if credential is not None:
-            with self._lock:
-                self._remember(replace(credential, last_used_at=at), self._secrets.get((user_id, name), b""))
+        with self._lock:  # unless deleted meanwhile: a deletion is never undone here
+            credential = self._credentials.get(user_id, {}).get(name)
+            token = self._secrets.get((user_id, name))
+            if credential is not None and token is not None:
+                self._remember(replace(credential, last_used_at=at), token)
 
     # --- grants ---------------------------------------------------------------------------
 
@@ -328,18 +330,16 @@ class CredentialStore:
             listener(predicate)
 
 
-def _credential(row: object) -> Credential:
-    r = row  # sqlite3.Row
+def _credential(row: sqlite3.Row) -> Credential:
     return Credential(
-        user_id=int(r["user_id"]), name=str(r["name"]), hosts=tuple(json.loads(r["hosts"])), header=str(r["header"]),  # type: ignore[index]
-        template=str(r["template"]), env=r["env"], created_at=str(r["created_at"]), last_used_at=r["last_used_at"],  # type: ignore[index]
+        user_id=int(row["user_id"]), name=str(row["name"]), hosts=tuple(json.loads(row["hosts"])), header=str(row["header"]),
+        template=str(row["template"]), env=row["env"], created_at=str(row["created_at"]), last_used_at=row["last_used_at"],
     )  # fmt: skip
 
 
-def _grant(row: object) -> Grant:
-    r = row
+def _grant(row: sqlite3.Row) -> Grant:
     return Grant(
-        grant_id=str(r["grant_id"]), grantor_user_id=int(r["grantor_user_id"]), credential=str(r["credential"]),  # type: ignore[index]
-        grantee_user_id=r["grantee_user_id"], session_id=str(r["session_id"]), created_at=str(r["created_at"]),  # type: ignore[index]
-        expires_at=str(r["expires_at"]), revoked_at=r["revoked_at"],  # type: ignore[index]
+        grant_id=str(row["grant_id"]), grantor_user_id=int(row["grantor_user_id"]), credential=str(row["credential"]),
+        grantee_user_id=row["grantee_user_id"], session_id=str(row["session_id"]), created_at=str(row["created_at"]),
+        expires_at=str(row["expires_at"]), revoked_at=row["revoked_at"],
     )  # fmt: skip
