@@ -54,9 +54,10 @@ class World:
 
 
 @contextmanager
-def world(**overrides: object) -> Iterator[World]:
+def world(uid_slice: int = 0, **overrides: object) -> Iterator[World]:
     """A server with credentials on (a key file outside its data dir), egress to three
-    loopback upstreams allowed for 17, 67 and 68; `overrides`: more settings (a backend)."""
+    loopback upstreams allowed for 17, 67 and 68; `overrides`: more settings (a backend).
+    `uid_slice`: two servers live at once, each on a slice of the run's uid block."""
     base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="credentials-"))
     os.chmod(base, 0o711)
     data = base / "data"
@@ -78,7 +79,8 @@ def world(**overrides: object) -> Iterator[World]:
         with echo_upstream(chain) as upstream, echo_upstream(chain) as other, loopback_upstream() as plain:
             settings = make_settings(
                 data, egress_allow_loopback=True, credentials_key_file=key_file, egress_upstream_ca_bundle=upstream_ca,
-                sandbox_uid_base=int(os.environ.get("ORCH_SANDBOX_UID_BASE", "100000")), max_user_id=999, **overrides,
+                sandbox_uid_base=int(os.environ.get("ORCH_SANDBOX_UID_BASE", "100000")) + 1000 * uid_slice, max_user_id=999,
+                **overrides,
             )  # fmt: skip
             service = OrchestratorService(settings)
             try:
@@ -298,7 +300,7 @@ def test_the_secret_is_nowhere_the_sandbox_server_or_operator_can_read(w: World)
 
 def test_a_bwrap_sandbox_sees_the_deployment_bundle_and_gets_the_header() -> None:
     """bwrap shows /usr and /etc only: the bundle under the data dir is bound in read-only."""
-    with world(process_sandbox="bwrap") as bw:
+    with world(1, process_sandbox="bwrap") as bw:
         put_credential(bw, MEMBER, "github", [f"127.0.0.1:{bw.upstream}"])
         run = web_run(bw.client, MEMBER)
         assert authorization(https(bw, run, f"127.0.0.1:{bw.upstream}/echo")) == [f"Bearer {SECRET}"]
