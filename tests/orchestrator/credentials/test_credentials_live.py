@@ -268,6 +268,9 @@ def secret_is_nowhere(w: World, roots: list[str]) -> None:
     put_credential(w, THIRD, "github", [f"127.0.0.1:{w.upstream}"], env="GITHUB_TOKEN")
     run = web_run(w.client, THIRD)
     assert authorization(https(w, run, f"127.0.0.1:{w.upstream}/echo")) == [f"Bearer {SECRET}"]
+    # Every TLS client in the sandbox is pointed at the bundle with the deployment CA, git too.
+    named = tool(w.client, run, "shell", command='echo "$SSL_CERT_FILE $GIT_SSL_CAINFO $NODE_EXTRA_CA_CERTS"')["result"]
+    assert named["stdout"].split() == [str(w.service.settings.sandbox_ca_bundle)] * 3, named
     # The search finds what is there: a canary the sandbox wrote into its HOME and /tmp.
     canary = "canary-" + SECRET[::-1]
     planted = tool(w.client, run, "shell", command=f"printf %s {canary[:8]} {canary[8:]} > ~/c.txt; cp ~/c.txt /tmp/c.txt")
