@@ -205,6 +205,14 @@ def test_a_grant_of_17_reaches_67s_runs_in_that_session_only_until_revoked(w: Wo
     too_long = w.client.post(f"/v1/users/{OWNER}/grants", json={**body, "ttl_s": 10**9}, headers=acting(OWNER))
     assert too_long.status_code == 422, too_long.text
 
+    # Nor a tool call: no tool a model is given touches credentials or grants, and a made-up
+    # one is an unknown tool.
+    names = [t["name"] for t in w.client.get("/v1/tools").json()["tools"]]
+    assert names and not [n for n in names if "grant" in n or "credential" in n], names
+    made_up = tool(w.client, run_in_s, "grant_credential", credential="deploy", grantee_user_id=MEMBER)
+    assert not made_up["ok"], made_up
+    assert w.client.get(f"/v1/users/{OWNER}/grants", headers=acting(OWNER)).json()["granted"] == []
+
     made = w.client.post(f"/v1/users/{OWNER}/grants", json=body, headers=acting(OWNER))
     assert made.status_code == 201, made.text
     grant = made.json()
