@@ -318,3 +318,16 @@ def test_a_bwrap_sandbox_sees_the_deployment_bundle_and_gets_the_header() -> Non
         bundle = str(bw.service.settings.sandbox_ca_bundle)
         written = tool(bw.client, run, "shell", command=f"echo x >> {bundle}")["result"]
         assert written["exit_code"] != 0, written  # read-only
+
+
+def test_intercepted_connections_count_against_the_users_connection_cap() -> None:
+    """Interception costs the proxy more than a tunnel: it stays inside the user's caps."""
+    with world(2, egress_max_connections=2) as capped:
+        put_credential(capped, MEMBER, "github", [f"127.0.0.1:{capped.upstream}"])
+        run = web_run(capped.client, MEMBER)
+        one = https_command(f"127.0.0.1:{capped.upstream}/stream?s=3")
+        answer = tool(capped.client, run, "shell", command=f"({one}) & ({one}) & sleep 1; {one}; wait", timeout_s=60)
+        results = [json.loads(line) for line in answer["result"]["stdout"].splitlines() if line.startswith("{")]
+        assert sorted(r["connect"] for r in results) == [200, 200, 429], results
+        refused = next(r for r in results if r["connect"] == 429)
+        assert "too_many_connections" in refused["body"] or "connections" in refused["body"], refused
