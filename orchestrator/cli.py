@@ -180,6 +180,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         backend=args.backend,
         keep=args.keep,
         url=args.url,
+        credential_upstream_ca=Path(args.credential_upstream_ca).resolve() if args.credential_upstream_ca else None,
     )
     with OrchestratorClient(args.url, token=token, admin_token=admin_token, timeout=args.timeout) as client:
         return run_smoke(client, options, sys.stdout)
@@ -247,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--owner-user", type=int, help="user id of owner A (default: a fresh random id)")
     smoke.add_argument("--member-user", type=int, help="user id of member B (default: A + 1)")
     smoke.add_argument("--backend", choices=["auto", "docker", "process", "kubernetes"], help="set as A's and B's backend")
+    smoke.add_argument(
+        "--credential-upstream-ca",
+        help="the file the server's ORCH_EGRESS_UPSTREAM_CA_BUNDLE names (a server with credentials on and "
+        "ORCH_EGRESS_ALLOW_LOOPBACK=true): the smoke writes its HTTPS upstream's CA there and checks a credential "
+        "end to end (a check of its own, run only with this option)",
+    )
     smoke.add_argument("--keep", action="store_true", help="keep the smoke's sessions afterwards")
     smoke.add_argument("--timeout", type=float, default=120.0, help="per-request timeout in seconds")
     smoke.set_defaults(func=cmd_smoke)

@@ -25,6 +25,8 @@ from orchestrator.collaboration.tools import register_collaboration_tools
 from orchestrator.deliveries.outbox import DeliveryStore
 from orchestrator.descriptors.budget import DescriptorBudget, plan_for
 from orchestrator.descriptors.process_limit import descriptor_limit
+from orchestrator.credentials.injection import CredentialInjection
+from orchestrator.credentials.startup import open_credentials
 from orchestrator.egress.service import EgressService
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
@@ -122,6 +124,8 @@ class OrchestratorService:
             )  # fmt: skip
         self.store = StateStore(self.layout.state_db)
         self.store.open()
+        # A wrong or missing key refuses the start (CredentialsKeyRefused, a StartupRefused).
+        self.credentials, self.credential_ca = open_credentials(settings, self.store)
         self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
         self.identities = IdentityRepository(self.store, self.users)
         self.projects = ProjectRepository(self.store)
@@ -184,12 +188,20 @@ class OrchestratorService:
         self.disk_quotas.stop_sandbox = self._stop_sandbox_of  # over quota (scan), an offline grow (loop)
         if self.disk_quotas.mechanism is not QuotaMechanism.OFF:  # over quota (scan), over a share of a shared place
             self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
+        if self.credentials is not None:
+            self.directories.credential_env = self.credentials.placeholder_env
         self.egress: EgressService | None = None
         if settings.egress != "off":
             docker_backend = backends.get("docker")
+            injection = None
+            if self.credentials is not None and self.credential_ca is not None:
+                injection = CredentialInjection(
+                    self.credentials, self.credential_ca, settings.upstream_ca_bundle, self.sandboxes.in_flight.sessions_of
+                )
             self.egress = EgressService(
                 settings, self.directories, self.store, self.descriptors,
                 peer_container=docker_backend.peer_container if isinstance(docker_backend, DockerBackend) else lambda _: None,
+                credentials=injection,
             )  # fmt: skip
             self.sandboxes.call_hooks.append(self.egress.before_call)
         self.runs = RunService(
@@ -202,6 +214,11 @@ class OrchestratorService:
             directories=self.directories,
             skills=self.skills,
         )
+        if self.credentials is not None:
+            credentials, users = self.credentials, self.users
+            self.runs.delegated_to = lambda user_id, session_id: credentials.delegated_to(
+                user_id, session_id, lambda uid: (users.get(uid).display_name if users.get(uid) else None)  # type: ignore[union-attr]
+            )
         self.sessions.register_cleanup_step("runs", self.runs.cancel_running_of_deleted, phase=CleanupPhase.STOP)
         # Ending a run or deleting a session kills its calls in flight (whole process trees).
         self.runs.end_listeners.append(self._stop_calls_of_run)
@@ -307,6 +324,8 @@ class OrchestratorService:
         self.purge.steps["resources"] = lambda user_id, _actor: self.resources.forget(user_id)
         if self.egress is not None:
             self.purge.steps["egress_rules"] = lambda user_id, _actor: self.egress.rules.forget(user_id)  # type: ignore[union-attr]
+        if self.credentials is not None:
+            self.purge.steps["credentials"] = lambda user_id, actor: self.credentials.purge_user(user_id, actor=actor)  # type: ignore[union-attr]
         if self.previews is not None:
             self.purge.steps["previews"] = lambda user_id, actor: self.previews.revoke_all_of_user(user_id, actor=actor)  # type: ignore[union-attr]
         self.idle_runs = IdleRunSweeper(

@@ -274,6 +274,21 @@ class Settings(BaseSettings):
         gt=0,
         description="Name lookups in flight for all users together (above the per-user cap); more are answered 503.",
     )
+    # Credentials injected at the egress proxy (docs/credentials.md).
+    credentials_key: SecretStr | None = Field(
+        None,
+        description="Fernet key(s) that encrypt users' credentials at rest (commas between; the first encrypts, all "
+        "decrypt: a rotation puts the new key first). Unset, with no key file: credentials are off.",
+    )
+    credentials_key_file: Path | None = Field(
+        None, description="A file holding the credentials key(s) instead (outside the data dir, mode 600); re-read by a rotation."
+    )
+    grant_max_s: int = Field(86400, gt=0, description="The longest a credential may be delegated for (ttl_s of a grant).")
+    egress_upstream_ca_bundle: Path | None = Field(
+        None,
+        description="What the egress proxy verifies an upstream's certificate against when it injects a credential; "
+        "unset: ORCH_EGRESS_CA_BUNDLE.",
+    )
     sandbox_cpus: float = Field(1.0, gt=0, description="CPU limit per sandbox.")
     sandbox_memory_mb: int = Field(1024, gt=0, description="Memory limit per sandbox (MiB).")
     sandbox_pids: int = Field(512, gt=0, description="Process limit per sandbox.")
@@ -522,6 +537,22 @@ class Settings(BaseSettings):
         """Every uid and gid a sandbox may carry: the users' own and the group workspaces'."""
         groups = self.group_gid_range
         return (IdRange(self.sandbox_uid_base, self.sandbox_uid_base + self.max_user_id), IdRange(groups.first, groups.last))
+
+    @property
+    def credentials_on(self) -> bool:
+        return self.credentials_key is not None or self.credentials_key_file is not None
+
+    @property
+    def sandbox_ca_bundle(self) -> Path:
+        """The CA bundle sandboxes trust: with credentials on, the host's bundle plus the
+        deployment CA's certificate (orchestrator/credentials/ca.py), else the host's."""
+        if self.credentials_on and self.egress != "off":
+            return self.layout.root / "ca" / "sandbox-bundle.pem"
+        return self.egress_ca_bundle
+
+    @property
+    def upstream_ca_bundle(self) -> Path:
+        return self.egress_upstream_ca_bundle or self.egress_ca_bundle
 
     @property
     def layout(self) -> DataLayout:

@@ -14,6 +14,7 @@ the structured tool errors replace log greps.
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 import time
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from orchestrator.credentials.probe import echo_upstream, echoed_headers, https_command, make_upstream_ca
 from orchestrator.client import ApiError, OrchestratorClient, RunContext, ToolResult, TransportError
 from orchestrator.client.models import Health
 
@@ -69,6 +71,8 @@ class SmokeOptions:
     backend: str | None = None  # set as both users' backend override
     keep: bool = False  # keep the sessions (for a look afterwards)
     url: str | None = None  # named when the server does not answer
+    # The server's ORCH_EGRESS_UPSTREAM_CA_BUNDLE file: the credential check writes its CA there.
+    credential_upstream_ca: Path | None = None
 
 
 def owner_mode_note(source: str) -> str:
@@ -115,6 +119,9 @@ def smoke_user_ids(
         else:
             owner = SMOKE_USER_ID_BASE + randbelow(SMOKE_USER_ID_SPREAD)
     return owner, member if member is not None else owner + 1
+
+
+CREDENTIAL_CHECK = "B's credential reaches a local HTTPS upstream through the proxy; B's sandbox never holds it"
 
 
 @dataclass
@@ -232,6 +239,8 @@ class SmokeRun:
             ("compaction archive: hint and directory for A only", self.archive_for_owner_only),
             ("private chat (wechat): B sends its own upload", self.private_chat_send),
         ]
+        if self.options.credential_upstream_ca is not None:  # opt-in: the server must be set up for it
+            steps.insert(10, (CREDENTIAL_CHECK, self.b_credential))
         try:
             for name, step in steps:
                 self.check(name, step)
@@ -435,6 +444,39 @@ class SmokeRun:
         expect(f"{target}/bin/{SMOKE_PACKAGE}" in result["stdout"], f"not installed on PATH: {result['stdout'][-400:]}")
         expect(f"smoke-{self.nonce}" in result["stdout"], f"{SMOKE_PACKAGE} did not run: {result['stdout'][-400:]}")
         return f"{SMOKE_PACKAGE} from PyPI in {target}"
+
+    def b_credential(self) -> str:
+        ca_file = need(self.options.credential_upstream_ca, "--credential-upstream-ca")
+        run = need(self.b_run, "B's run")
+        try:
+            self.client.credentials(self.b, acting_user=self.b)
+        except ApiError as exc:
+            if exc.code == "credentials_off":
+                raise CheckSkipped(f"the server says: {exc.message}") from None
+            raise
+        chain = make_upstream_ca(ca_file)
+        name, secret = f"smoke-{self.nonce}", f"smoke-secret-{secrets.token_hex(16)}"
+        with echo_upstream(chain) as port:
+            target = f"127.0.0.1:{port}"
+            self.client.set_egress(self.b, allow=[target])
+            try:
+                self.client.put_credential(
+                    self.b, name, secret=secret, hosts=[target], env="SMOKE_TOKEN", acting_user=self.b
+                )  # fmt: skip
+                result = self.ok(run, "shell", command=https_command(f"{target}/echo", f"Authorization: Bearer cred:{name}"))
+                expect(result["exit_code"] == 0, f"exit {result['exit_code']}: {result['stderr'][-300:]}")
+                answer = json.loads(result["stdout"])
+                expect(answer.get("status") == 200, f"the upstream answered {answer}")
+                got = echoed_headers(answer, "Authorization")
+                expect(got == [f"Bearer {secret}"], f"the upstream saw Authorization {['(the secret)' if secret in g else g for g in got]}")
+                env = self.ok(run, "shell", command="env; cat /proc/self/environ")
+                expect(secret not in env["stdout"], "the secret is in B's environment")
+            finally:
+                try:
+                    self.client.delete_credential(self.b, name, acting_user=self.b)
+                finally:
+                    self.client.set_egress(self.b)
+        return f"the upstream on {target} saw B's token; B's environment does not hold it"
 
     def b_reads_a_upload(self) -> str:
         run, upload = need(self.b_run, "B's run"), need(self.a_upload, "A's artifact")

@@ -96,7 +96,7 @@ def proxy_environment(port: int, ca_file: str | None) -> dict[str, str]:
     }  # fmt: skip
     if ca_file is not None:
         env.update(SSL_CERT_FILE=ca_file, REQUESTS_CA_BUNDLE=ca_file, PIP_CERT=ca_file, NODE_EXTRA_CA_CERTS=ca_file,
-                   npm_config_cafile=ca_file)  # fmt: skip
+                   npm_config_cafile=ca_file, GIT_SSL_CAINFO=ca_file)  # fmt: skip
     return env
 
 

@@ -107,6 +107,44 @@ class Health(Model):
     isolation: dict[str, Any] | None = None  # {"uid_block": [first, last], ...} (docs/operations.md)
 
 
+class Credential(Model):
+    """A user's credential, metadata only: the secret never comes back (docs/credentials.md)."""
+
+    name: str
+    hosts: list[str]
+    header: str
+    env: str | None = None
+    created_at: str
+    last_used_at: str | None = None
+
+
+class CredentialGrant(Model):
+    """A credential's use delegated to one session's runs (of one runtime user, or all)."""
+
+    grant_id: str
+    credential: str
+    grantor_user_id: int
+    grantee_user_id: int | None
+    session_id: str
+    expires_at: str
+    revoked_at: str | None = None
+
+
+class CredentialGrants(Model):
+    granted: list[CredentialGrant]
+    held: list[CredentialGrant]
+
+
+class DelegatedCredential(Model):
+    """In a run's context: a credential another member granted to this run."""
+
+    credential: str
+    owner_user_id: int
+    hosts: list[str]
+    expires_at: str
+    grant_id: str
+
+
 class EgressRules(Model):
     """A user's egress allow list (docs/egress.md)."""
 
@@ -303,6 +341,7 @@ class RunContext(Model):
     archive_hint_enabled: bool
     memory_user_id: int
     prompt_identity_section: str | None
+    delegated_credentials: list[DelegatedCredential] = []
 
 
 class Run(Model):

@@ -28,6 +28,9 @@ from orchestrator.client.models import (
     DeliveryContent,
     Preview,
     DiskOverview,
+    Credential,
+    CredentialGrant,
+    CredentialGrants,
     EgressRules,
     Group,
     Health,
@@ -564,6 +567,51 @@ class ClientMethods:
         """Replace the user's additions and removals; applies to the user's next connection."""
         body = {"allow": list(allow), "remove": list(remove)}
         return Request(_json_of(EgressRules), {"user_id": user_ref_text(user_id)}, json=body, admin=True)
+
+    @route("PUT", "/v1/users/{user_id}/credentials/{name}")
+    def put_credential(
+        self, user_id: UserRef, name: str, *, secret: str, hosts: Sequence[str], header: str = "Authorization",
+        template: str = "Bearer {secret}", env: str | None = None, acting_user: UserRef | None = None,
+    ) -> Request[Credential]:  # fmt: skip
+        """Store (or replace) a credential of the user; the answer is its metadata, never the
+        secret. The bot must act for that very user (`acting_user`), or use the admin token."""
+        body = _without_none({"secret": secret, "hosts": list(hosts), "header": header, "template": template, "env": env})
+        return Request(_json_of(Credential), {"user_id": user_ref_text(user_id), "name": name}, json=body, acting_user=acting_user)
+
+    @route("GET", "/v1/users/{user_id}/credentials")
+    def credentials(self, user_id: UserRef, *, acting_user: UserRef | None = None) -> Request[list[Credential]]:
+        parse = lambda response: [Credential.model_validate(c) for c in response.json()["credentials"]]  # noqa: E731
+        return Request(parse, {"user_id": user_ref_text(user_id)}, acting_user=acting_user)
+
+    @route("DELETE", "/v1/users/{user_id}/credentials/{name}")
+    def delete_credential(self, user_id: UserRef, name: str, *, acting_user: UserRef | None = None) -> Request[None]:
+        """Gone at once: its grants end and connections using it are cut."""
+        return Request(_nothing, {"user_id": user_ref_text(user_id), "name": name}, acting_user=acting_user)
+
+    @route("POST", "/v1/users/{user_id}/grants")
+    def grant_credential(
+        self, user_id: UserRef, *, credential: str, grantee_user_id: int | None, session_id: str, ttl_s: int,
+        acting_user: UserRef | None = None,
+    ) -> Request[CredentialGrant]:  # fmt: skip
+        """Delegate the user's credential to the runs of `grantee_user_id` (None: every run) in
+        one session, for `ttl_s` seconds; only the grantor (the bot acting for them) may."""
+        body = {"credential": credential, "grantee_user_id": grantee_user_id, "session_id": session_id, "ttl_s": ttl_s}
+        return Request(_json_of(CredentialGrant), {"user_id": user_ref_text(user_id)}, json=body, acting_user=acting_user)
+
+    @route("GET", "/v1/users/{user_id}/grants")
+    def grants(self, user_id: UserRef, *, acting_user: UserRef | None = None) -> Request[CredentialGrants]:
+        """What the user granted and what was granted to them."""
+        return Request(_json_of(CredentialGrants), {"user_id": user_ref_text(user_id)}, acting_user=acting_user)
+
+    @route("DELETE", "/v1/grants/{grant_id}")
+    def revoke_grant(self, grant_id: str, *, acting_user: UserRef | None = None) -> Request[None]:
+        """Immediate: the next connection goes without it, open ones are cut."""
+        return Request(_nothing, {"grant_id": grant_id}, acting_user=acting_user)
+
+    @route("POST", "/v1/admin/credentials/rotate")
+    def rotate_credentials_key(self) -> Request[int]:
+        """Re-read the key file and re-encrypt every credential with its first key; the count."""
+        return Request(lambda response: int(response.json()["credentials"]), admin=True)
 
     @route("GET", "/v1/admin/disk")
     def disk(self) -> Request[DiskOverview]:

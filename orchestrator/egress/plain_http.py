@@ -30,6 +30,22 @@ CHUNK = 1 << 16
 LINGER_S = 2.0  # after the answer: how long unread client bytes are drained before the close
 
 
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 411: "Length Required", 429: "Too Many Requests",
+                431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable",
+                504: "Gateway Timeout"}  # fmt: skip
+
+
+def refusal_response(status: int, code: str, message: str) -> bytes:
+    """The proxy's own answer: a plain-text message a model can act on, and the code."""
+    body = (message + "\n").encode()
+    head = (
+        f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}\r\n"
+        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+        f"X-Egress-Refusal: {code}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
 class PlainRequestRefused(Exception):
     """A plain request the proxy does not forward; `code` is the audit reason."""
 
@@ -50,9 +66,10 @@ def _header(line: bytes) -> tuple[bytes, bytes]:
 
 
 def plan_plain_request(
-    method: str, version: str, header_lines: Sequence[bytes], host: str, port: int, path: str
+    method: str, version: str, header_lines: Sequence[bytes], host: str, port: int, path: str, *, default_port: int = 80
 ) -> PlainRequest:
-    """The one request to send for `METHOD http://host:port/path`, or PlainRequestRefused."""
+    """The one request to send for `METHOD http://host:port/path`, or PlainRequestRefused.
+    `default_port`: the port a Host header without one names (443 inside TLS)."""
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if version not in ("HTTP/1.0", "HTTP/1.1") or not _TOKEN.fullmatch(method):
         raise PlainRequestRefused(400, "bad_target", "Bad proxy request: the method or the HTTP version is not one.")
@@ -70,7 +87,7 @@ def plan_plain_request(
     if hosts:
         shown = hosts[0].decode("ascii", errors="replace")[:80]
         try:
-            named = parse_http_authority(shown)
+            named = parse_http_authority(shown, default_port)
         except InvalidTarget:
             named = None
         if named != (host, port):

@@ -347,10 +347,11 @@ def parse_absolute_url(url: str) -> tuple[str, int, str]:
     return host, port, path
 
 
-def parse_http_authority(authority: str) -> tuple[str, int]:
-    """`host[:port]` of an http URL or a Host header -> (normalized host, port; 80 when none)."""
+def parse_http_authority(authority: str, default_port: int = 80) -> tuple[str, int]:
+    """`host[:port]` of an http URL or a Host header -> (normalized host, port; `default_port`
+    when none: 80 for http, 443 for the Host of a request inside TLS)."""
     text = authority.strip()
     has_port = "]:" in text if text.startswith("[") else ":" in text
     if not has_port:
-        return normalize_host(text), 80
+        return normalize_host(text), default_port
     return parse_authority(text)

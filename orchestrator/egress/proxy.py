@@ -21,7 +21,10 @@ from orchestrator.descriptors.budget import EGRESS_TUNNEL_EXTRA, DescriptorHold,
 from orchestrator.throttled_log import ThrottledLog
 from sandbox_agent.relay import RelayIdle, receive_connection, relay
 from orchestrator.egress.caps import CapExceeded, ConnectionMeter, LookupGate, UserCaps
-from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request
+from orchestrator.credentials.injection import CredentialInjection
+from orchestrator.credentials.model import Usable
+from orchestrator.egress.intercept import serve_intercepted
+from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request, refusal_response
 from orchestrator.egress.policy import (
     Decision,
     HostPattern,
@@ -68,27 +71,15 @@ class ConnectionRecord:
     bytes_up: int
     bytes_down: int
     duration_ms: int
+    credential: str | None = None  # the credential injected (an intercepted connection)
+    credential_owner: int | None = None  # whose it is (another user's: through grant_id)
+    grant_id: str | None = None
 
 
 class _Refused(Exception):
     def __init__(self, status: int, verdict: str, reason: str, message: str) -> None:
         super().__init__(message)
         self.status, self.verdict, self.reason, self.message = status, verdict, reason, message
-
-
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 411: "Length Required", 429: "Too Many Requests",
-                431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable",
-                504: "Gateway Timeout"}  # fmt: skip
-
-
-def refusal_response(status: int, code: str, message: str) -> bytes:
-    body = (message + "\n").encode()
-    head = (
-        f"HTTP/1.1 {status} {_STATUS_TEXT.get(status, 'Error')}\r\n"
-        f"Content-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
-        f"X-Egress-Refusal: {code}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 @dataclass(frozen=True)
@@ -172,6 +163,7 @@ class EgressProxy:
         resolver: Resolver,
         lookups: LookupGate,
         head_max_bytes: int = 16 * 1024,
+        credentials: CredentialInjection | None = None,
     ) -> None:
         self._allow_for = allow_for
         self._caps_for = caps_for
@@ -181,6 +173,18 @@ class EgressProxy:
         self._resolver = resolver
         self._lookups = lookups
         self._head_max = head_max_bytes
+        self._credentials = credentials
+        self._intercepting: dict[asyncio.Task[Any], Usable] = {}  # the loop's alone
+        self._cut_tasks: set[asyncio.Task[Any]] = set()
+
+    def cut(self, predicate: Callable[[str | None, int, str], bool]) -> None:
+        """On the loop: end the intercepted connections whose credential `predicate` matches
+        (grant id or None, owner, name): a revoked grant, a deleted or replaced credential."""
+        for task, usable in list(self._intercepting.items()):
+            grant_id = usable.grant.grant_id if usable.grant is not None else None
+            if predicate(grant_id, usable.credential.user_id, usable.credential.name):
+                self._cut_tasks.add(task)
+                task.cancel()
 
     async def handle(
         self,
@@ -215,6 +219,7 @@ class EgressProxy:
         meter = ConnectionMeter(caps)
         admitted = False
         upstream: socket.socket | None = None
+        injected: Usable | None = None
         try:
             try:
                 raw, rest = await asyncio.wait_for(
@@ -239,6 +244,14 @@ class EgressProxy:
             decision = decide_host(host, port, allow)
             if not decision.allowed:
                 raise _Refused(403, decision.verdict.value, decision.reason, refusal_message(host, port, user_id, allow, decision))
+            if self._credentials is not None:
+                session = self._credentials.session_of(user_id, context[0])
+                if method == "CONNECT":
+                    injected = self._credentials.choose(host, port, runtime_user_id=user_id, session_id=session)
+                elif self._credentials.is_credential_host(host, runtime_user_id=user_id, session_id=session):
+                    raise _Refused(403, "bad_request", "credential_plain_http", (
+                        f"Plain http:// to {host}:{port} is refused: a credential is for {host}, and it is never sent "
+                        f"in clear. Use https://{host}/ instead."))  # fmt: skip
             try:
                 caps.admit()
             except CapExceeded as exc:
@@ -255,7 +268,10 @@ class EgressProxy:
                 raise _Refused(403, decision.verdict.value, decision.reason, refusal_message(host, port, user_id, allow, decision))
             upstream, address = await self._connect(host, port, usable)
             on_bytes = lambda n, up: meter.charge(n, upstream=up)  # noqa: E731
-            if method == "CONNECT":
+            if injected is not None:  # the 200 is the interception's own (intercept.py)
+                verdict, reason = await self._intercept(conn, upstream, host, port, injected, rest, on_bytes)
+                stopped = None
+            elif method == "CONNECT":
                 await loop.sock_sendall(conn, b"HTTP/1.1 200 Connection established\r\n\r\n")
                 if rest:
                     meter.charge(len(rest), upstream=True)
@@ -296,11 +312,51 @@ class EgressProxy:
                     user_id=user_id, session_id=session_id, run_id=run_id, method=method, host=host, port=port,
                     address=address, verdict=verdict, reason=reason, bytes_up=meter.up, bytes_down=meter.down,
                     duration_ms=int((time.monotonic() - started) * 1000),
+                    credential=injected.credential.name if injected else None,
+                    credential_owner=injected.credential.user_id if injected else None,
+                    grant_id=injected.grant.grant_id if injected and injected.grant else None,
                 )
             )  # fmt: skip
             for sock in (conn, upstream):
                 if sock is not None:
                     sock.close()
+
+    async def _intercept(
+        self, conn: socket.socket, upstream: socket.socket, host: str, port: int, usable: Usable, rest: bytes,
+        on_bytes: Callable[[int, bool], None],
+    ) -> tuple[str, str]:  # fmt: skip
+        """The (verdict, reason) of an intercepted connection (orchestrator/egress/intercept.py)."""
+        credentials = self._credentials
+        assert credentials is not None
+        if rest:  # a TLS client waits for the CONNECT's answer before its hello
+            return "bad_request", "early_bytes"
+        task = asyncio.current_task()
+        assert task is not None
+        self._intercepting[task] = usable
+        try:
+            outcome = await serve_intercepted(
+                conn, upstream, host=host, port=port, server_context=credentials.server_context(host),
+                client_context=credentials.client_context, header_for=lambda: credentials.header_for(usable),
+                on_bytes=on_bytes, idle_s=self._timeouts.idle_s, handshake_s=self._timeouts.head_s,
+                head_max_bytes=self._head_max,
+            )  # fmt: skip
+        except asyncio.CancelledError:
+            if task not in self._cut_tasks:
+                raise
+            task.uncancel()
+            return "cut", "credential_revoked"
+        except RelayIdle:
+            return "cut", "idle"
+        finally:
+            self._intercepting.pop(task, None)
+            self._cut_tasks.discard(task)
+        if outcome.reason == "ok":
+            return "allowed", "credential"
+        if outcome.reason == "credential_revoked":
+            return "cut", outcome.reason
+        if outcome.reason == "upstream_tls":
+            return "upstream_failed", outcome.reason
+        return ("bad_request" if outcome.refused else "upstream_failed"), outcome.reason
 
     async def _resolve(self, user_id: int, host: str, port: int) -> Sequence[IpAddress]:
         literal = literal_address(host)

@@ -32,6 +32,7 @@ from mounts.fs.tree_removal import remove_tree_at
 from mounts.layout import EGRESS_SOCKET_FILE, EGRESS_STAGING_DIR, DataLayout
 from orchestrator import audit, metrics
 from orchestrator.descriptors.budget import EGRESS_PENDING_COST, DescriptorBudget, DescriptorHold, DescriptorsRefused, Feature
+from orchestrator.credentials.injection import CredentialInjection
 from orchestrator.egress.audit_budget import AuditBudget
 from orchestrator.egress.caps import CapLimits, LookupGate, UserCaps
 from orchestrator.egress.policy import parse_patterns, split_allow_setting
@@ -39,6 +40,7 @@ from orchestrator.egress.proxy import ConnectionRecord, EgressProxy, ProxyTimeou
 from orchestrator.egress.proxy import throttled as proxy_log
 from orchestrator.egress.resolver import AresResolver, parse_dns_servers
 from orchestrator.egress.rules import EgressRules
+from orchestrator.clock import now_iso
 from orchestrator.log import kv
 from orchestrator.throttled_log import IntervalCounter, budget_loop_accept_errors
 from orchestrator.settings import Settings
@@ -72,6 +74,7 @@ class EgressService:
         descriptors: DescriptorBudget,
         *,
         peer_container: Callable[[int], str | None] = lambda user_id: None,
+        credentials: CredentialInjection | None = None,
     ) -> None:
         self.settings = settings
         self.descriptors = descriptors
@@ -109,7 +112,11 @@ class EgressService:
             resolver=self._resolver,
             lookups=self.lookups,
             head_max_bytes=HEAD_MAX_BYTES,
+            credentials=credentials,
         )
+        self.credentials = credentials
+        if credentials is not None:  # a revocation or deletion ends the connections using it
+            credentials.store.cut_listeners.append(self._cut)
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -131,6 +138,14 @@ class EgressService:
             self._audit_thread.start()
             self._loop = loop
         return self._loop
+
+    def _cut(self, predicate: Callable[[str | None, int, str], bool]) -> None:
+        loop = self._loop
+        if loop is not None:
+            asyncio.run_coroutine_threadsafe(self._cut_on_loop(predicate), loop).result(5)
+
+    async def _cut_on_loop(self, predicate: Callable[[str | None, int, str], bool]) -> None:
+        self.proxy.cut(predicate)
 
     def _caps_of(self, user_id: int) -> UserCaps:
         caps = self._caps.get(user_id)
@@ -323,7 +338,7 @@ class EgressService:
             kv(user=record.user_id, session=record.session_id, run=record.run_id, method=record.method,
                host=record.host, port=record.port, address=record.address, verdict=record.verdict,
                reason=record.reason, bytes_up=record.bytes_up, bytes_down=record.bytes_down,
-               ms=record.duration_ms),
+               ms=record.duration_ms, credential=record.credential, grant=record.grant_id),
         )  # fmt: skip
         self._enqueue(record)
 
@@ -355,6 +370,16 @@ class EgressService:
                         address=record.address, verdict=record.verdict, reason=record.reason,
                         bytes_up=record.bytes_up, bytes_down=record.bytes_down, duration_ms=record.duration_ms,
                     )  # fmt: skip
+                    if record.credential is not None:  # names the credential, never its value
+                        audit.record(
+                            tx, actor=f"sandbox:{record.user_id}", action="credential_used",
+                            session_id=record.session_id, owner_user_id=record.credential_owner,
+                            runtime_user_id=record.user_id, run_id=record.run_id, credential=record.credential,
+                            grant_id=record.grant_id, host=record.host, port=record.port, verdict=record.verdict,
+                            reason=record.reason, bytes_up=record.bytes_up, bytes_down=record.bytes_down,
+                        )  # fmt: skip
+                if record.credential is not None and record.credential_owner is not None and self.credentials is not None:
+                    self.credentials.store.note_used(record.credential_owner, record.credential, now_iso())
             except Exception:  # a full disk must not stop the writer: the log line stays
                 log.exception("egress audit row not written %s", kv(user=getattr(record, "user_id", None)))
             finally:

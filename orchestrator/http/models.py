@@ -249,6 +249,14 @@ def _of_run(name: str) -> Any:
     return Field(validation_alias=AliasPath("run", name))
 
 
+class DelegatedCredentialOut(FromRecord):
+    credential: str
+    owner_user_id: int
+    hosts: list[str]
+    expires_at: str
+    grant_id: str
+
+
 class RunContextOut(FromRecord):
     # Read off a `RunContext` (`model_validate`): the run's own fields come from its `run`.
     run_id: str = _of_run("run_id")
@@ -268,6 +276,9 @@ class RunContextOut(FromRecord):
     archive_hint_enabled: bool
     memory_user_id: int
     prompt_identity_section: str | None
+    delegated_credentials: list[DelegatedCredentialOut] = Field(
+        default_factory=list, description="Credentials other members granted to this run (metadata: never a secret)."
+    )
 
 
 class RunEnd(Body):

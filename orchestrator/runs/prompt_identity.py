@@ -11,6 +11,19 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class DelegatedCredential:
+    """A credential another member granted to this run's session and runtime user (its
+    metadata only: the secret never reaches a run)."""
+
+    credential: str
+    owner_user_id: int
+    owner_display_name: str | None
+    hosts: tuple[str, ...]
+    expires_at: str
+    grant_id: str
+
+
+@dataclass(frozen=True)
 class IdentityPromptFacts:
     owner_user_id: int
     owner_display_name: str | None
@@ -22,13 +35,36 @@ class IdentityPromptFacts:
     share_dir: str
     speaker_user_id: int | None = None  # who sent this message, when the run has a speaker
     speaker_display_name: str | None = None
+    delegated: tuple[DelegatedCredential, ...] = ()
 
 
 def _who(user_id: int, display_name: str | None) -> str:
     return f"user #{user_id} {display_name}" if display_name else f"user #{user_id}"
 
 
+def _delegated_lines(facts: IdentityPromptFacts) -> list[str]:
+    lines = []
+    for d in facts.delegated:
+        hosts = ", ".join(d.hosts)
+        lines.append(
+            f"- Delegated credential `{d.credential}` of {_who(d.owner_user_id, d.owner_display_name)}, usable in this "
+            f"session until {d.expires_at} for https://{hosts}: the egress proxy adds it to HTTPS requests to those hosts. "
+            "Its value is never in this environment; do not ask for it, and use it only for what its owner asked."
+        )
+    return lines
+
+
 def render_identity_section(facts: IdentityPromptFacts) -> str | None:
+    """The section, with the delegated credentials this run may use (and a section of its own
+    for them in a private session's owner run, which otherwise has none)."""
+    base = _render_base(facts)
+    delegated = _delegated_lines(facts)
+    if not delegated:
+        return base
+    return "\n".join([base or "## Runtime identity", *delegated])
+
+
+def _render_base(facts: IdentityPromptFacts) -> str | None:
     if facts.runtime_user_id == facts.owner_user_id:
         return _render_owner_runtime(facts) if facts.group_workspace else None
     runtime = _who(facts.runtime_user_id, facts.runtime_display_name)

@@ -22,7 +22,7 @@ from orchestrator.identity import (
 )
 from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv, run_logger
-from orchestrator.runs.prompt_identity import IdentityPromptFacts, render_identity_section
+from orchestrator.runs.prompt_identity import DelegatedCredential, IdentityPromptFacts, render_identity_section
 from orchestrator.runs.start_access import run_start_access
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.sessions.records import SessionRecord, SessionRepository
@@ -56,6 +56,7 @@ class RunContext:
     archive_hint_enabled: bool
     memory_user_id: int
     prompt_identity_section: str | None
+    delegated_credentials: tuple[DelegatedCredential, ...] = ()
 
 
 RunListener = Callable[[RunRecord], None]
@@ -87,6 +88,8 @@ class RunService:
         self._skills = skills
         self.start_guards: list[RunGuard] = []
         self.start_listeners: list[RunListener] = []
+        # The credentials delegated to (runtime user, session) now (orchestrator/credentials/).
+        self.delegated_to: Callable[[int, str], tuple[DelegatedCredential, ...]] = lambda user_id, session_id: ()
         self.end_listeners: list[RunListener] = []
 
     def _persist_last_runtime_user(self, session: SessionRecord, user_id: int, *, reason: str) -> None:
@@ -215,6 +218,7 @@ class RunService:
             archive_hint_enabled=identity.runtime_is_owner,  # archives are the owner's
             memory_user_id=runtime,  # memory injection and extraction follow the runtime user
             prompt_identity_section=self._identity_section(session, identity),
+            delegated_credentials=self.delegated_to(runtime, session.session_id),
         )
         for listener in self.start_listeners:
             listener(run)
@@ -233,7 +237,8 @@ class RunService:
         return self._identity_section(session, run.identity)
 
     def _identity_section(self, session: SessionRecord, identity: RunIdentity) -> str | None:
-        if identity.runtime_is_owner and session.group is None:
+        delegated = self.delegated_to(identity.runtime_user_id, session.session_id)
+        if identity.runtime_is_owner and session.group is None and not delegated:
             return None
         owner = self._users.get(identity.owner_user_id)
         runtime = self._users.get(identity.runtime_user_id)
@@ -251,6 +256,7 @@ class RunService:
                 share_dir=str(self._layout.share_dir),
                 speaker_user_id=identity.execution_user_id,
                 speaker_display_name=speaker.display_name if speaker else None,
+                delegated=delegated,
             )
         )
 

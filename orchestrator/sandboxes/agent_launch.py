@@ -125,7 +125,7 @@ def egress_config(
     `hand_over`: the sandbox's sockets are the host kernel's, so connections can be passed."""
     if settings.egress == "off":
         return None
-    ca = settings.egress_ca_bundle
+    ca = settings.sandbox_ca_bundle
     return EgressConfig(
         socket_path=str(layout.egress_socket_path(user_id)),
         port=settings.egress_forwarder_port if private_network else 0,
@@ -170,7 +170,7 @@ def prepare_agent_launch(
         roots=roots,
         limits=agent_limits(settings),
         resolver=settings.agent_resolver,
-        shell_env=shell_environment(layout, user_id, user),
+        shell_env={**directories.credential_env(user_id), **shell_environment(layout, user_id, user)},
         instance_id=secrets.token_hex(8),
         parent_pid=parent_pid,
         # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.

@@ -446,7 +446,7 @@ class DockerBackend:
 
     def _ca_bundle(self) -> Path | None:
         """The host's CA bundle for pip and npm behind the egress proxy (docs/egress.md)."""
-        bundle = self.settings.egress_ca_bundle
+        bundle = self.settings.sandbox_ca_bundle
         return bundle if self.settings.egress != "off" and bundle.is_file() else None
 
     def _reconnect(self, slot: _Slot, container: Container) -> bool:

@@ -415,7 +415,7 @@ class KubernetesBackend:
     def _ca_bundle(self) -> Path | None:
         """The node's CA bundle for pip and npm behind the egress proxy, when egress reaches
         the pod at all (a hostPath data volume: the pod is on the orchestrator's node)."""
-        bundle = self.settings.egress_ca_bundle
+        bundle = self.settings.sandbox_ca_bundle
         if self.settings.egress == "off" or self.data.claim is not None or not bundle.is_file():
             return None
         return bundle

@@ -360,7 +360,7 @@ class ProcessBackend:
                 chdir=self.layout.home_dir(user_id),
                 system=HostSystem.inspect(),
                 shm_mb=self.settings.sandbox_shm_mb,
-                extra_read_only=interpreter_mounts(python),
+                extra_read_only=(*interpreter_mounts(python), *self._ca_mounts()),
                 bwrap=binary,
             )
         try:
@@ -439,6 +439,14 @@ class ProcessBackend:
             kv(user=user_id, pid=proc.pid, uid=run_as if run_as is not None else os.geteuid(), build=release.build),
         )
         return agent
+
+    def _ca_mounts(self) -> tuple[str, ...]:
+        """The sandbox CA bundle when it lives outside /etc (the deployment CA's, under the
+        data dir): bwrap shows it read-only at its own path."""
+        bundle = self.settings.sandbox_ca_bundle
+        if self.settings.egress == "off" or not bundle.is_file() or str(bundle).startswith("/etc/"):
+            return ()
+        return (str(bundle),)
 
     def _remove_stale_socket(self, socket_path: Path) -> None:
         """So that readiness can only be the new agent. The socket dir is the user's: whatever

@@ -125,6 +125,12 @@ class SandboxCalls:
         with self._lock:
             return {user_id for user_id, key in self._calls if key in keys}
 
+    def sessions_of(self, user_id: int) -> set[str]:
+        """The sessions the user's calls in flight are for (the egress proxy: a credential
+        delegated in one session applies only while no call of another session runs)."""
+        with self._lock:
+            return {key[1] for uid, key in self._calls if uid == user_id and key[0] == "session"}
+
     def count(self, user_id: int, run_id: str | None, session_id: str | None) -> int:
         keys = _keys(CallContext(run_id=run_id, session_id=session_id))
         with self._lock:

@@ -24,6 +24,8 @@ chown or chmod whatever such a link points at.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import errno
 import logging
 import os
@@ -85,6 +87,9 @@ class UserDirectories:
         self.chown = os.geteuid() == 0
         # Set by the composition root when disk quotas are on (None: plain directories).
         self.volumes: VolumePreparer | None = None
+        # Placeholder variables of the user's credentials (`GITHUB_TOKEN=cred:github`), put
+        # into the shells' environment when the sandbox starts; never a secret.
+        self.credential_env: Callable[[int], dict[str, str]] = lambda user_id: {}
 
     def sandbox_uid(self, user_id: int) -> int:
         # The backstop of ORCH_MAX_USER_ID: no uid outside this instance's registered block

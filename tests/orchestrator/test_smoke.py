@@ -221,6 +221,41 @@ def test_with_egress_off_the_smoke_skips_the_package_install_with_a_clear_line(a
     assert report.splitlines()[-1] == f"{CHECKS - 1} passed, 1 skipped, 0 failed", report
 
 
+def test_with_credentials_on_the_smoke_checks_one_end_to_end_against_a_local_https_upstream(agent_data_dir: Path) -> None:
+    from cryptography.fernet import Fernet
+
+    from orchestrator.smoke import CREDENTIAL_CHECK
+
+    port = free_port()
+    upstream_ca = agent_data_dir.parent / "smoke-upstream-ca.pem"
+    settings = make_settings(
+        agent_data_dir, public_base_url=f"http://127.0.0.1:{port}", credentials_key=Fernet.generate_key().decode(),
+        egress_allow_loopback=True, egress_upstream_ca_bundle=upstream_ca,
+    )  # fmt: skip
+    service = OrchestratorService(settings)
+    out = io.StringIO()
+    try:
+        with live_server(create_app(service), port) as url, OrchestratorClient(url, token=API_TOKEN, admin_token=ADMIN_TOKEN) as client:
+            options = SmokeOptions(owner_user_id=417, member_user_id=467, credential_upstream_ca=upstream_ca)
+            code = run_smoke(client, options, out)
+    finally:
+        service.close()
+    report = out.getvalue()
+    assert code == 0, report
+    assert f"PASS {CREDENTIAL_CHECK}" in report, report
+    assert report.splitlines()[-1] == f"{CHECKS + 1} passed, 0 failed", report
+    rows = [r for r in service_audit(settings) if r["action"] == "credential_used"]
+    assert rows and rows[-1]["runtime_user_id"] == 467
+
+
+def service_audit(settings: Settings) -> list[dict]:
+    import sqlite3
+
+    with sqlite3.connect(settings.layout.state_db) as db:
+        db.row_factory = sqlite3.Row
+        return [dict(r) for r in db.execute("SELECT action, runtime_user_id FROM audit_log ORDER BY id")]
+
+
 def test_smoke_user_ids_fit_the_servers_uid_block() -> None:
     from orchestrator.client.models import Health
     from orchestrator.smoke import max_user_id_of, smoke_user_ids

@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
 
 from orchestrator import audit
@@ -23,7 +24,9 @@ ADMIN = admin_headers()
 @pytest.fixture
 def api(agent_data_dir) -> Iterator[tuple[TestClient, OrchestratorService]]:
     data = agent_data_dir
-    service = OrchestratorService(make_settings(data, user_max_cpus=2.0, user_max_memory_mb=2048))
+    service = OrchestratorService(
+        make_settings(data, user_max_cpus=2.0, user_max_memory_mb=2048, credentials_key=Fernet.generate_key().decode())
+    )
     try:
         with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as client:
             yield client, service
@@ -161,6 +164,12 @@ def test_a_purge_removes_the_users_things_and_its_id_answers_410_for_ever(api) -
     assert tool(client, run_id, "shell", command="echo mine > $HOME/secret.txt")["ok"]
     home, workdir = service.layout.home_dir(uid), service.layout.runtime_dir(uid, sid)
     assert (home / "secret.txt").exists() and (workdir / "secret.txt").exists()
+    stored = client.put(
+        f"/v1/users/{uid}/credentials/github",
+        json={"secret": "s3cret", "hosts": ["api.example.com"], "header": "Authorization", "template": "Bearer {secret}"},
+        headers=ADMIN,
+    )
+    assert stored.status_code == 200, stored.text
 
     refused = client.request("DELETE", f"/v1/admin/users/{uid}", json={"confirm_user_id": uid + 1}, headers=ADMIN)
     assert refused.status_code == 422 and refused.json()["error"]["field"] == "confirm_user_id"
@@ -172,6 +181,7 @@ def test_a_purge_removes_the_users_things_and_its_id_answers_410_for_ever(api) -
     assert purged.json()["sessions_deleted"] == [sid] and purged.json()["already_purged"] is False
     assert not home.exists() and not service.layout.runtime_user_dir(uid).exists()
     assert [s.user_id for s in service.sandboxes.status() if s.state == "running"] == []
+    assert service.credentials is not None and service.credentials.list_metadata(uid) == []
 
     for response in (
         client.get(f"/v1/users/{uid}"),

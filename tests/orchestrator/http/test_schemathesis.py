@@ -150,9 +150,18 @@ def _failures(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.fixture
-def base_url(agent_service: OrchestratorService):
-    with live_server(create_app(agent_service)) as url:
-        yield url
+def base_url(agent_data_dir: Path):
+    """A server with every optional part on (credentials too), so every route is fuzzed."""
+    from cryptography.fernet import Fernet
+
+    from tests.conftest import make_settings
+
+    service = OrchestratorService(make_settings(agent_data_dir, credentials_key=Fernet.generate_key().decode()))
+    try:
+        with live_server(create_app(service)) as url:
+            yield url
+    finally:
+        service.close()
 
 
 def test_schemathesis_finds_nothing_in_the_api(base_url: str, tmp_path: Path) -> None:
