@@ -92,6 +92,7 @@ def test_session_and_run_json(client: TestClient, service: OrchestratorService) 
         "skills": {"available": [], "failed": [], "catalog": []},
         "archive_hint_enabled": False,
         "memory_user_id": 67,
+        "delegated_credentials": [],  # none granted to 67 in this session (docs/credentials.md)
     }
     session = {**session, "last_runtime_user_id": 67}
     assert _masked(client.get("/v1/sessions/g-1").json()) == session
