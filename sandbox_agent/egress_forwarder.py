@@ -85,6 +85,9 @@ class Forwarder:
             upstream.close()
 
 
+GIT_POST_BUFFER = 64 * 1024 * 1024
+
+
 def proxy_environment(port: int, ca_file: str | None) -> dict[str, str]:
     """What shells get: the usual proxy variables (both cases: tools read either), and the CA
     bundle for the TLS libraries that do not read the system store."""
@@ -97,6 +100,11 @@ def proxy_environment(port: int, ca_file: str | None) -> dict[str, str]:
     if ca_file is not None:
         env.update(SSL_CERT_FILE=ca_file, REQUESTS_CA_BUNDLE=ca_file, PIP_CERT=ca_file, NODE_EXTRA_CA_CERTS=ca_file,
                    npm_config_cafile=ca_file, GIT_SSL_CAINFO=ca_file)  # fmt: skip
+    # The proxy forwards a request body by its Content-Length only (no re-framing of chunked
+    # bodies: docs/egress.md); git sends a push with a length up to http.postBuffer, chunked past
+    # it. Raised from git's 1 MiB so that pushes up to this size go through (held in the
+    # sandbox's own memory while sent).
+    env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.postBuffer", GIT_CONFIG_VALUE_0=str(GIT_POST_BUFFER))
     return env
 
 

@@ -279,6 +279,9 @@ def secret_is_nowhere(w: World, roots: list[str]) -> None:
     # Every TLS client in the sandbox is pointed at the bundle with the deployment CA, git too.
     named = tool(w.client, run, "shell", command='echo "$SSL_CERT_FILE $GIT_SSL_CAINFO $NODE_EXTRA_CA_CERTS"')["result"]
     assert named["stdout"].split() == [str(w.service.settings.sandbox_ca_bundle)] * 3, named
+    # and git sends pushes up to 64 MiB with a Content-Length, which the proxy forwards
+    buffer = tool(w.client, run, "shell", command="git config --get http.postBuffer")["result"]
+    assert buffer["stdout"].strip() == str(64 * 1024 * 1024), buffer
     # The search finds what is there: a canary the sandbox wrote into its HOME and /tmp.
     canary = "canary-" + SECRET[::-1]
     planted = tool(w.client, run, "shell", command=f"printf %s {canary[:8]} {canary[8:]} > ~/c.txt; cp ~/c.txt /tmp/c.txt")
