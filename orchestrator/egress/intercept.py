@@ -5,7 +5,7 @@ upstream CA bundle, and forwards one HTTP/1.1 request with the credential's head
 (any header of that name the client sent, a placeholder, is dropped), then relays the answer
 until the upstream ends it. One request per connection, as for plain HTTP
 (orchestrator/egress/plain_http.py): the request's own Host must name the CONNECT's target,
-so the header goes nowhere else.
+so the header goes nowhere else. TRACE is refused: its answer is the request itself.
 
 The secret exists in clear only in the request head written to the upstream's TLS stream.
 """
@@ -128,6 +128,12 @@ async def serve_intercepted(
             return InterceptOutcome("no_request")
         try:
             method, path, version, lines = parse_request_line(raw)
+            if method == "TRACE":  # its answer is the request as received: the header with it
+                raise InterceptRefused(
+                    405, "trace_refused",
+                    f"Egress to {host}:{port}: TRACE is refused on a connection a credential is added to "
+                    "(the upstream would send the request back, credential included).",
+                )  # fmt: skip
             name_value = header_for()
             if name_value is None:
                 raise InterceptRefused(

@@ -1,0 +1,140 @@
+"""A hostile sandbox against credential injection: from the sandbox's own shell it opens a
+CONNECT to its credential's host, speaks TLS verified against its own bundle (the deployment
+CA), and sends whatever request bytes it likes; the answer must never hold the secret.
+
+The upstream here is what many real servers are: it never echoes a request's headers on
+ordinary methods, but answers TRACE the way RFC 9110 describes it (and Apache httpd does by
+default): with the request it received as the body."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+import ssl
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from orchestrator.credentials.probe import make_upstream_ca
+from tests.api_calls import tool
+from tests.conftest import admin_headers
+from tests.orchestrator.credentials.test_credentials_live import MEMBER, OWNER, SECRET, THIRD, World, put_credential, world
+from tests.orchestrator.sandboxes.test_process_network import web_run
+
+pytestmark = pytest.mark.skipif(
+    __import__("os").geteuid() != 0, reason="a sandbox network of its own needs a root orchestrator"
+)
+
+
+class _Traced(BaseHTTPRequestHandler):
+    """GET: 200 "ok" (the Authorization seen is kept for the test, never sent back); TRACE:
+    the request head as received, as `message/http`."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list[str] = []
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, body: bytes, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.seen.append(self.headers.get("Authorization", ""))
+        self._answer(b"ok\n", "text/plain")
+
+    def do_TRACE(self) -> None:  # noqa: N802
+        self._answer((self.requestline + "\r\n" + self.headers.as_string()).encode(), "message/http")
+
+
+@contextmanager
+def tracing_upstream(chain: bytes) -> Iterator[int]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    with tempfile.NamedTemporaryFile(suffix=".pem") as chain_file:
+        chain_file.write(chain)
+        chain_file.flush()
+        context.load_cert_chain(chain_file.name)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Traced)
+    server.daemon_threads = True
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, name="tracing-upstream", daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# In the sandbox: CONNECT, TLS verified against the sandbox's bundle, the request bytes as
+# given (base64), then everything the connection answers, printed as JSON.
+RAW_TLS_SCRIPT = r"""
+import base64, json, os, socket, ssl, sys
+proxy = os.environ["HTTPS_PROXY"].rsplit(":", 1)
+authority, request = sys.argv[1], base64.b64decode(sys.argv[2])
+s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=30)
+s.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+head = b""
+while b"\r\n\r\n" not in head:
+    chunk = s.recv(1)
+    if not chunk:
+        break
+    head += chunk
+if b" 200 " not in head.split(b"\r\n")[0]:
+    print(json.dumps({"connect": head.decode(errors="replace")}))
+    sys.exit(0)
+t = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"]).wrap_socket(s, server_hostname=authority.rsplit(":", 1)[0])
+t.sendall(request)
+data = b""
+while True:
+    try:
+        chunk = t.recv(1 << 16)
+    except (OSError, ssl.SSLError):
+        break
+    if not chunk:
+        break
+    data += chunk
+print(json.dumps({"connect": 200, "answer": data.decode(errors="replace")}))
+"""
+
+
+def raw_tls(w: World, run_id: str, authority: str, request: bytes) -> dict:
+    command = " ".join(["python3", "-c", shlex.quote(RAW_TLS_SCRIPT), shlex.quote(authority),
+                        shlex.quote(base64.b64encode(request).decode())])  # fmt: skip
+    answer = tool(w.client, run_id, "shell", command=command, timeout_s=60)
+    assert answer["ok"] and answer["result"]["exit_code"] == 0, answer
+    return json.loads(answer["result"]["stdout"])
+
+
+@pytest.fixture(scope="module")
+def traced() -> Iterator[tuple[World, int]]:
+    with world() as w:
+        chain = make_upstream_ca(w.upstream_ca)  # a new CA for the tracing upstream; the proxy re-reads the bundle
+        with tracing_upstream(chain) as port:
+            for user in (OWNER, MEMBER, THIRD):
+                r = w.client.put(f"/v1/admin/users/{user}/egress", json={"allow": [f"127.0.0.1:{port}"]}, headers=admin_headers())
+                assert r.status_code == 200, r.text
+            yield w, port
+
+
+def test_trace_to_a_credentials_host_never_reflects_the_injected_header(traced: tuple[World, int]) -> None:
+    w, port = traced
+    put_credential(w, MEMBER, "traced", [f"127.0.0.1:{port}"])
+    run_67 = web_run(w.client, MEMBER)
+    authority = f"127.0.0.1:{port}"
+    _Traced.seen.clear()
+    ordinary = raw_tls(w, run_67, authority, f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    assert " 200 " in ordinary["answer"].split("\r\n")[0] and SECRET not in ordinary["answer"], ordinary
+    assert _Traced.seen == [f"Bearer {SECRET}"]  # injection works for what the credential is for
+    traced_answer = raw_tls(w, run_67, authority, f"TRACE / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    assert SECRET not in json.dumps(traced_answer), traced_answer
+    assert "405" in traced_answer["answer"].split("\r\n")[0] and "TRACE" in traced_answer["answer"], traced_answer
