@@ -26,6 +26,7 @@ CHUNK = 1 << 16
 CLOSE_S = 2.0  # how long the client's TLS close may take before the connection is dropped
 CONNECTED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 HTTPS_PORT = 443
+REFLECTING_METHODS = frozenset({"TRACE", "TRACK"})  # RFC 9110's loop-back, and IIS's old twin
 
 
 class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
@@ -128,10 +129,10 @@ async def serve_intercepted(
             return InterceptOutcome("no_request")
         try:
             method, path, version, lines = parse_request_line(raw)
-            if method == "TRACE":  # its answer is the request as received: the header with it
+            if method in REFLECTING_METHODS:  # the answer is the request as received: the header with it
                 raise InterceptRefused(
                     405, "trace_refused",
-                    f"Egress to {host}:{port}: TRACE is refused on a connection a credential is added to "
+                    f"Egress to {host}:{port}: {method} is refused on a connection a credential is added to "
                     "(the upstream would send the request back, credential included).",
                 )  # fmt: skip
             name_value = header_for()
