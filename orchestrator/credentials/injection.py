@@ -67,11 +67,16 @@ class CredentialInjection:
     def is_credential_host(self, host: str, *, runtime_user_id: int, session_id: str | None) -> bool:
         return self.store.is_credential_host(host, runtime_user_id=runtime_user_id, session_id=session_id)
 
-    def header_for(self, usable: Usable) -> tuple[str, str] | None:
+    def header_for(self, usable: Usable, host: str, port: int) -> tuple[str, str] | None:
+        """The header for a request to host:port, None when the credential chosen at the
+        CONNECT no longer applies: revoked, expired, deleted, or replaced by one for other
+        hosts (its new value is never sent to a host it is not for)."""
         if not self.store.still_usable(usable):
             return None
         try:  # deleted in between: as revoked
             credential = self.store.get(usable.credential.user_id, usable.credential.name)
+            if not credential.matches(host, port):
+                return None
             return credential.header, render_header(credential.template, self.store.secret_of(credential))
         except NotFound:
             return None

@@ -139,7 +139,7 @@ async def serve_intercepted(
             if name_value is None:
                 raise InterceptRefused(
                     403, "credential_revoked",
-                    f"Egress to {host}:{port}: the credential for it was revoked or expired; ask its owner to grant it again.",
+                    f"Egress to {host}:{port}: the credential for it was revoked, expired or moved to other hosts; ask its owner to grant it again.",
                 )  # fmt: skip
             # Planned without it (no refusal can ever quote the secret), then put in.
             name, value = name_value

@@ -336,7 +336,7 @@ class EgressProxy:
         try:
             outcome = await serve_intercepted(
                 conn, upstream, host=host, port=port, server_context=credentials.server_context(host),
-                client_context=credentials.client_context, header_for=lambda: credentials.header_for(usable),
+                client_context=credentials.client_context, header_for=lambda: credentials.header_for(usable, host, port),
                 on_bytes=on_bytes, idle_s=self._timeouts.idle_s, handshake_s=self._timeouts.head_s,
                 head_max_bytes=self._head_max,
             )  # fmt: skip

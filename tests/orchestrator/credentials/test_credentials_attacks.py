@@ -16,11 +16,14 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from orchestrator.credentials.probe import make_upstream_ca
+from orchestrator.credentials.ca import key_pem, make_ca, mint_host, pem
+from orchestrator.credentials.probe import UPSTREAM_CA_NAME
+from tests.orchestrator.egress.dns_server import DnsServer, loopback_dns
 from tests.api_calls import tool
 from tests.conftest import admin_headers
 from tests.orchestrator.credentials.test_credentials_live import MEMBER, OWNER, SECRET, THIRD, World, put_credential, world
@@ -117,19 +120,36 @@ def raw_tls(w: World, run_id: str, authority: str, request: bytes) -> dict:
     return json.loads(answer["result"]["stdout"])
 
 
+SLOW_NAME = "slow-api.example.test"  # our loopback DNS answers it (127.0.0.1) after SLOW_S
+SLOW_S = 2.0
+
+
+@dataclass
+class Traced:
+    w: World
+    port: int  # the tracing upstream on 127.0.0.1
+    named_port: int  # the same kind of upstream, with a certificate for SLOW_NAME
+    dns: DnsServer
+
+
 @pytest.fixture(scope="module")
-def traced() -> Iterator[tuple[World, int]]:
-    with world() as w:
-        chain = make_upstream_ca(w.upstream_ca)  # a new CA for the tracing upstream; the proxy re-reads the bundle
-        with tracing_upstream(chain) as port:
+def traced() -> Iterator[Traced]:
+    with loopback_dns({}, lambda name: name == SLOW_NAME, SLOW_S) as dns, world(
+        egress_dns_servers=f"127.0.0.1:{dns.port}", egress_dns_timeout_s=10
+    ) as w:  # fmt: skip
+        ca_key, ca_cert = make_ca(UPSTREAM_CA_NAME)
+        w.upstream_ca.write_bytes(pem(ca_cert))  # the proxy re-reads its upstream bundle
+        chains = [key_pem(k) + pem(c) for k, c in (mint_host(ca_key, ca_cert, h) for h in ("127.0.0.1", SLOW_NAME))]
+        with tracing_upstream(chains[0]) as port, tracing_upstream(chains[1]) as named_port:
+            allow = [f"127.0.0.1:{port}", f"{SLOW_NAME}:{named_port}"]
             for user in (OWNER, MEMBER, THIRD):
-                r = w.client.put(f"/v1/admin/users/{user}/egress", json={"allow": [f"127.0.0.1:{port}"]}, headers=admin_headers())
+                r = w.client.put(f"/v1/admin/users/{user}/egress", json={"allow": allow}, headers=admin_headers())
                 assert r.status_code == 200, r.text
-            yield w, port
+            yield Traced(w, port, named_port, dns)
 
 
-def test_trace_to_a_credentials_host_never_reflects_the_injected_header(traced: tuple[World, int]) -> None:
-    w, port = traced
+def test_trace_to_a_credentials_host_never_reflects_the_injected_header(traced: Traced) -> None:
+    w, port = traced.w, traced.port
     put_credential(w, MEMBER, "traced", [f"127.0.0.1:{port}"])
     run_67 = web_run(w.client, MEMBER)
     authority = f"127.0.0.1:{port}"
@@ -159,9 +179,9 @@ def test_trace_to_a_credentials_host_never_reflects_the_injected_header(traced: 
         (b"GET / HTTP/1.1\r\nHost: {a}\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 431),
     ],
 )
-def test_smuggling_shapes_never_bring_the_secret_back(traced: tuple[World, int], request_bytes: bytes, status: int) -> None:
+def test_smuggling_shapes_never_bring_the_secret_back(traced: Traced, request_bytes: bytes, status: int) -> None:
     """Held before this branch's fixes too, except TRACE (above) and TRACK."""
-    w, port = traced
+    w, port = traced.w, traced.port
     put_credential(w, MEMBER, "traced", [f"127.0.0.1:{port}"])
     authority = f"127.0.0.1:{port}"
     request = request_bytes.replace(b"{a}", authority.encode()).replace(b"{p}", str(port).encode())
@@ -169,3 +189,36 @@ def test_smuggling_shapes_never_bring_the_secret_back(traced: tuple[World, int],
     assert SECRET not in json.dumps(got), got
     assert f" {status} " in got["answer"].split("\r\n")[0], got
     assert got["answer"].count("HTTP/1.1 ") == 1, got  # one answer: nothing after the first request went up
+
+
+def test_a_credential_replaced_while_a_connection_resolves_never_reaches_the_old_host(traced: Traced) -> None:
+    """The sandbox keeps a connection to the credential's host pending (its name resolves
+    slowly) while the owner moves the credential's name to another host with another
+    secret: that secret must not go to the old host (it did: the proxy rendered the
+    credential's current value, whatever hosts it was now for)."""
+    import time
+
+    w = traced.w
+    put_credential(w, MEMBER, "moving", [f"{SLOW_NAME}:{traced.named_port}"])
+    run_67 = web_run(w.client, MEMBER)
+    authority = f"{SLOW_NAME}:{traced.named_port}"
+    _Traced.seen.clear()
+    asked = traced.dns.questions[SLOW_NAME]
+    result: dict = {}
+    thread = threading.Thread(
+        target=lambda: result.update(raw_tls(w, run_67, authority, f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode()))
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while traced.dns.questions[SLOW_NAME] == asked:
+        assert time.monotonic() < deadline, "the sandbox's CONNECT never looked the name up"
+        time.sleep(0.02)
+    other_secret = "other_SECRET_for_another_host_987"
+    body = {"secret": other_secret, "hosts": [f"127.0.0.1:{traced.port}"], "header": "Authorization", "template": "Bearer {secret}"}
+    started = time.monotonic()
+    r = w.client.put(f"/v1/users/{MEMBER}/credentials/moving", json=body, headers={"X-Acting-User": str(MEMBER)})
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - started < SLOW_S / 2  # the replacement came while the name resolved
+    thread.join(60)
+    assert all(other_secret not in seen for seen in _Traced.seen), _Traced.seen
+    assert " 403 " in result["answer"].split("\r\n")[0] and "credential_revoked" in result["answer"], result
