@@ -21,7 +21,7 @@ from orchestrator.descriptors.budget import EGRESS_TUNNEL_EXTRA, DescriptorHold,
 from orchestrator.throttled_log import ThrottledLog
 from sandbox_agent.relay import RelayIdle, receive_connection, relay
 from orchestrator.egress.caps import CapExceeded, ConnectionMeter, LookupGate, UserCaps
-from orchestrator.credentials.injection import CredentialInjection
+from orchestrator.credentials.injection import HOST_MINTS_BURST, HOST_MINTS_PER_S, CredentialInjection
 from orchestrator.credentials.model import Usable
 from orchestrator.egress.intercept import serve_intercepted
 from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request, refusal_response
@@ -248,6 +248,11 @@ class EgressProxy:
                 session = self._credentials.session_of(user_id, context[0])
                 if method == "CONNECT":
                     injected = self._credentials.choose(host, port, runtime_user_id=user_id, session_id=session)
+                    if injected is not None and not self._credentials.admit_host(user_id, host, time.monotonic()):
+                        raise _Refused(429, "cap", "host_certificates", (
+                            f"Egress to {host}:{port} refused: too many new host certificates for your credentials "
+                            f"(at most {HOST_MINTS_BURST} at once, then one every {1 / HOST_MINTS_PER_S:g} s); "
+                            "hosts already used are served at once."))  # fmt: skip
                 elif self._credentials.is_credential_host(host, runtime_user_id=user_id, session_id=session):
                     raise _Refused(403, "bad_request", "credential_plain_http", (
                         f"Plain http:// to {host}:{port} is refused: a credential is for {host}, and it is never sent "

@@ -222,3 +222,69 @@ def test_a_credential_replaced_while_a_connection_resolves_never_reaches_the_old
     thread.join(60)
     assert all(other_secret not in seen for seen in _Traced.seen), _Traced.seen
     assert " 403 " in result["answer"].split("\r\n")[0] and "credential_revoked" in result["answer"], result
+
+
+# In the sandbox: N CONNECTs one after the other, each closed after the proxy's answer (no
+# TLS at all: the proxy mints the host's certificate before the client's hello).
+CONNECTS_SCRIPT = r"""
+import collections, json, os, socket, sys
+proxy = os.environ["HTTPS_PROXY"].rsplit(":", 1)
+statuses, bodies = collections.Counter(), set()
+for i in range(int(sys.argv[2])):
+    s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=30)
+    target = sys.argv[1].format(i)
+    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            break
+        head += chunk
+    status = int(head.split(b" ")[1]) if head else 0
+    statuses[status] += 1
+    if status != 200:
+        bodies.add(s.recv(4096).decode(errors="replace").strip())
+    s.close()
+print(json.dumps({"statuses": statuses, "bodies": sorted(bodies)}))
+"""
+
+
+def test_new_names_under_a_wildcard_credential_mint_a_bounded_number_of_certificates(traced: Traced) -> None:
+    """Every new name under `*.domain` made the proxy mint a host certificate on its loop
+    (a key, a signature, a file: about 2 ms each, shared by every user, and each one pushing
+    another user's host out of the cache): a sandbox with a wildcard credential could mint
+    without bound. Now each user has a bucket of them."""
+    from orchestrator.credentials.injection import HOST_MINTS_BURST
+
+    w = traced.w
+    names = 3 * HOST_MINTS_BURST
+    for i in range(names):
+        traced.dns.fast[f"x{i}.wild.example.test"] = "127.0.0.1"
+    pattern = f"*.wild.example.test:{traced.port}"
+    for user in (OWNER, MEMBER, THIRD):
+        allow = [f"127.0.0.1:{traced.port}", f"{SLOW_NAME}:{traced.named_port}", pattern]
+        r = w.client.put(f"/v1/admin/users/{user}/egress", json={"allow": allow}, headers=admin_headers())
+        assert r.status_code == 200, r.text
+    put_credential(w, MEMBER, "wild", [pattern])
+    put_credential(w, OWNER, "mine", [f"127.0.0.1:{traced.port}"])
+    run_67, run_17 = web_run(w.client, MEMBER), web_run(w.client, OWNER)
+    ca = w.service.credential_ca
+    assert ca is not None
+    before = ca.minted
+    command = " ".join(["python3", "-c", shlex.quote(CONNECTS_SCRIPT), shlex.quote(f"x{{}}.wild.example.test:{traced.port}"), str(names)])
+    answer = tool(w.client, run_67, "shell", command=command, timeout_s=120)
+    assert answer["ok"] and answer["result"]["exit_code"] == 0, answer
+    got = json.loads(answer["result"]["stdout"])
+    minted = ca.minted - before
+    assert minted <= HOST_MINTS_BURST + 2, (minted, got)  # the burst, and what refilled meanwhile
+    assert got["statuses"].get("429", 0) >= names - HOST_MINTS_BURST - 2, got
+    assert any("new host certificates" in b for b in got["bodies"]), got
+    # Another user is served meanwhile, and 67's names already minted still work.
+    authority = f"127.0.0.1:{traced.port}"
+    theirs = raw_tls(w, run_17, authority, f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    assert " 200 " in theirs["answer"].split("\r\n")[0], theirs
+    again = raw_tls(w, run_67, f"x0.wild.example.test:{traced.port}",
+                    f"GET / HTTP/1.1\r\nHost: x0.wild.example.test:{traced.port}\r\n\r\n".encode())  # fmt: skip
+    # Intercepted, not refused: the sandbox's TLS took the cached certificate (the 502 is this
+    # upstream's own certificate, made for 127.0.0.1 only).
+    assert again["connect"] == 200 and "upstream_tls" in again["answer"], again
