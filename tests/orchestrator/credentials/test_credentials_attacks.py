@@ -288,3 +288,30 @@ def test_new_names_under_a_wildcard_credential_mint_a_bounded_number_of_certific
     # Intercepted, not refused: the sandbox's TLS took the cached certificate (the 502 is this
     # upstream's own certificate, made for 127.0.0.1 only).
     assert again["connect"] == 200 and "upstream_tls" in again["answer"], again
+
+
+def test_the_ca_key_and_the_credentials_key_are_nowhere_the_sandbox_can_read(traced: Traced) -> None:
+    """Held: the deployment CA's private key (and host keys minted beside it) and the Fernet
+    key file are outside what a process-backend sandbox can read, even looking under the
+    data dir and the key file's own directory by name."""
+    from tests.orchestrator.credentials.sandbox_search import sandbox_search
+
+    w = traced.w
+    ca = w.service.credential_ca
+    assert ca is not None
+    ca_key_line = key_pem(ca.key).decode().splitlines()[1]  # base64 of the key itself
+    fernet_key = (w.base / "credentials.key").read_text().strip()
+    run_67 = web_run(w.client, MEMBER)
+    roots = [str(w.base), str(w.service.settings.layout.root), "/tmp", "/dev/shm", "/etc", "/root", "--mounts"]
+    for canary in (ca_key_line, fernet_key):
+        answer = tool(w.client, run_67, "shell", command=sandbox_search(canary, roots), timeout_s=120)
+        assert answer["ok"], answer
+        assert "nothing found" in answer["result"]["stdout"], answer["result"]["stdout"]
+        assert canary not in json.dumps(answer)
+    # By name: the files exist on the host, and the sandbox's open of each is refused.
+    named = [w.base / "credentials.key", w.service.layout.state_dir / "ca" / "ca-key.pem"]
+    assert all(p.is_file() for p in named)
+    bundle = w.service.settings.sandbox_ca_bundle  # the control: the one CA file a sandbox reads
+    probe = "; ".join(f"cat {shlex.quote(str(p))} >/dev/null 2>&1 && echo READ {p}" for p in [bundle, *named])
+    answer = tool(w.client, run_67, "shell", command=probe + "; echo probed", timeout_s=60)
+    assert answer["result"]["stdout"].split() == ["READ", str(bundle), "probed"], answer
