@@ -22,6 +22,7 @@ from orchestrator.throttled_log import ThrottledLog
 from sandbox_agent.relay import RelayIdle, receive_connection, relay
 from orchestrator.egress.caps import CapExceeded, ConnectionMeter, LookupGate, UserCaps
 from orchestrator.credentials.injection import HOST_MINTS_BURST, HOST_MINTS_PER_S, CredentialInjection
+from orchestrator.clock import seconds_until
 from orchestrator.credentials.model import Usable
 from orchestrator.egress.intercept import serve_intercepted
 from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request, refusal_response
@@ -183,8 +184,11 @@ class EgressProxy:
         for task, usable in list(self._intercepting.items()):
             grant_id = usable.grant.grant_id if usable.grant is not None else None
             if predicate(grant_id, usable.credential.user_id, usable.credential.name):
-                self._cut_tasks.add(task)
-                task.cancel()
+                self._cut_task(task)
+
+    def _cut_task(self, task: asyncio.Task[Any]) -> None:
+        self._cut_tasks.add(task)
+        task.cancel()
 
     async def handle(
         self,
@@ -338,6 +342,10 @@ class EgressProxy:
         task = asyncio.current_task()
         assert task is not None
         self._intercepting[task] = usable
+        # A connection made under a grant ends when the grant does, as at a revocation.
+        expiry = None if usable.grant is None else asyncio.get_running_loop().call_later(
+            max(0.0, seconds_until(usable.grant.expires_at)), self._cut_task, task
+        )  # fmt: skip
         try:
             outcome = await serve_intercepted(
                 conn, upstream, host=host, port=port, server_context=credentials.server_context(host),
@@ -353,6 +361,8 @@ class EgressProxy:
         except RelayIdle:
             return "cut", "idle"
         finally:
+            if expiry is not None:
+                expiry.cancel()
             self._intercepting.pop(task, None)
             self._cut_tasks.discard(task)
         if outcome.reason == "ok":

@@ -14,6 +14,7 @@ import shlex
 import ssl
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,6 +54,17 @@ class _Traced(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         self.seen.append(self.headers.get("Authorization", ""))
+        if self.path.startswith("/stream"):  # an answer that goes on: a line, then another after 6 s
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(b"first line\n")
+            self.wfile.flush()
+            time.sleep(6)
+            self.wfile.write(b"late line\n")
+            self.close_connection = True
+            return
         self._answer(b"ok\n", "text/plain")
 
     def do_TRACE(self) -> None:  # noqa: N802
@@ -315,3 +327,28 @@ def test_the_ca_key_and_the_credentials_key_are_nowhere_the_sandbox_can_read(tra
     probe = "; ".join(f"cat {shlex.quote(str(p))} >/dev/null 2>&1 && echo READ {p}" for p in [bundle, *named])
     answer = tool(w.client, run_67, "shell", command=probe + "; echo probed", timeout_s=60)
     assert answer["result"]["stdout"].split() == ["READ", str(bundle), "probed"], answer
+
+
+def test_an_open_connection_made_under_a_grant_ends_when_the_grant_expires(traced: Traced) -> None:
+    """The sandbox opens a connection just before its grant expires and keeps it going (an
+    answer that streams on; an upload would be the same): a revocation cuts it, and an
+    expiry must too (it stayed open, acting under the grant after its end)."""
+    from tests.api_calls import group_session, start_run
+
+    w, port = traced.w, traced.port
+    put_credential(w, OWNER, "deploy", [f"127.0.0.1:{port}"])
+    for own in w.client.get(f"/v1/users/{MEMBER}/credentials", headers={"X-Acting-User": str(MEMBER)}).json()["credentials"]:
+        w.client.delete(f"/v1/users/{MEMBER}/credentials/{own['name']}", headers={"X-Acting-User": str(MEMBER)})  # 67's own come first
+    sid = group_session(w.client)
+    run_in_s = start_run(w.client, sid, trigger="group_message", speaker_user_id=MEMBER)["run_id"]
+    body = {"credential": "deploy", "grantee_user_id": MEMBER, "session_id": sid, "ttl_s": 2}
+    made = w.client.post(f"/v1/users/{OWNER}/grants", json=body, headers={"X-Acting-User": str(OWNER)})
+    assert made.status_code == 201, made.text
+    _Traced.seen.clear()
+    authority = f"127.0.0.1:{port}"
+    started = time.monotonic()
+    got = raw_tls(w, run_in_s, authority, f"GET /stream HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    took = time.monotonic() - started
+    assert _Traced.seen == [f"Bearer {SECRET}"]  # the request went under the grant
+    assert "first line" in got["answer"], got
+    assert "late line" not in got["answer"] and took < 5, (took, got)
