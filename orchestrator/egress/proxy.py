@@ -176,7 +176,7 @@ class EgressProxy:
         self._head_max = head_max_bytes
         self._credentials = credentials
         self._intercepting: dict[asyncio.Task[Any], Usable] = {}  # the loop's alone
-        self._cut_tasks: set[asyncio.Task[Any]] = set()
+        self._cut_tasks: dict[asyncio.Task[Any], str] = {}  # a task cut, and why (the audit's reason)
 
     def cut(self, predicate: Callable[[str | None, int, str], bool]) -> None:
         """On the loop: end the intercepted connections whose credential `predicate` matches
@@ -184,10 +184,10 @@ class EgressProxy:
         for task, usable in list(self._intercepting.items()):
             grant_id = usable.grant.grant_id if usable.grant is not None else None
             if predicate(grant_id, usable.credential.user_id, usable.credential.name):
-                self._cut_task(task)
+                self._cut_task(task, "credential_revoked")
 
-    def _cut_task(self, task: asyncio.Task[Any]) -> None:
-        self._cut_tasks.add(task)
+    def _cut_task(self, task: asyncio.Task[Any], reason: str) -> None:
+        self._cut_tasks[task] = reason
         task.cancel()
 
     async def handle(
@@ -344,7 +344,7 @@ class EgressProxy:
         self._intercepting[task] = usable
         # A connection made under a grant ends when the grant does, as at a revocation.
         expiry = None if usable.grant is None else asyncio.get_running_loop().call_later(
-            max(0.0, seconds_until(usable.grant.expires_at)), self._cut_task, task
+            max(0.0, seconds_until(usable.grant.expires_at)), self._cut_task, task, "grant_expired"
         )  # fmt: skip
         try:
             outcome = await serve_intercepted(
@@ -357,14 +357,14 @@ class EgressProxy:
             if task not in self._cut_tasks:
                 raise
             task.uncancel()
-            return "cut", "credential_revoked"
+            return "cut", self._cut_tasks[task]
         except RelayIdle:
             return "cut", "idle"
         finally:
             if expiry is not None:
                 expiry.cancel()
             self._intercepting.pop(task, None)
-            self._cut_tasks.discard(task)
+            self._cut_tasks.pop(task, None)
         if outcome.reason == "ok":
             return "allowed", "credential"
         if outcome.reason == "credential_revoked":

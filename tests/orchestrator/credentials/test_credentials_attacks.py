@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from orchestrator import audit
+
 from orchestrator.credentials.ca import key_pem, make_ca, mint_host, pem
 from orchestrator.credentials.probe import UPSTREAM_CA_NAME
 from tests.orchestrator.egress.dns_server import DnsServer, loopback_dns
@@ -352,3 +354,7 @@ def test_an_open_connection_made_under_a_grant_ends_when_the_grant_expires(trace
     assert _Traced.seen == [f"Bearer {SECRET}"]  # the request went under the grant
     assert "first line" in got["answer"], got
     assert "late line" not in got["answer"] and took < 5, (took, got)
+    assert w.service.egress is not None
+    w.service.egress.flush_audit()
+    used = [r for r in audit.entries(w.service.store, action="credential_used", limit=1000) if r.detail.get("credential") == "deploy"]
+    assert [(r.detail["verdict"], r.detail["reason"]) for r in used][-1:] == [("cut", "grant_expired")], used
