@@ -111,7 +111,12 @@ while b"\r\n\r\n" not in head:
 if b" 200 " not in head.split(b"\r\n")[0]:
     print(json.dumps({"connect": head.decode(errors="replace")}))
     sys.exit(0)
-t = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"]).wrap_socket(s, server_hostname=authority.rsplit(":", 1)[0])
+context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+sni = sys.argv[3] if len(sys.argv) > 3 else authority.rsplit(":", 1)[0]
+if sni != authority.rsplit(":", 1)[0]:  # another name, or none ("-"): what certificate comes back is looked at
+    context.check_hostname = False
+t = context.wrap_socket(s, server_hostname=None if sni == "-" else sni)
+names = [v for k, v in t.getpeercert().get("subjectAltName", ())]
 t.sendall(request)
 data = b""
 while True:
@@ -122,13 +127,14 @@ while True:
     if not chunk:
         break
     data += chunk
-print(json.dumps({"connect": 200, "answer": data.decode(errors="replace")}))
+print(json.dumps({"connect": 200, "answer": data.decode(errors="replace"), "names": names}))
 """
 
 
-def raw_tls(w: World, run_id: str, authority: str, request: bytes) -> dict:
+def raw_tls(w: World, run_id: str, authority: str, request: bytes, sni: str | None = None) -> dict:
+    """`sni`: the name the sandbox's TLS asks for instead of the CONNECT's host ("-": none)."""
     command = " ".join(["python3", "-c", shlex.quote(RAW_TLS_SCRIPT), shlex.quote(authority),
-                        shlex.quote(base64.b64encode(request).decode())])  # fmt: skip
+                        shlex.quote(base64.b64encode(request).decode()), *([shlex.quote(sni)] if sni else [])])  # fmt: skip
     answer = tool(w.client, run_id, "shell", command=command, timeout_s=60)
     assert answer["ok"] and answer["result"]["exit_code"] == 0, answer
     return json.loads(answer["result"]["stdout"])
@@ -186,6 +192,8 @@ def test_trace_to_a_credentials_host_never_reflects_the_injected_header(traced: 
         (b"GET / HTTP/1.1\r\nHost: 127.0.0.2:{p}\r\n\r\n", 400),  # a Host naming another host
         (b"GET https://127.0.0.2:{p}/ HTTP/1.1\r\nHost: {a}\r\n\r\n", 400),  # absolute form
         (b"GET / HTTP/1.1\r\nHost: {a}\r\nX: y\nTRACE / HTTP/1.1\r\n\r\n", 400),  # a bare LF
+        (b"GET / HTTP/1.1\nHost: {a}\r\n\r\n", 400),  # a bare LF ending the request line
+        (b"GET /\x00 HTTP/1.1\r\nHost: {a}\r\n\r\n", 400),  # a control character in the target
         (b"GET / HTTP/1.1\r\nHost: {a}\r\nX: y\r\n Host: 127.0.0.2\r\n\r\n", 400),  # a folded line
         (b"POST / HTTP/1.1\r\nHost: {a}\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 411),
         (b"POST / HTTP/1.1\r\nHost: {a}\r\nContent-Length: 0\r\nContent-Length: 60\r\n\r\n", 400),
@@ -358,3 +366,19 @@ def test_an_open_connection_made_under_a_grant_ends_when_the_grant_expires(trace
     w.service.egress.flush_audit()
     used = [r for r in audit.entries(w.service.store, action="credential_used", limit=1000) if r.detail.get("credential") == "deploy"]
     assert [(r.detail["verdict"], r.detail["reason"]) for r in used][-1:] == [("cut", "grant_expired")], used
+
+
+@pytest.mark.parametrize("sni", ["other.example.test", "-"])
+def test_a_tls_name_other_than_the_connects_host_changes_nothing(traced: Traced, sni: str) -> None:
+    """Held: the certificate and the upstream are the CONNECT's host's, whatever name (or
+    none) the sandbox's TLS asks for; a request naming the other host is refused."""
+    w, port = traced.w, traced.port
+    put_credential(w, MEMBER, "traced", [f"127.0.0.1:{port}"])
+    run_67 = web_run(w.client, MEMBER)
+    authority = f"127.0.0.1:{port}"
+    _Traced.seen.clear()
+    same = raw_tls(w, run_67, authority, f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode(), sni=sni)
+    assert same["names"] == ["127.0.0.1"] and " 200 " in same["answer"].split("\r\n")[0], same
+    other = raw_tls(w, run_67, authority, f"GET / HTTP/1.1\r\nHost: other.example.test\r\n\r\n".encode(), sni=sni)
+    assert " 400 " in other["answer"].split("\r\n")[0] and "host_mismatch" in other["answer"], other
+    assert _Traced.seen == [f"Bearer {SECRET}"]  # the one request that went up went to the CONNECT's host
