@@ -415,3 +415,61 @@ def test_a_flood_of_refused_connections_never_hides_a_delegated_credentials_use(
     raw_tls(w, run_in_s, authority, f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
     w.service.egress.flush_audit(10)
     assert len([r for r in audit.entries(w.service.store, action="credential_used", limit=5000) if r.detail.get("grant_id") == grant_id]) == 1
+
+
+# In the sandbox: intercepted GETs one after another for argv[2] seconds; prints how many.
+HAMMER_SCRIPT = r"""
+import os, socket, ssl, sys, time
+proxy = os.environ["HTTPS_PROXY"].rsplit(":", 1)
+authority, until = sys.argv[1], time.monotonic() + float(sys.argv[2])
+context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+done = 0
+while time.monotonic() < until:
+    s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=30)
+    s.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            break
+        head += chunk
+    if b" 200 " in head:
+        try:
+            t = context.wrap_socket(s, server_hostname=authority.rsplit(":", 1)[0])
+            t.sendall(f"GET / HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+            while t.recv(65536):
+                pass
+            done += 1
+        except (OSError, ssl.SSLError):
+            pass
+    s.close()
+print(done)
+"""
+
+
+def test_uses_noted_while_the_owner_replaces_the_credential_never_bring_the_old_hosts_back(traced: Traced) -> None:
+    """68's sandbox uses its credential as fast as it can (each use notes `last_used_at`)
+    while 68 moves the credential between two hosts: the credential in force must always be
+    the last one stored (a use noted during a replacement put the old hosts back, with the
+    new secret: the new value then went to the old host)."""
+    w, port = traced.w, traced.port
+    hosts = ([f"127.0.0.1:{port}"], [f"127.0.0.1:{port}", f"{SLOW_NAME}:{traced.named_port}"])
+    put_credential(w, THIRD, "busy", hosts[0])
+    run_68 = web_run(w.client, THIRD)
+    command = " ".join(["python3", "-c", shlex.quote(HAMMER_SCRIPT), shlex.quote(f"127.0.0.1:{port}"), "12"])
+    hammer: dict = {}
+    thread = threading.Thread(target=lambda: hammer.update(tool(w.client, run_68, "shell", command=command, timeout_s=60)))
+    thread.start()
+    time.sleep(2)  # the sandbox is at it
+    stale = []
+    for i in range(120):
+        put_credential(w, THIRD, "busy", hosts[i % 2])
+        time.sleep(0.03)
+        now = [c for c in w.client.get(f"/v1/users/{THIRD}/credentials", headers={"X-Acting-User": str(THIRD)}).json()["credentials"]]
+        if now[0]["hosts"] != hosts[i % 2]:
+            stale.append((i, now[0]["hosts"]))
+        if not thread.is_alive():
+            break
+    thread.join(60)
+    assert hammer["result"]["exit_code"] == 0 and int(hammer["result"]["stdout"]) > 20, hammer
+    assert stale == [], stale
