@@ -10,31 +10,27 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shlex
-import ssl
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from orchestrator import audit
 
 from orchestrator.credentials.ca import key_pem, make_ca, mint_host, pem
-from orchestrator.credentials.probe import UPSTREAM_CA_NAME
+from orchestrator.credentials.probe import UPSTREAM_CA_NAME, echo_upstream
 from tests.orchestrator.egress.dns_server import DnsServer, loopback_dns
 from tests.api_calls import tool
 from tests.conftest import admin_headers
 from tests.orchestrator.credentials.test_credentials_live import MEMBER, OWNER, SECRET, THIRD, World, put_credential, world
 from tests.orchestrator.sandboxes.test_process_network import web_run
 
-pytestmark = pytest.mark.skipif(
-    __import__("os").geteuid() != 0, reason="a sandbox network of its own needs a root orchestrator"
-)
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox network of its own needs a root orchestrator")
 
 
 class _Traced(BaseHTTPRequestHandler):
@@ -75,39 +71,31 @@ class _Traced(BaseHTTPRequestHandler):
     do_TRACK = do_TRACE  # IIS's old twin of TRACE
 
 
-@contextmanager
-def tracing_upstream(chain: bytes) -> Iterator[int]:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    with tempfile.NamedTemporaryFile(suffix=".pem") as chain_file:
-        chain_file.write(chain)
-        chain_file.flush()
-        context.load_cert_chain(chain_file.name)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Traced)
-    server.daemon_threads = True
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, name="tracing-upstream", daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+# What every in-sandbox script below starts with: `connect(authority)` sends a CONNECT to the
+# in-sandbox forwarder (HTTPS_PROXY) and returns the socket and the proxy's answer head.
+CONNECT_PRELUDE = r"""
+import os, socket
+proxy = os.environ["HTTPS_PROXY"].rsplit(":", 1)
+
+def connect(authority):
+    s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=30)
+    s.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = s.recv(1)
+        if not chunk:
+            break
+        head += chunk
+    return s, head
+"""
 
 
 # In the sandbox: CONNECT, TLS verified against the sandbox's bundle, the request bytes as
 # given (base64), then everything the connection answers, printed as JSON.
-RAW_TLS_SCRIPT = r"""
-import base64, json, os, socket, ssl, sys
-proxy = os.environ["HTTPS_PROXY"].rsplit(":", 1)
+RAW_TLS_SCRIPT = CONNECT_PRELUDE + r"""
+import base64, json, ssl, sys
 authority, request = sys.argv[1], base64.b64decode(sys.argv[2])
-s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=30)
-s.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
-head = b""
-while b"\r\n\r\n" not in head:
-    chunk = s.recv(1)
-    if not chunk:
-        break
-    head += chunk
+s, head = connect(authority)
 if b" 200 " not in head.split(b"\r\n")[0]:
     print(json.dumps({"connect": head.decode(errors="replace")}))
     sys.exit(0)
@@ -160,7 +148,7 @@ def traced() -> Iterator[Traced]:
         ca_key, ca_cert = make_ca(UPSTREAM_CA_NAME)
         w.upstream_ca.write_bytes(pem(ca_cert))  # the proxy re-reads its upstream bundle
         chains = [key_pem(k) + pem(c) for k, c in (mint_host(ca_key, ca_cert, h) for h in ("127.0.0.1", SLOW_NAME))]
-        with tracing_upstream(chains[0]) as port, tracing_upstream(chains[1]) as named_port:
+        with echo_upstream(chains[0], _Traced) as port, echo_upstream(chains[1], _Traced) as named_port:
             allow = [f"127.0.0.1:{port}", f"{SLOW_NAME}:{named_port}"]
             for user in (OWNER, MEMBER, THIRD):
                 r = w.client.put(f"/v1/admin/users/{user}/egress", json={"allow": allow}, headers=admin_headers())
@@ -248,20 +236,11 @@ def test_a_credential_replaced_while_a_connection_resolves_never_reaches_the_old
 
 # In the sandbox: N CONNECTs one after the other, each closed after the proxy's answer (no
 # TLS at all: the proxy mints the host's certificate before the client's hello).
-CONNECTS_SCRIPT = r"""
-import collections, json, os, socket, sys
-proxy = os.environ["HTTPS_PROXY"].rsplit(":", 1)
+CONNECTS_SCRIPT = CONNECT_PRELUDE + r"""
+import collections, json, sys
 statuses, bodies = collections.Counter(), set()
 for i in range(int(sys.argv[2])):
-    s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=30)
-    target = sys.argv[1].format(i)
-    s.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = s.recv(1)
-        if not chunk:
-            break
-        head += chunk
+    s, head = connect(sys.argv[1].format(i))
     status = int(head.split(b" ")[1]) if head else 0
     statuses[status] += 1
     if status != 200:
@@ -418,21 +397,13 @@ def test_a_flood_of_refused_connections_never_hides_a_delegated_credentials_use(
 
 
 # In the sandbox: intercepted GETs one after another for argv[2] seconds; prints how many.
-HAMMER_SCRIPT = r"""
-import os, socket, ssl, sys, time
-proxy = os.environ["HTTPS_PROXY"].rsplit(":", 1)
+HAMMER_SCRIPT = CONNECT_PRELUDE + r"""
+import ssl, sys, time
 authority, until = sys.argv[1], time.monotonic() + float(sys.argv[2])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 done = 0
 while time.monotonic() < until:
-    s = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=30)
-    s.sendall(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        chunk = s.recv(1)
-        if not chunk:
-            break
-        head += chunk
+    s, head = connect(authority)
     if b" 200 " in head:
         try:
             t = context.wrap_socket(s, server_hostname=authority.rsplit(":", 1)[0])
