@@ -124,7 +124,8 @@ def main() -> None:
         spec = validate_spec("bench", [f"127.0.0.1:{upstream}"], "Authorization", "Bearer {secret}", None, secret)
         credentials.put(INJECTED, spec, secret, actor="bench")
         ca = DeploymentCA(base / "ca-private", base / "sandbox-bundle.pem", Path("/nonexistent"))
-        paths = start_proxy(base, upstream, CredentialInjection(credentials, ca, upstream_ca))
+        injection = CredentialInjection(credentials, ca, upstream_ca)
+        paths = start_proxy(base, upstream, injection)
         trusts_ours = ssl.create_default_context(cafile=str(base / "sandbox-bundle.pem"))
         trusts_upstream = ssl.create_default_context(cafile=str(upstream_ca))
         for _ in range(20):  # warm both paths (and the host certificate)
@@ -136,6 +137,7 @@ def main() -> None:
             tunnelled.append(https_get(paths[TUNNELLED], upstream, trusts_upstream))
         for _ in range(min(args.requests, 100)):
             ca._cache.clear()  # the next handshake mints the host certificate
+            injection._mints.clear()  # and the user's bucket of new ones never runs dry here
             minted.append(https_get(paths[INJECTED], upstream, trusts_ours))
             cached.append(https_get(paths[INJECTED], upstream, trusts_ours))
         mint_only = []

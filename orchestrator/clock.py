@@ -12,3 +12,8 @@ def now_iso() -> str:
 def iso(moment: datetime) -> str:
     """A moment in the stored form (UTC, so stored timestamps compare as strings)."""
     return moment.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+def seconds_until(stored: str) -> float:
+    """Seconds from now to a stored timestamp (negative when it is past)."""
+    return (datetime.fromisoformat(stored) - datetime.now(timezone.utc)).total_seconds()

@@ -146,6 +146,10 @@ class DeploymentCA:
                 self._cache.popitem(last=False)
         return context
 
+    def is_cached(self, host: str) -> bool:
+        with self._lock:
+            return host in self._cache
+
     @property
     def cached(self) -> int:
         return len(self._cache)

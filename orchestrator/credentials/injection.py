@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.credentials.ca import DeploymentCA
@@ -21,6 +22,30 @@ from orchestrator.credentials.model import Usable, render_header
 from orchestrator.credentials.store import CredentialStore
 from orchestrator.egress.intercept import upstream_context
 from orchestrator.errors import NotFound
+
+
+# New host certificates a user's connections may have minted: a burst, then a steady rate.
+# Minting (a key, a signature) runs on the proxy's loop that every user shares, and each new
+# host pushes an older one out of the shared cache: a wildcard credential must not make it
+# unbounded. A host already cached costs nothing and is never refused.
+HOST_MINTS_BURST = 32
+HOST_MINTS_PER_S = 0.5
+
+
+@dataclass
+class MintBucket:
+    """Pure: a token bucket of host certificate mints (`now`: monotonic seconds)."""
+
+    tokens: float
+    at: float
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(float(HOST_MINTS_BURST), self.tokens + (now - self.at) * HOST_MINTS_PER_S)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 def connection_session(in_flight: set[str], latest: str | None) -> str | None:
@@ -43,6 +68,7 @@ class CredentialInjection:
         self._bundle = upstream_ca_bundle
         self._bundle_seen: tuple[int, int] | None = None
         self._client_context = upstream_context(None)
+        self._mints: dict[int, MintBucket] = {}  # the proxy's loop alone
 
     @property
     def client_context(self) -> ssl.SSLContext:
@@ -67,14 +93,27 @@ class CredentialInjection:
     def is_credential_host(self, host: str, *, runtime_user_id: int, session_id: str | None) -> bool:
         return self.store.is_credential_host(host, runtime_user_id=runtime_user_id, session_id=session_id)
 
-    def header_for(self, usable: Usable) -> tuple[str, str] | None:
+    def header_for(self, usable: Usable, host: str, port: int) -> tuple[str, str] | None:
+        """The header for a request to host:port, None when the credential chosen at the
+        CONNECT no longer applies: revoked, expired, deleted, or replaced by one for other
+        hosts (its new value is never sent to a host it is not for)."""
         if not self.store.still_usable(usable):
             return None
         try:  # deleted in between: as revoked
             credential = self.store.get(usable.credential.user_id, usable.credential.name)
+            if not credential.matches(host, port):
+                return None
             return credential.header, render_header(credential.template, self.store.secret_of(credential))
         except NotFound:
             return None
+
+    def admit_host(self, user_id: int, host: str, now: float) -> bool:
+        """Whether a connection of `user_id` to `host` may be intercepted now: the host's
+        certificate is cached, or the user's bucket of new ones is not empty."""
+        if self.ca.is_cached(host):
+            return True
+        bucket = self._mints.setdefault(user_id, MintBucket(float(HOST_MINTS_BURST), now))
+        return bucket.take(now)
 
     def server_context(self, host: str) -> ssl.SSLContext:
         return self.ca.context_for(host)

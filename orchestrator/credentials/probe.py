@@ -62,14 +62,15 @@ def make_upstream_ca(ca_file: Path, common: str = UPSTREAM_CA_NAME) -> bytes:
 
 
 @contextmanager
-def echo_upstream(chain: bytes) -> Iterator[int]:
-    """The HTTPS echo upstream on 127.0.0.1 presenting `chain`; yields its port."""
+def echo_upstream(chain: bytes, handler: type[BaseHTTPRequestHandler] = _Echo) -> Iterator[int]:
+    """The HTTPS echo upstream on 127.0.0.1 presenting `chain` (answering with `handler`, the
+    echo unless told); yields its port."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     with tempfile.NamedTemporaryFile(suffix=".pem") as chain_file:  # ssl loads a chain from a file only
         chain_file.write(chain)
         chain_file.flush()
         context.load_cert_chain(chain_file.name)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, name="credentials-probe-upstream", daemon=True)

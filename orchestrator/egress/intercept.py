@@ -5,7 +5,7 @@ upstream CA bundle, and forwards one HTTP/1.1 request with the credential's head
 (any header of that name the client sent, a placeholder, is dropped), then relays the answer
 until the upstream ends it. One request per connection, as for plain HTTP
 (orchestrator/egress/plain_http.py): the request's own Host must name the CONNECT's target,
-so the header goes nowhere else.
+so the header goes nowhere else. TRACE is refused: its answer is the request itself.
 
 The secret exists in clear only in the request head written to the upstream's TLS stream.
 """
@@ -26,6 +26,7 @@ CHUNK = 1 << 16
 CLOSE_S = 2.0  # how long the client's TLS close may take before the connection is dropped
 CONNECTED = b"HTTP/1.1 200 Connection established\r\n\r\n"
 HTTPS_PORT = 443
+REFLECTING_METHODS = frozenset({"TRACE", "TRACK"})  # RFC 9110's loop-back, and IIS's old twin
 
 
 class _TlsStreamProtocol(asyncio.StreamReaderProtocol):
@@ -128,11 +129,17 @@ async def serve_intercepted(
             return InterceptOutcome("no_request")
         try:
             method, path, version, lines = parse_request_line(raw)
+            if method in REFLECTING_METHODS:  # the answer is the request as received: the header with it
+                raise InterceptRefused(
+                    405, "trace_refused",
+                    f"Egress to {host}:{port}: {method} is refused on a connection a credential is added to "
+                    "(the upstream would send the request back, credential included).",
+                )  # fmt: skip
             name_value = header_for()
             if name_value is None:
                 raise InterceptRefused(
                     403, "credential_revoked",
-                    f"Egress to {host}:{port}: the credential for it was revoked or expired; ask its owner to grant it again.",
+                    f"Egress to {host}:{port}: the credential for it was revoked, expired or moved to other hosts; ask its owner to grant it again.",
                 )  # fmt: skip
             # Planned without it (no refusal can ever quote the secret), then put in.
             name, value = name_value

@@ -30,7 +30,7 @@ CHUNK = 1 << 16
 LINGER_S = 2.0  # after the answer: how long unread client bytes are drained before the close
 
 
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 411: "Length Required", 429: "Too Many Requests",
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed", 411: "Length Required", 429: "Too Many Requests",
                 431: "Request Header Fields Too Large", 502: "Bad Gateway", 503: "Service Unavailable",
                 504: "Gateway Timeout"}  # fmt: skip
 

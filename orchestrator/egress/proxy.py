@@ -21,7 +21,8 @@ from orchestrator.descriptors.budget import EGRESS_TUNNEL_EXTRA, DescriptorHold,
 from orchestrator.throttled_log import ThrottledLog
 from sandbox_agent.relay import RelayIdle, receive_connection, relay
 from orchestrator.egress.caps import CapExceeded, ConnectionMeter, LookupGate, UserCaps
-from orchestrator.credentials.injection import CredentialInjection
+from orchestrator.credentials.injection import HOST_MINTS_BURST, HOST_MINTS_PER_S, CredentialInjection
+from orchestrator.clock import seconds_until
 from orchestrator.credentials.model import Usable
 from orchestrator.egress.intercept import serve_intercepted
 from orchestrator.egress.plain_http import PlainRequestRefused, exchange, plan_plain_request, refusal_response
@@ -175,7 +176,7 @@ class EgressProxy:
         self._head_max = head_max_bytes
         self._credentials = credentials
         self._intercepting: dict[asyncio.Task[Any], Usable] = {}  # the loop's alone
-        self._cut_tasks: set[asyncio.Task[Any]] = set()
+        self._cut_tasks: dict[asyncio.Task[Any], str] = {}  # a task cut, and why (the audit's reason)
 
     def cut(self, predicate: Callable[[str | None, int, str], bool]) -> None:
         """On the loop: end the intercepted connections whose credential `predicate` matches
@@ -183,8 +184,11 @@ class EgressProxy:
         for task, usable in list(self._intercepting.items()):
             grant_id = usable.grant.grant_id if usable.grant is not None else None
             if predicate(grant_id, usable.credential.user_id, usable.credential.name):
-                self._cut_tasks.add(task)
-                task.cancel()
+                self._cut_task(task, "credential_revoked")
+
+    def _cut_task(self, task: asyncio.Task[Any], reason: str) -> None:
+        self._cut_tasks[task] = reason
+        task.cancel()
 
     async def handle(
         self,
@@ -248,6 +252,11 @@ class EgressProxy:
                 session = self._credentials.session_of(user_id, context[0])
                 if method == "CONNECT":
                     injected = self._credentials.choose(host, port, runtime_user_id=user_id, session_id=session)
+                    if injected is not None and not self._credentials.admit_host(user_id, host, time.monotonic()):
+                        raise _Refused(429, "cap", "host_certificates", (
+                            f"Egress to {host}:{port} refused: too many new host certificates for your credentials "
+                            f"(at most {HOST_MINTS_BURST} at once, then one every {1 / HOST_MINTS_PER_S:g} s); "
+                            "hosts already used are served at once."))  # fmt: skip
                 elif self._credentials.is_credential_host(host, runtime_user_id=user_id, session_id=session):
                     raise _Refused(403, "bad_request", "credential_plain_http", (
                         f"Plain http:// to {host}:{port} is refused: a credential is for {host}, and it is never sent "
@@ -333,10 +342,14 @@ class EgressProxy:
         task = asyncio.current_task()
         assert task is not None
         self._intercepting[task] = usable
+        # A connection made under a grant ends when the grant does, as at a revocation.
+        expiry = None if usable.grant is None else asyncio.get_running_loop().call_later(
+            max(0.0, seconds_until(usable.grant.expires_at)), self._cut_task, task, "grant_expired"
+        )  # fmt: skip
         try:
             outcome = await serve_intercepted(
                 conn, upstream, host=host, port=port, server_context=credentials.server_context(host),
-                client_context=credentials.client_context, header_for=lambda: credentials.header_for(usable),
+                client_context=credentials.client_context, header_for=lambda: credentials.header_for(usable, host, port),
                 on_bytes=on_bytes, idle_s=self._timeouts.idle_s, handshake_s=self._timeouts.head_s,
                 head_max_bytes=self._head_max,
             )  # fmt: skip
@@ -344,12 +357,14 @@ class EgressProxy:
             if task not in self._cut_tasks:
                 raise
             task.uncancel()
-            return "cut", "credential_revoked"
+            return "cut", self._cut_tasks[task]
         except RelayIdle:
             return "cut", "idle"
         finally:
+            if expiry is not None:
+                expiry.cancel()
             self._intercepting.pop(task, None)
-            self._cut_tasks.discard(task)
+            self._cut_tasks.pop(task, None)
         if outcome.reason == "ok":
             return "allowed", "credential"
         if outcome.reason == "credential_revoked":

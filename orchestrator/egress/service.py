@@ -319,7 +319,8 @@ class EgressService:
 
     def _report(self, record: ConnectionRecord) -> None:
         metrics.observe_egress(record.verdict, record.bytes_up, record.bytes_down)  # every one: counters cost no disk
-        admission = self._audit_budget.admit(record.user_id, record.verdict, time.monotonic())
+        used = None if record.credential is None else f"credential={record.credential_owner}/{record.credential} grant={record.grant_id}"
+        admission = self._audit_budget.admit(record.user_id, record.verdict, time.monotonic(), used)
         if admission.suppressed_before:
             self._enqueue(
                 {"action": "egress_audit_suppressed", "user_id": record.user_id, "suppressed": admission.suppressed_before}

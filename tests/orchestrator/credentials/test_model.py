@@ -82,3 +82,36 @@ def test_the_injected_header_replaces_every_placeholder_of_that_name() -> None:
     assert with_header(head, "Authorization", "Bearer real") == (
         b"GET / HTTP/1.1\r\nHost: api.example.org\r\nConnection: close\r\nAuthorization: Bearer real\r\n\r\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("connect", "gets"),
+    [
+        ("a.example.com:443", True),
+        ("A.EXAMPLE.COM.:443", True),  # case and a trailing dot are the same name
+        ("a.example.com:0443", True),
+        ("example.com:443", False),  # `*.domain` is below it, not the domain itself
+        ("example.com.evil:443", False),
+        ("evilexample.com:443", False),
+        ("a.example.com:8443", False),  # no port in the pattern: 443 only
+        ("api.github.com.:443", True),
+        ("[0:0::1]:8443", True),  # an IPv6 literal however it is written
+        ("[::ffff:127.0.0.1]:8443", False),
+        ("xn--bcher-kva.de:443", True),  # IDNA: patterns and targets are ASCII (A-labels)
+    ],
+)
+def test_which_connect_targets_a_credentials_patterns_take(connect: str, gets: bool) -> None:
+    """Held: the CONNECT's target, normalized as the proxy parses it, against the patterns."""
+    from orchestrator.egress.policy import parse_authority
+
+    host, port = parse_authority(connect)
+    own = [cred(67, "c", "*.example.com", "api.github.com", "[::1]:8443", "xn--bcher-kva.de")]
+    assert (choose_credential(host, port, runtime_user_id=67, session_id=None, own=own, delegated=[], now_iso=NOW) is not None) is gets
+
+
+@pytest.mark.parametrize("connect", ["bücher.de:443", "a..example.com:443", "%61.example.com:443", "a.example.com\x00.evil:443"])
+def test_targets_that_are_no_host_name_are_refused_before_any_credential_is_looked_at(connect: str) -> None:
+    from orchestrator.egress.policy import InvalidTarget, parse_authority
+
+    with pytest.raises(InvalidTarget):
+        parse_authority(connect)
