@@ -1,0 +1,255 @@
+"""Code kernels through the real API (issue 28, docs/interpreter.md): real ipykernels and bash
+kernels in real sandboxes, one live server per backend for the module. The process backend's
+user python is a venv with ipykernel, matplotlib and pandas (tests/kernel_python.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchestrator.http.app import create_app
+from orchestrator.service import OrchestratorService
+from tests.api_calls import MEMBER, OWNER
+from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
+from tests.kernel_python import kernel_python
+from tests.live_server import live_server
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids need root")
+
+_BASE = int(os.environ.get("ORCH_SANDBOX_UID_BASE") or 1_160_000_000)
+UIDS = {"sandbox_uid_base": _BASE, "max_user_id": 20_000}
+KERNELS_PER_USER = 3
+
+
+@dataclass
+class Api:
+    url: str
+    service: OrchestratorService
+    http: httpx.Client
+    sessions: list[str]
+
+    def session(self, chat: str = "oc_kernels") -> str:
+        body = {"owner_user_id": OWNER, "channel": "feishu_group", "group": {"channel": "feishu", "chat_id": chat}}
+        response = self.http.post("/v1/sessions", json=body)
+        assert response.status_code == 201, response.text
+        self.sessions.append(response.json()["session_id"])
+        return self.sessions[-1]
+
+    def run(self, session_id: str, speaker: int = MEMBER) -> str:
+        body = {"trigger": "group_message", "speaker_user_id": speaker}
+        response = self.http.post(f"/v1/sessions/{session_id}/runs", json=body)
+        assert response.status_code == 201, response.text
+        return response.json()["run_id"]
+
+    def tool(self, run_id: str, name: str, **arguments: object) -> dict:
+        response = self.http.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}, timeout=180)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def ok(self, run_id: str, name: str, **arguments: object) -> dict:
+        body = self.tool(run_id, name, **arguments)
+        assert body["ok"], body
+        return body["result"]
+
+
+@pytest.fixture(scope="module")
+def api() -> Iterator[Api]:
+    python = kernel_python()
+    base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-kernels-"))
+    os.chmod(base, 0o711)
+    data = base / "data"
+    data.mkdir()
+    settings = make_settings(data, kernel_python=python, kernels_per_user=KERNELS_PER_USER, **UIDS)
+    service = OrchestratorService(settings)
+    try:
+        with live_server(create_app(service)) as url:
+            with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=180) as http:
+                yield Api(url, service, http, [])
+    finally:
+        service.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _sessions_deleted(api: Api) -> Iterator[None]:
+    """Each test's sessions are deleted after it, and their kernels with them (the cap)."""
+    yield
+    while api.sessions:
+        api.http.delete(f"/v1/sessions/{api.sessions.pop()}")
+
+
+def test_state_survives_between_calls(api: Api) -> None:
+    run_id = api.run(api.session())
+    first = api.ok(run_id, "run_code", code="x = 41")
+    assert first["status"] == "ok" and first["text"] is None and first["kernel"] == {"name": "default", "language": "python"}
+    answer = api.ok(run_id, "run_code", code="x + 1")
+    assert answer["text"] == "42" and answer["data"] == {"text/plain": "42"}
+    assert answer["kernel_restarted"] is False and answer["error"] is None and answer["images"] == []
+    # cwd persists, and printing goes to stdout/stderr
+    api.ok(run_id, "run_code", code="import os; os.makedirs('sub', exist_ok=True); os.chdir('sub')")
+    where = api.ok(run_id, "run_code", code="import sys; print(os.getcwd()); print('warn', file=sys.stderr)")
+    assert where["stdout"].strip().endswith("/sub") and where["stderr"] == "warn\n"
+    # a later run of the same session reaches the same kernel
+    again = api.ok(api.run(api.http.get(f"/v1/runs/{run_id}").json()["session_id"]), "run_code", code="x")
+    assert again["text"] == "41"
+
+
+def test_a_pandas_frame_from_an_upload(api: Api) -> None:
+    run_id = api.run(api.session())
+    response = api.http.put(f"/v1/runs/{run_id}/files/incoming/numbers.csv", content=b"a,b\n1,2\n3,4\n5,6\n")
+    assert response.status_code in (200, 201), response.text
+    path = response.json()["path"]
+    api.ok(run_id, "run_code", code=f"import pandas as pd\ndf = pd.read_csv({path!r})")
+    shape = api.ok(run_id, "run_code", code="df.shape")
+    assert shape["text"] == "(3, 2)"
+    html = api.ok(run_id, "run_code", code="df")
+    assert "<table" in html["data"]["text/html"] and "text/plain" in html["data"]
+
+
+def test_errors_are_readable(api: Api) -> None:
+    run_id = api.run(api.session())
+    answer = api.ok(run_id, "run_code", code="def f():\n    return 1 / 0\nf()")
+    assert answer["status"] == "error"
+    error = answer["error"]
+    assert error["ename"] == "ZeroDivisionError" and error["evalue"] == "division by zero"
+    assert "\x1b" not in error["traceback"] and "return 1 / 0" in error["traceback"]
+
+
+def test_a_chart_comes_back_as_a_png_file_ready_to_send(api: Api) -> None:
+    run_id = api.run(api.session())
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "fig = plt.figure(figsize=(4, 3), dpi=100)\n"
+        "plt.plot(range(1000), [i * i for i in range(1000)])\n"
+        "plt.show()"
+    )
+    answer = api.ok(run_id, "run_code", code=code)
+    assert answer["status"] == "ok", answer
+    [image] = answer["images"]
+    assert image["mime"] == "image/png" and "/outputs/" in image["path"]
+    png = Path(image["path"]).read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) == image["size"]
+    width, height = struct.unpack(">II", png[16:24])
+    assert (width, height) == (400, 300)
+    assert "iVBOR" not in json.dumps(answer)  # never inlined as base64
+    sent = api.tool(run_id, "send_image", path_or_url=image["path"])
+    assert sent["ok"], sent
+    delivery = api.http.get(f"/v1/deliveries/{sent['result']['delivery_id']}")
+    assert delivery.status_code == 200, delivery.text
+
+
+def test_timeout_interrupts_and_the_state_survives(api: Api) -> None:
+    run_id = api.run(api.session())
+    api.ok(run_id, "run_code", code="x = 7")
+    started = time.monotonic()
+    answer = api.ok(run_id, "run_code", code="print('before', flush=True)\nwhile True: pass", timeout_s=2)
+    took = time.monotonic() - started
+    assert answer["status"] == "timeout" and answer["kernel_restarted"] is False, answer
+    assert "before" in answer["stdout"] and 1.9 < took < 6, took
+    assert api.ok(run_id, "run_code", code="x")["text"] == "7"
+
+
+def test_a_dead_kernel_is_said_and_the_next_call_works(api: Api) -> None:
+    run_id = api.run(api.session())
+    api.ok(run_id, "run_code", code="y = 1")
+    died = api.ok(run_id, "run_code", code="import os; os._exit(1)")
+    assert died["status"] == "kernel_died" and died["kernel_restarted"] is True
+    assert "state" in died["note"] and "lost" in died["note"]
+    after = api.ok(run_id, "run_code", code="'y' in globals()")
+    assert after["status"] == "ok" and after["text"] == "False"
+
+
+def test_bash_keeps_its_cwd_and_exports(api: Api) -> None:
+    run_id = api.run(api.session())
+    api.ok(run_id, "run_code", language="bash", code="export A=1; mkdir -p d; cd d")
+    answer = api.ok(run_id, "run_code", language="bash", code="echo $A; basename $PWD")
+    assert answer["stdout"] == "1\nd\n" and answer["kernel"] == {"name": "default", "language": "bash"}
+    failed = api.ok(run_id, "run_code", language="bash", code="false")
+    assert failed["status"] == "error"
+
+
+def test_kernels_are_per_speaker_listed_and_capped(api: Api) -> None:
+    session_id = api.session("oc_two_speakers")
+    run_67, run_17 = api.run(session_id, MEMBER), api.run(session_id, OWNER)
+    api.ok(run_67, "run_code", code="secret = 'of 67'")
+    seen = api.ok(run_17, "run_code", code="'secret' in globals()")
+    assert seen["text"] == "False"  # 17's kernel is another process in another sandbox
+    names_67 = [(k["name"], k["language"]) for k in api.ok(run_67, "kernel_list")["kernels"]]
+    names_17 = [(k["name"], k["language"]) for k in api.ok(run_17, "kernel_list")["kernels"]]
+    assert names_67 == [("default", "python")] and names_17 == [("default", "python")]
+    listed = api.ok(run_67, "kernel_list")["kernels"][0]
+    assert listed["session_id"] == session_id and listed["started_at"] and listed["last_used_at"]
+    # The cap counts every kernel of the user's sandbox (other sessions' too).
+    for index in range(KERNELS_PER_USER + 1):
+        body = api.tool(run_67, "run_code", language="bash", kernel=f"k{index}", code="true")
+        if not body["ok"]:
+            break
+    assert body["ok"] is False and body["error"]["code"] == "too_many_kernels", body
+    for index in range(KERNELS_PER_USER):
+        api.tool(run_67, "kernel_shutdown", language="bash", kernel=f"k{index}")
+    restarted = api.ok(run_67, "kernel_restart")
+    assert restarted["restarted"] is True
+    assert api.ok(run_67, "run_code", code="'secret' in globals()")["text"] == "False"
+    gone = api.tool(run_67, "kernel_shutdown", kernel="nothing-here")
+    assert gone["ok"] is False and gone["error"]["code"] == "not_found"
+
+
+def test_deleting_the_session_kills_its_kernels(api: Api) -> None:
+    session_id = api.session("oc_delete_kernels")
+    run_id = api.run(session_id)
+    pid = int(api.ok(run_id, "run_code", code="import os, subprocess\np = subprocess.Popen(['sleep', '300'])\nprint(os.getpid(), p.pid)")["stdout"].split()[0])
+    child = int(api.ok(run_id, "run_code", code="print(p.pid)")["stdout"])
+    assert Path(f"/proc/{pid}").exists() and Path(f"/proc/{child}").exists()
+    response = api.http.delete(f"/v1/sessions/{session_id}")
+    assert response.status_code in (200, 204), response.text
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (_alive(pid) or _alive(child)):
+        time.sleep(0.1)
+    assert not _alive(pid) and not _alive(child)
+
+
+def test_a_kernel_survives_the_sweep_after_a_shell_call(api: Api) -> None:
+    run_id = api.run(api.session())
+    api.ok(run_id, "run_code", code="import subprocess; z = 5; p = subprocess.Popen(['sleep', '300'])")
+    api.ok(run_id, "shell", command="true")  # the sweep after it spares the kernel and what it started
+    assert api.ok(run_id, "run_code", code="z, p.poll()")["text"] == "(5, None)"
+
+
+def test_streamed_run_code_sends_output_as_it_comes(api: Api) -> None:
+    run_id = api.run(api.session())
+    events = []
+    with api.http.stream(
+        "POST",
+        f"/v1/runs/{run_id}/tools/run_code",
+        json={"arguments": {"code": "import time\nfor i in range(3):\n    print(i, flush=True); time.sleep(0.3)"}},
+        headers={"Accept": "text/event-stream"},
+    ) as response:
+        assert response.status_code == 200
+        kind = None
+        for line in response.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line[6:]), time.monotonic()))
+    outputs = [e for e in events if e[0] == "output"]
+    assert "".join(e[1]["text"] for e in outputs) == "0\n1\n2\n"
+    assert outputs[-1][2] - outputs[0][2] > 0.4  # they came as printed, not at the end
+    assert events[-1][0] == "result" and events[-1][1]["result"]["stdout"] == "0\n1\n2\n"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
