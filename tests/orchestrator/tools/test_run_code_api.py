@@ -14,10 +14,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
+from orchestrator.client import AsyncOrchestratorClient, OrchestratorClient, RunCodeResult
 from orchestrator.http.app import create_app
+from orchestrator.mcp.connect import run_session
 from orchestrator.service import OrchestratorService
 from tests.api_calls import MEMBER, OWNER
 from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
@@ -253,3 +256,41 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_the_client_run_code_is_typed_sync_and_async(api: Api) -> None:
+    run_id = api.run(api.session())
+    with OrchestratorClient(api.url, token=API_TOKEN) as bot:
+        bot.run_code(run_id, "import math\nr = 2")
+        result = bot.run_code(run_id, "math.pi * r ** 2")
+        assert isinstance(result, RunCodeResult) and result.status == "ok" and result.text.startswith("12.566")
+        failed = bot.run_code(run_id, "raise ValueError('no')")
+        assert failed.status == "error" and failed.error is not None and failed.error.ename == "ValueError"
+
+    async def scenario() -> RunCodeResult:
+        async with AsyncOrchestratorClient(api.url, token=API_TOKEN) as bot:
+            return await bot.run_code(run_id, "echo $((6 * 7))", language="bash")
+
+    answer = anyio.run(scenario)
+    assert answer.stdout == "42\n" and answer.kernel.language == "bash"
+
+
+def test_the_official_mcp_client_gets_progress_and_the_result(api: Api) -> None:
+    run_id = api.run(api.session())
+    progress: list[str | None] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append(message)
+
+    async def scenario() -> dict:
+        async with run_session(api.url, run_id, API_TOKEN) as (mcp, _):
+            listed = {tool.name for tool in (await mcp.list_tools()).tools}
+            assert {"run_code", "kernel_list", "kernel_restart", "kernel_shutdown"} <= listed
+            code = "import time\nprint('first', flush=True)\ntime.sleep(1)\n6 * 7"
+            result = await mcp.call_tool("run_code", {"code": code}, progress_callback=on_progress)
+            return result.structured_content
+
+    answer = anyio.run(scenario)
+    assert answer["status"] == "ok" and answer["text"] == "42" and answer["stdout"] == "first\n"
+    assert any(message and "first" in message for message in progress), progress
+    assert progress[-1] and progress[-1].startswith("run_code done"), progress
