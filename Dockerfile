@@ -18,7 +18,8 @@ RUN python3 -m venv --without-pip /opt/sandbox/venv \
       --only-binary=:all: -r /wheelhouse/requirements.txt \
  && /opt/sandbox/venv/bin/python -c "import starlette, uvicorn, httptools, pydantic, psutil, regex" \
  && python3 "$(ls /wheelhouse/pip-*.whl)/pip" install --no-index --find-links /wheelhouse --no-cache-dir \
-      --disable-pip-version-check --break-system-packages --no-warn-script-location --root /opt/pip-root pip
+      --disable-pip-version-check --break-system-packages --no-warn-script-location --only-binary=:all: \
+      --root /opt/pip-root pip -r /wheelhouse/workbench.txt
 
 # Stage 2: the base plus that virtualenv; no wheelhouse layer left behind.
 FROM ${BASE_IMAGE}
@@ -29,7 +30,9 @@ ARG AGENT_LOCK=unknown
 COPY --from=install /opt/sandbox/venv /opt/sandbox/venv
 # pip for the system python, so skills can install their Python CLIs into deps/{uid}/ through
 # the egress proxy (docs/egress.md); the agent's shells point it at the proxy and the host's
-# CA bundle, which the docker backend mounts read-only.
+# CA bundle, which the docker backend mounts read-only. With it, the user's python packages of
+# the workbench (images/workbench-requirements.txt: numpy, pandas, matplotlib, pillow, requests,
+# ipykernel, ...), apart from the agent's virtualenv above, which sees none of them.
 COPY --from=install /opt/pip-root/usr/local/ /usr/local/
 COPY images/sandbox-entrypoint /usr/local/bin/sandbox-entrypoint
 # An unprivileged default user; the orchestrator runs each user's sandbox as that user's own

@@ -10,15 +10,23 @@
 # debootstrap) so a rebuild does not download them again.
 #
 # What the image holds: Debian's minbase plus python3 (3.11, the host's major.minor, so the
-# wheelhouse built on the host fits), and nodejs + npm for skills' CLIs (pip comes from the
-# wheelhouse). The agent itself needs only Python and /bin/sh; no CA certificates (the docker
-# backend mounts the host's bundle read-only, docs/egress.md), no compilers.
+# wheelhouse built on the host fits) and a developer workbench for the user's own work (docs/
+# templates.md): git, curl, wget, build-essential, the usual shell tools, python3 with venv and
+# dev headers, and nodejs + npm. The user's python packages (numpy, pandas, matplotlib, ...) come
+# from the wheelhouse (images/workbench-requirements.txt): Debian's matplotlib would pull in
+# fonttools -> scipy, sympy, pythran and boost (about 700 MB more). pip comes from the wheelhouse
+# too. ca-certificates is there for tools that expect its directory; the docker backend still
+# mounts the host's bundle read-only over it (docs/egress.md).
 set -euo pipefail
 
 REPOSITORY="${1:-sandbox-orchestrator/base}"
 SUITE=bookworm
 PACKAGES=python3
-APT_PACKAGES="nodejs npm"
+# Sorted: a change here is a new recipe, so a new image.
+APT_PACKAGES="
+  build-essential bzip2 ca-certificates curl file git jq less nodejs npm openssh-client
+  pkg-config procps psmisc python3-dev python3-venv ripgrep sqlite3 tree unzip wget xz-utils zip
+"
 MIRROR="${SANDBOX_BASE_MIRROR:-http://deb.debian.org/debian}"
 CACHE_DIR="${SANDBOX_BASE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandbox-orchestrator/debootstrap}"
 
@@ -54,10 +62,10 @@ debootstrap --variant=minbase --include="$PACKAGES" --cache-dir="$CACHE_DIR" \
     done
 say "debootstrap took $((SECONDS - started)) s"
 
-# nodejs and npm (for skills' npm CLIs, installed through the egress proxy: docs/egress.md).
-# Not through debootstrap --include: its minimal configure pass fails on npm's hundreds of
-# node-* packages; apt in the chroot resolves and configures them properly. Their .debs are
-# cached beside debootstrap's.
+# The workbench packages, nodejs and npm among them (skills' npm CLIs install through the egress
+# proxy: docs/egress.md). Not through debootstrap --include: its minimal configure pass fails on
+# npm's hundreds of node-* packages; apt in the chroot resolves and configures them properly.
+# Their .debs are cached beside debootstrap's.
 mkdir -p "$CACHE_DIR/apt"
 cp /etc/resolv.conf "$ROOTFS/etc/resolv.conf"
 mount -t proc proc "$ROOTFS/proc"
@@ -72,10 +80,21 @@ DEBIAN_FRONTEND=noninteractive chroot "$ROOTFS" apt-get -q -y --no-install-recom
 umount "$ROOTFS/var/cache/apt/archives"
 umount "$ROOTFS/proc"
 : > "$ROOTFS/etc/resolv.conf"
-say "apt-get install $APT_PACKAGES: done after $((SECONDS - started)) s"
+# `git commit` works out of the box: a system-wide fallback identity (the agent's shells set the
+# runtime user's own name through GIT_AUTHOR_NAME & co., orchestrator/sandboxes/agent_launch.py).
+cat > "$ROOTFS/etc/gitconfig" <<'GITCONFIG'
+[user]
+	name = Sandbox user
+	email = sandbox@users.noreply.invalid
+[init]
+	defaultBranch = main
+[advice]
+	detachedHead = false
+GITCONFIG
+say "apt-get install (workbench packages): done after $((SECONDS - started)) s"
 
 # Trim what a sandbox never uses; keep the package database so `dpkg -l` still tells the truth.
-rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/lib/apt/lists/* \
+rm -rf "$ROOTFS"/var/cache/apt/archives/*.deb "$ROOTFS"/var/cache/apt/*.bin "$ROOTFS"/var/lib/apt/lists/* \
        "$ROOTFS"/usr/share/doc/* "$ROOTFS"/usr/share/man/* "$ROOTFS"/usr/share/info/* \
        "$ROOTFS"/var/log/*.log "$ROOTFS"/var/cache/debconf/*-old
 find "$ROOTFS/usr/share/locale" -mindepth 1 -maxdepth 1 ! -name 'locale.alias' -exec rm -rf {} + 2>/dev/null || true

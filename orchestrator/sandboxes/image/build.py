@@ -34,6 +34,7 @@ from orchestrator.sandboxes.image.recipe import (
     lock_requirements,
     lock_text,
     missing_wheels,
+    pinned_requirements,
 )
 
 Progress = Callable[[str], None]
@@ -129,10 +130,14 @@ class ImageBuilder:
         installed = installed_distributions()
         return agent_pins(self.sources, installed), lock_requirements(["pip"], installed)[0]
 
-    def ensure_wheelhouse(self, pins: tuple[Pin, ...], pip: Pin) -> Path:
+    def workbench_pins(self) -> tuple[Pin, ...]:
+        """The user's python packages of the image (images/workbench-requirements.txt)."""
+        return pinned_requirements(self.sources.workbench_lock.read_text())
+
+    def ensure_wheelhouse(self, pins: tuple[Pin, ...], pip: Pin, workbench: tuple[Pin, ...] = ()) -> Path:
         wheelhouse = self.sources.wheelhouse
         wheelhouse.mkdir(exist_ok=True)
-        wanted = (*pins, pip)
+        wanted = tuple(sorted({*pins, pip, *workbench}))
         missing = missing_wheels(wanted, os.listdir(wheelhouse))
         if not missing:
             self.progress(f"[2/3] wheelhouse: all {len(wanted)} wheels present in {wheelhouse}")
@@ -145,6 +150,7 @@ class ImageBuilder:
                     "no cp311 manylinux wheel for: " + ", ".join(p.requirement for p in still)
                 )
         (wheelhouse / "requirements.txt").write_text(lock_text(pins))
+        (wheelhouse / "workbench.txt").write_text(lock_text(workbench))
         return wheelhouse
 
     def _download(self, pins: tuple[Pin, ...], dest: Path) -> None:
@@ -172,10 +178,11 @@ class ImageBuilder:
         with _exclusive(self.sources.wheelhouse / ".build.lock"):
             base_ref, base_id = self.ensure_base(base_image)
             pins, pip = self.pins()
+            workbench = self.workbench_pins()
             recipe = image_recipe(
                 dockerfile=self.sources.dockerfile.read_text(),
                 entrypoint=self.sources.entrypoint.read_text(),
-                lock=lock_text((*pins, pip)),
+                lock=lock_text((*pins, pip)) + "# the user's python\n" + lock_text(workbench),
                 base_image_id=base_id,
             )
             existing = None if force else self.find_recipe_image(recipe)
@@ -184,7 +191,7 @@ class ImageBuilder:
                 self._tag(existing, recipe)
                 self.progress(f"[3/3] image: reusing {self.image} ({existing[:19]}, recipe {recipe[:12]})")
                 return BuildResult(self.image, existing, recipe, base_ref, False, time.monotonic() - started)
-            self.ensure_wheelhouse(pins, pip)
+            self.ensure_wheelhouse(pins, pip, workbench)
             self.progress(f"[3/3] image: docker build --network none -> {self.image} (recipe {recipe[:12]})")
             image_id = self._docker_build(base_ref, recipe, agent_lock_digest(pins))
             self._tag(image_id, recipe)

@@ -51,6 +51,11 @@ class BuildSources:
         return self.root / "images" / "sandbox-requirements.in"
 
     @property
+    def workbench_lock(self) -> Path:
+        """The user's python packages of the default image, pinned (not the agent's)."""
+        return self.root / "images" / "workbench-requirements.txt"
+
+    @property
     def base_script(self) -> Path:
         return self.root / "images" / "build-base.sh"
 

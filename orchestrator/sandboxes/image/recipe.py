@@ -104,6 +104,21 @@ def lock_requirements(
     return tuple(sorted(pins.values()))
 
 
+def pinned_requirements(text: str) -> tuple[Pin, ...]:
+    """`name==version` lines (a lock file such as images/workbench-requirements.txt); `#`
+    comments and blank lines ignored; anything else is refused."""
+    pins = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        if not sep or not name.strip() or not version.strip():
+            raise RecipeError(f"not a pinned requirement (name==version): {line!r}")
+        pins.append(Pin(canonical_name(name.strip()), version.strip()))
+    return tuple(sorted(set(pins)))
+
+
 def lock_text(pins: Iterable[Pin]) -> str:
     return "".join(f"{pin.requirement}\n" for pin in sorted(pins))
 

@@ -87,3 +87,20 @@ def test_platform_args_name_every_manylinux_tag_up_to_bookworms_glibc() -> None:
     assert set(args[0::2]) == {"--platform"}
     assert "manylinux_2_36_x86_64" in tags and "manylinux_2_17_x86_64" in tags
     assert "manylinux2014_x86_64" in tags and "manylinux_2_37_x86_64" not in tags
+
+
+def test_pinned_requirements_reads_a_lock_and_refuses_anything_unpinned():
+    from orchestrator.sandboxes.image.recipe import RecipeError, pinned_requirements
+
+    text = "# the user's python\nNumPy==2.4.6\n\npandas==3.1.1  # with a comment\n"
+    assert [p.requirement for p in pinned_requirements(text)] == ["numpy==2.4.6", "pandas==3.1.1"]
+    with pytest.raises(RecipeError):
+        pinned_requirements("numpy>=2\n")
+
+
+def test_the_checkout_s_workbench_lock_is_complete_and_pinned():
+    from orchestrator.sandboxes.image.checkout import BuildSources
+    from orchestrator.sandboxes.image.recipe import pinned_requirements
+
+    names = {p.name for p in pinned_requirements(BuildSources.from_checkout().workbench_lock.read_text())}
+    assert {"numpy", "pandas", "matplotlib", "pillow", "requests", "ipykernel"} <= names
