@@ -32,6 +32,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids need roo
 _BASE = int(os.environ.get("ORCH_SANDBOX_UID_BASE") or 1_160_000_000)
 UIDS = {"sandbox_uid_base": _BASE, "max_user_id": 20_000}
 KERNELS_PER_USER = 3
+PAUSE_AFTER_S = 300.0  # docker: only the pause test's own reaper round pauses
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Api:
     service: OrchestratorService
     http: httpx.Client
     sessions: list[str]
+    backend: str
 
     def session(self, chat: str = "oc_kernels") -> str:
         body = {"owner_user_id": OWNER, "channel": "feishu_group", "group": {"channel": "feishu", "chat_id": chat}}
@@ -65,21 +67,38 @@ class Api:
         return body["result"]
 
 
-@pytest.fixture(scope="module")
-def api() -> Iterator[Api]:
-    python = kernel_python()
-    base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-kernels-"))
+@pytest.fixture(scope="module", params=["process", pytest.param("docker", marks=pytest.mark.docker)])
+def api(request: pytest.FixtureRequest) -> Iterator[Api]:
+    if request.param == "docker":  # the workbench image's own python3, with ipykernel
+        from tests.orchestrator.sandboxes.docker.conftest import TEST_BASE, docker_settings
+        from tests.sandbox_image import ensure_sandbox_image, recipe_tag
+
+        image = recipe_tag(ensure_sandbox_image())
+        TEST_BASE.mkdir(mode=0o711, parents=True, exist_ok=True)
+        base = Path(tempfile.mkdtemp(prefix="t-", dir=TEST_BASE))
+    else:
+        python = kernel_python()
+        base = Path(tempfile.mkdtemp(dir=TEST_ROOT, prefix="orch-kernels-"))
     os.chmod(base, 0o711)
     data = base / "data"
     data.mkdir()
-    settings = make_settings(data, kernel_python=python, kernels_per_user=KERNELS_PER_USER, **UIDS)
+    if request.param == "docker":
+        settings = docker_settings(
+            data, image, kernels_per_user=KERNELS_PER_USER, pause_after_s=PAUSE_AFTER_S, idle_timeout_s=900, **UIDS
+        )
+    else:
+        settings = make_settings(data, kernel_python=python, kernels_per_user=KERNELS_PER_USER, **UIDS)
     service = OrchestratorService(settings)
     try:
         with live_server(create_app(service)) as url:
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=180) as http:
-                yield Api(url, service, http, [])
+                yield Api(url, service, http, [], request.param)
     finally:
         service.close()
+        if request.param == "docker":
+            from tests.orchestrator.sandboxes.docker.conftest import remove_containers
+
+            remove_containers(data)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -210,15 +229,22 @@ def test_kernels_are_per_speaker_listed_and_capped(api: Api) -> None:
 def test_deleting_the_session_kills_its_kernels(api: Api) -> None:
     session_id = api.session("oc_delete_kernels")
     run_id = api.run(session_id)
-    pid = int(api.ok(run_id, "run_code", code="import os, subprocess\np = subprocess.Popen(['sleep', '300'])\nprint(os.getpid(), p.pid)")["stdout"].split()[0])
-    child = int(api.ok(run_id, "run_code", code="print(p.pid)")["stdout"])
-    assert Path(f"/proc/{pid}").exists() and Path(f"/proc/{child}").exists()
+    code = "import os, subprocess\np = subprocess.Popen(['sleep', '300'])\nprint(os.getpid(), p.pid)"
+    pids = api.ok(run_id, "run_code", code=code)["stdout"].split()
+    # Checked from inside the sandbox (another session of the same user): pids as it sees them.
+    other = api.run(api.session("oc_delete_kernels"))  # the same group: the same plan, no agent restart
+    probe = " ".join(f"[ -e /proc/{pid} ] && awk '{{print $3}}' /proc/{pid}/stat;" for pid in pids)
+    assert api.ok(other, "shell", command=probe)["stdout"].split() == ["S", "S"]
     response = api.http.delete(f"/v1/sessions/{session_id}")
     assert response.status_code in (200, 204), response.text
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (_alive(pid) or _alive(child)):
-        time.sleep(0.1)
-    assert not _alive(pid) and not _alive(child)
+    while time.monotonic() < deadline:
+        left = [state for state in api.ok(other, "shell", command=probe + " true")["stdout"].split() if state != "Z"]
+        if not left:
+            break
+        time.sleep(0.2)
+    assert left == []
+    assert api.ok(other, "kernel_list")["kernels"] == []
 
 
 def test_a_kernel_survives_the_sweep_after_a_shell_call(api: Api) -> None:
@@ -249,13 +275,6 @@ def test_streamed_run_code_sends_output_as_it_comes(api: Api) -> None:
     assert outputs[-1][2] - outputs[0][2] > 0.4  # they came as printed, not at the end
     assert events[-1][0] == "result" and events[-1][1]["result"]["stdout"] == "0\n1\n2\n"
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_the_client_run_code_is_typed_sync_and_async(api: Api) -> None:
@@ -294,3 +313,22 @@ def test_the_official_mcp_client_gets_progress_and_the_result(api: Api) -> None:
     assert answer["status"] == "ok" and answer["text"] == "42" and answer["stdout"] == "first\n"
     assert any(message and "first" in message for message in progress), progress
     assert progress[-1] and progress[-1].startswith("run_code done"), progress
+
+
+@pytest.mark.docker
+def test_a_kernel_survives_pause_and_resume(api: Api) -> None:
+    if api.backend != "docker":
+        pytest.skip("the docker backend's pause (the process backend's is tested with its cgroups)")
+    import docker
+
+    from tests.orchestrator.sandboxes.docker.test_lifecycle import backend_of
+
+    run_id = api.run(api.session("oc_pause_kernels"))
+    api.ok(run_id, "run_code", code="kept = [1, 2, 3]")
+    backend = backend_of(api.service)
+    backend.reap_idle(now=time.monotonic() + PAUSE_AFTER_S + 1)  # idle past the pause time, before the stop
+    engine = docker.from_env()
+    paused = [c for c in engine.containers.list() if c.attrs["State"]["Paused"] and str(api.service.settings.data_dir) in str(c.attrs["Mounts"])]
+    assert paused, "the sandbox was not paused"
+    answer = api.ok(run_id, "run_code", code="sum(kept)")
+    assert answer["text"] == "6" and answer["kernel_restarted"] is False
