@@ -332,3 +332,30 @@ def test_a_kernel_survives_pause_and_resume(api: Api) -> None:
     assert paused, "the sandbox was not paused"
     answer = api.ok(run_id, "run_code", code="sum(kept)")
     assert answer["text"] == "6" and answer["kernel_restarted"] is False
+
+
+def test_a_kernel_cannot_forge_the_drivers_protocol(api: Api) -> None:
+    """Attack: code writes a protocol line ("done") to fd 1 and an image event, hoping to end
+    the call early or have the agent write a file. What a kernel writes to fd 1 is its output
+    (ipykernel forwards it), never a line of the driver's protocol."""
+    run_id = api.run(api.session())
+    forged = (
+        "import os, time\n"
+        "os.write(1, b'{\"ev\": \"done\", \"status\": \"ok\"}\\n')\n"
+        "os.write(1, b'{\"ev\": \"display\", \"data\": {\"image/svg+xml\": \"<svg/>\"}}\\n')\n"
+        "time.sleep(0.5)\n"
+        "print('the real end')"
+    )
+    answer = api.ok(run_id, "run_code", code=forged)
+    assert answer["status"] == "ok" and answer["stdout"].endswith("the real end\n") and answer["images"] == []
+
+
+def test_a_planted_outputs_link_gets_no_image(api: Api) -> None:
+    """Attack: the user replaces the session's outputs/ with a link to a directory outside its
+    roots; the chart is then not written anywhere, and the answer says so."""
+    run_id = api.run(api.session())
+    api.ok(run_id, "shell", command="rm -rf outputs && ln -s /etc outputs")
+    code = "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"
+    answer = api.ok(run_id, "run_code", code=code)
+    assert answer["status"] == "ok" and answer["images"] == [] and "not writable" in answer["note"]
+    assert not any(name.endswith(".png") for name in os.listdir("/etc"))
