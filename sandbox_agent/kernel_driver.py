@@ -195,8 +195,9 @@ def run_bash(channel: Channel, runtime_dir: str) -> None:
 
     channel.on_interrupt = interrupt
     cell = os.path.join(runtime_dir, "cell.sh")
-    # An interrupt stops the command that runs, not this shell (which then goes on to the marker).
-    shell.stdin.write(b"trap 'echo interrupted >&2' INT\n")
+    # An interrupt stops the cell (`return` ends the sourced file), not this shell, which goes
+    # on to the marker line.
+    shell.stdin.write(b"trap 'echo interrupted >&2; return 130 2>/dev/null' INT\n")
     shell.stdin.flush()
     channel.send(ev="ready", pid=shell.pid)
     while True:

@@ -28,7 +28,7 @@ from sandbox_agent import process_tree
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.kernels import DRIVER, Kernel, KernelKey, KernelTable
 from sandbox_agent.tools.context import ToolContext
-from sandbox_agent.tools.shell import PROC_FD, environment
+from sandbox_agent.tools.shell import PROC_FD, call_timeout, environment
 from sandbox_agent.tools.shell_output import render, share_budget
 from sandbox_agent.wire import (
     DEFAULT_KERNEL,
@@ -250,12 +250,7 @@ def _obtain(ctx: ToolContext, key: KernelKey) -> tuple[Kernel, bool]:
 
 
 def run_code(ctx: ToolContext, args: RunCodeArgs) -> dict[str, Any]:
-    limits = ctx.limits
-    timeout = args.timeout_s if args.timeout_s is not None else limits.shell_timeout_s
-    if timeout > limits.shell_timeout_max_s:
-        raise AgentToolError(
-            "invalid_arguments", f"timeout_s may be at most {limits.shell_timeout_max_s:g} seconds (got {timeout:g})."
-        )
+    timeout = call_timeout(ctx.limits, args.timeout_s)
     session_id, outputs_dir = _session(ctx)
     key = _key(session_id, args.language, args.kernel)
     started = time.monotonic()

@@ -11,7 +11,6 @@ import struct
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -25,6 +24,7 @@ from orchestrator.service import OrchestratorService
 from tests.api_calls import MEMBER, OWNER
 from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
 from tests.kernel_python import kernel_python
+from tests.live_api import LiveApi as Api
 from tests.live_server import live_server
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sandbox uids need root")
@@ -33,38 +33,6 @@ _BASE = int(os.environ.get("ORCH_SANDBOX_UID_BASE") or 1_160_000_000)
 UIDS = {"sandbox_uid_base": _BASE, "max_user_id": 20_000}
 KERNELS_PER_USER = 3
 PAUSE_AFTER_S = 300.0  # docker: only the pause test's own reaper round pauses
-
-
-@dataclass
-class Api:
-    url: str
-    service: OrchestratorService
-    http: httpx.Client
-    sessions: list[str]
-    backend: str
-
-    def session(self, chat: str = "oc_kernels") -> str:
-        body = {"owner_user_id": OWNER, "channel": "feishu_group", "group": {"channel": "feishu", "chat_id": chat}}
-        response = self.http.post("/v1/sessions", json=body)
-        assert response.status_code == 201, response.text
-        self.sessions.append(response.json()["session_id"])
-        return self.sessions[-1]
-
-    def run(self, session_id: str, speaker: int = MEMBER) -> str:
-        body = {"trigger": "group_message", "speaker_user_id": speaker}
-        response = self.http.post(f"/v1/sessions/{session_id}/runs", json=body)
-        assert response.status_code == 201, response.text
-        return response.json()["run_id"]
-
-    def tool(self, run_id: str, name: str, **arguments: object) -> dict:
-        response = self.http.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}, timeout=180)
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def ok(self, run_id: str, name: str, **arguments: object) -> dict:
-        body = self.tool(run_id, name, **arguments)
-        assert body["ok"], body
-        return body["result"]
 
 
 @pytest.fixture(scope="module", params=["process", pytest.param("docker", marks=pytest.mark.docker)])
@@ -92,7 +60,7 @@ def api(request: pytest.FixtureRequest) -> Iterator[Api]:
     try:
         with live_server(create_app(service)) as url:
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=180) as http:
-                yield Api(url, service, http, [], request.param)
+                yield Api(url, service, http, request.param, "oc_kernels")
     finally:
         service.close()
         if request.param == "docker":
@@ -197,7 +165,11 @@ def test_bash_keeps_its_cwd_and_exports(api: Api) -> None:
     answer = api.ok(run_id, "run_code", language="bash", code="echo $A; basename $PWD")
     assert answer["stdout"] == "1\nd\n" and answer["kernel"] == {"name": "default", "language": "bash"}
     failed = api.ok(run_id, "run_code", language="bash", code="false")
-    assert failed["status"] == "error"
+    assert failed["status"] == "error" and failed["error"]["ename"] == "ExitStatus"
+    # A command past its timeout is interrupted; the shell and its variables stay.
+    slow = api.ok(run_id, "run_code", language="bash", code="echo start; sleep 30; echo never", timeout_s=1)
+    assert slow["status"] == "timeout" and slow["kernel_restarted"] is False and "never" not in slow["stdout"], slow
+    assert api.ok(run_id, "run_code", language="bash", code="echo $A")["stdout"] == "1\n"
 
 
 def test_kernels_are_per_speaker_listed_and_capped(api: Api) -> None:
