@@ -434,7 +434,7 @@ class ClientMethods:
             timeout_s=tool_call_timeout_s(name, arguments, self._timeout_s),
         )
 
-    @route("POST", "/v1/runs/{run_id}/tools/run_code")
+    @route("POST", "/v1/runs/{run_id}/tools/{name}")  # call_tool's route, typed for run_code
     def run_code(
         self,
         run_id: str,
@@ -453,7 +453,7 @@ class ClientMethods:
         body = _without_none({"arguments": arguments, "tool_call_id": tool_call_id})
         return Request(
             lambda r: _typed_run_code(ToolResult.of("run_code", r.json()).raise_for_error()),
-            {"run_id": run_id},
+            {"run_id": run_id, "name": "run_code"},
             json=body,
             timeout_s=tool_call_timeout_s("run_code", arguments, self._timeout_s),
         )
