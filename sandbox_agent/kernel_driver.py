@@ -72,6 +72,17 @@ class Channel:
 # --- python: ipykernel through jupyter_client ---------------------------------------------------
 
 
+def transport(runtime_dir: str) -> dict:
+    """Unix sockets in the kernel's private directory (no TCP port on a loopback other sandboxes
+    may share), unless their paths would pass the 107 bytes a socket's path may have (a deep
+    data dir): then TCP on 127.0.0.1, where every message is still signed with the
+    connection file's key (0600 in that private directory)."""
+    prefix = os.path.join(runtime_dir, "kernel")
+    if len(os.fsencode(prefix)) + len("-65535") <= 107:
+        return {"transport": "ipc", "ip": prefix}
+    return {"transport": "tcp", "ip": "127.0.0.1"}
+
+
 def run_python(channel: Channel, runtime_dir: str) -> None:
     try:
         from jupyter_client.manager import KernelManager
@@ -84,10 +95,7 @@ def run_python(channel: Channel, runtime_dir: str) -> None:
         channel.send(ev="fatal", message=f"This python has no ipykernel ({exc}).", missing="ipykernel")
         return
     manager = KernelManager(
-        kernel_name="python3",
-        transport="ipc",  # Unix sockets in a private directory: no TCP port on a shared loopback
-        ip=os.path.join(runtime_dir, "kernel"),
-        connection_file=os.path.join(runtime_dir, "kernel.json"),
+        kernel_name="python3", connection_file=os.path.join(runtime_dir, "kernel.json"), **transport(runtime_dir)
     )
     try:
         # History in memory: IPython's default commits every cell to a SQLite file in the
