@@ -331,3 +331,23 @@ def test_a_planted_outputs_link_gets_no_image(api: Api) -> None:
     answer = api.ok(run_id, "run_code", code=code)
     assert answer["status"] == "ok" and answer["images"] == [] and "not writable" in answer["note"]
     assert not any(name.endswith(".png") for name in os.listdir("/etc"))
+
+
+def test_a_stopped_sandbox_takes_its_kernels_along(api: Api) -> None:
+    """Idle past the stop: the sandbox stops and its kernels (and what they started) die with
+    it; the next call starts a fresh sandbox and a fresh kernel."""
+    from orchestrator.sandboxes.docker import DockerBackend
+    from orchestrator.sandboxes.process import ProcessBackend
+
+    kind = DockerBackend if api.backend == "docker" else ProcessBackend
+    backend = api.service.sandboxes.backend_named(api.backend, kind)
+    assert backend is not None
+    run_id = api.run(api.session("oc_stop_kernels"))
+    api.ok(run_id, "run_code", code="import subprocess; gone = 1; p = subprocess.Popen(['sleep', '300'])")
+    pids = api.ok(run_id, "run_code", code="import os; print(os.getpid(), p.pid)")["stdout"].split()
+    backend.reap_idle(now=time.monotonic() + 901)  # past ORCH_IDLE_TIMEOUT_S (900)
+    assert all(status.state == "stopped" for status in backend.status()), backend.status()
+    if api.backend == "process":  # host pids: nothing of the kernel is left
+        assert not any(Path(f"/proc/{pid}").exists() for pid in pids), pids
+    after = api.ok(run_id, "run_code", code="'gone' in globals()")
+    assert after["text"] == "False"
