@@ -87,6 +87,8 @@ def tool_call_timeout_s(name: str, arguments: Mapping[str, Any], default_s: floa
     if name == "process_output":  # a long poll: its wait on top
         waited = arguments.get("wait_s")
         return max(default_s, DEFAULT_TIMEOUT_S) + (float(waited) if isinstance(waited, (int, float)) and waited > 0 else 0.0)
+    if name == "kernel_restart":  # the server waits for the new kernel's start
+        return max(default_s, DEFAULT_TIMEOUT_S) + KERNEL_START_S
     if name not in ("shell", "run_code"):
         return max(default_s, DEFAULT_TIMEOUT_S)
     asked = arguments.get("timeout_s")

@@ -32,6 +32,8 @@ def call_timeout_s(settings: Settings, tool: str, arguments: dict[str, Any]) -> 
     if tool == "process_output":  # a long poll: its own wait on top
         waited = arguments.get("wait_s")
         return settings.agent_call_timeout_s + (float(waited) if isinstance(waited, (int, float)) and waited > 0 else 0.0)
+    if tool == "kernel_restart":  # it starts the new kernel before it answers
+        return settings.agent_call_timeout_s + KERNEL_START_MARGIN_S
     if tool not in TIMED_TOOLS:
         return settings.agent_call_timeout_s
     asked = arguments.get("timeout_s")
