@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from functools import partial
 
+import docker
+
 from mounts.skillstore.install import SkillInstaller
 from mounts.skillstore.package import PackageLimits
 from orchestrator import metrics
@@ -13,6 +15,7 @@ from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.base import SandboxBackend, reap_interval_s
 from orchestrator.sandboxes.choice import detect_backend
 from orchestrator.sandboxes.docker import DockerBackend
+from orchestrator.templates.service import TemplateService
 from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.sessions.chat_store import ChatStore
 from orchestrator.collaboration.coordinator import CollaborationService
@@ -167,6 +170,11 @@ class OrchestratorService:
             self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
             process_sandbox=settings.process_sandbox,
         )
+        self.templates = TemplateService(
+            settings, self.store, docker_client=lambda: docker.from_env(timeout=120),
+            kubernetes=self.backend_choice.kubernetes,
+        )  # fmt: skip
+        self.sandboxes.template_of = self.templates.template_of
         if self.disk_quotas.mechanism is not QuotaMechanism.OFF:
             self.sandboxes.explain_no_space = self.disk_quotas.explain_no_space
         self.disk_quotas.stop_sandbox = self._stop_sandbox_of  # over quota (scan), an offline grow (loop)
@@ -376,6 +384,7 @@ class OrchestratorService:
         if self.previews is not None:
             self.previews.close()
         self.sandboxes.close()
+        self.templates.close()
         self.disk_quotas.close()
         if self.egress is not None:
             self.egress.close()

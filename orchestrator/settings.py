@@ -212,6 +212,28 @@ class Settings(BaseSettings):
     )
     sandbox_image: str = Field("sandbox-orchestrator/sandbox:latest", description="Docker image of sandboxes.")
     sandbox_network: str = Field("none", description="Docker network of sandboxes.")
+    # Templates (docs/templates.md): images admins define as layers over the default workbench.
+    template_repository: str = Field(
+        "sandbox-orchestrator/template",
+        pattern=r"^[a-z0-9][a-z0-9._/:-]*[a-z0-9]$",
+        description="Repository template images are tagged in (`<repository>:<recipe hash>`).",
+    )
+    template_fetch_network: str = Field(
+        "host",
+        description="Docker network of a template build's fetch step (apt/pip/npm downloads from Debian's "
+        "mirror and the package indexes); the image build itself always runs with no network.",
+    )
+    template_build_timeout_s: float = Field(1800, gt=0, description="Longest a template's fetch or build may take.")
+    image_registry: str | None = Field(
+        None,
+        description="Registry template images are pushed to for the kubernetes backend (`host:port/path`); unset: "
+        "they are loaded into ORCH_K8S_NODE_ENGINES instead.",
+    )
+    k8s_node_engines: str = Field(
+        "",
+        description="Comma-separated Docker engines of a local cluster's nodes (`unix:///...sock`) template "
+        "images are loaded into when ORCH_IMAGE_REGISTRY is unset.",
+    )
     sandbox_runtime: Literal["runc", "runsc"] = Field(
         "runc",
         description="OCI runtime of docker sandboxes: `runc` (namespaces on the host's kernel) or `runsc` "

@@ -208,6 +208,29 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX previews_by_expiry ON previews (expires_at);
     """,
+    # 10: sandbox templates an admin defines and who gets which (orchestrator/templates/,
+    # docs/templates.md); `image` is the last image that built, kept while a newer recipe fails
+    """
+    CREATE TABLE templates (
+        name          TEXT PRIMARY KEY,
+        recipe        TEXT NOT NULL,
+        recipe_hash   TEXT,
+        status        TEXT NOT NULL,
+        image         TEXT,
+        image_hash    TEXT,
+        log           TEXT NOT NULL DEFAULT '',
+        error         TEXT,
+        updated_at    TEXT NOT NULL
+    );
+    CREATE TABLE template_assignments (
+        kind          TEXT NOT NULL,
+        subject       TEXT NOT NULL,
+        template      TEXT NOT NULL,
+        updated_at    TEXT NOT NULL,
+        PRIMARY KEY (kind, subject)
+    );
+    CREATE INDEX template_assignments_by_template ON template_assignments (template);
+    """,
 )
 
 

@@ -6,7 +6,6 @@ ORCH_REQUIRE_K8S=1 (CI): then a missing cluster is a failure."""
 from __future__ import annotations
 
 import os
-import subprocess
 from functools import lru_cache
 from pathlib import Path
 
@@ -38,20 +37,8 @@ def cluster_problem() -> str | None:
 
 def load_image_into_node(image: str, engine: str = NODE_ENGINE) -> None:
     """Copy `image` from the host's Docker engine into a node's own engine unless it has that
-    very image id already (pods use imagePullPolicy Never: no registry here)."""
-    wanted = _image_id(image, None)
-    if wanted is not None and _image_id(image, engine) == wanted:
-        return
-    save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
-    try:
-        subprocess.run(["docker", "-H", engine, "load", "-q"], stdin=save.stdout, check=True, capture_output=True, timeout=600)
-    finally:
-        assert save.stdout is not None
-        save.stdout.close()
-        save.wait(timeout=60)
+    very image id already (pods use imagePullPolicy Never: no registry here). The same code
+    loads template images (ORCH_K8S_NODE_ENGINES)."""
+    from orchestrator.templates.builder import load_into_engine
 
-
-def _image_id(image: str, engine: str | None) -> str | None:
-    command = ["docker", *(["-H", engine] if engine else []), "image", "inspect", "--format", "{{.Id}}", image]
-    answer = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    return answer.stdout.strip() or None if answer.returncode == 0 else None
+    load_into_engine(image, engine)

@@ -178,12 +178,42 @@ class SharedMemberFreed(SharedMembers):
     complete: bool  # False: stopped at its bound; call again
 
 
+class TemplateChoice(Model):
+    """The template a user's sandbox runs and why: `source` is user, group, skill, run or default."""
+
+    name: str
+    source: str
+
+
 class User(Model):
     user_id: int
     display_name: str | None
     backend: str | None
     groups: list[Group]
     identities: list[Person] = []
+    template: TemplateChoice | None = None
+
+
+class Template(Model):
+    """A sandbox template (docs/templates.md): `status` building, ready or failed; `image` the
+    one that serves (the last that built); `log` the tail of the latest build (`get_template`)."""
+
+    name: str
+    status: str
+    recipe_hash: str | None
+    image: str | None
+    error: str | None = None
+    recipe: dict[str, Any] = {}
+    log: str | None = None
+
+
+class TemplateList(Model):
+    templates: list[Template]
+
+
+class UserTemplate(Model):
+    user_id: int
+    template: TemplateChoice
 
 
 class ProjectSettings(Model):

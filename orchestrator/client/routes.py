@@ -50,10 +50,13 @@ from orchestrator.client.models import (
     SkillInstalled,
     SkillList,
     SkillRemoved,
+    Template,
+    TemplateList,
     ToolInfo,
     ToolResult,
     User,
     UserDisk,
+    UserTemplate,
     UserRef,
     Identity,
     IdentityMode,
@@ -619,6 +622,43 @@ class ClientMethods:
     def free_shared_member(self, volume: str, user_id: int) -> Request[SharedMemberFreed]:
         """Stop the member's sandbox and remove its files from the shared place."""
         return Request(_json_of(SharedMemberFreed), {"volume": volume, "user_id": user_id}, admin=True)
+
+    # templates (docs/templates.md) ----------------------------------------------------------
+    @route("PUT", "/v1/admin/templates/{name}")
+    def put_template(
+        self,
+        name: str,
+        *,
+        parent: str | None = None,
+        apt: Sequence[str] = (),
+        pip: Sequence[str] = (),
+        npm: Sequence[str] = (),
+        files: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Request[Template]:
+        """Define (or change) a template; it builds in the background: poll `get_template`."""
+        body = _without_none({"parent": parent, "apt": list(apt), "pip": list(pip), "npm": list(npm),
+                              "files": dict(files or {}), "env": dict(env or {})})  # fmt: skip
+        return Request(_json_of(Template), {"name": name}, json=body, admin=True)
+
+    @route("GET", "/v1/admin/templates/{name}")
+    def get_template(self, name: str) -> Request[Template]:
+        """Its status, serving image, error and the tail of the latest build's log."""
+        return Request(_json_of(Template), {"name": name}, admin=True)
+
+    @route("GET", "/v1/admin/templates")
+    def list_templates(self) -> Request[TemplateList]:
+        return Request(_json_of(TemplateList), admin=True)
+
+    @route("DELETE", "/v1/admin/templates/{name}")
+    def delete_template(self, name: str) -> Request[None]:
+        """Raises `ApiError` with code `template_in_use` while a user (or a template) uses it."""
+        return Request(_nothing, {"name": name}, admin=True)
+
+    @route("PUT", "/v1/admin/users/{user_id}/template")
+    def set_user_template(self, user_id: UserRef, template: str | None) -> Request[UserTemplate]:
+        """The user's template (None: back to the default); an idle sandbox is recreated, files kept."""
+        return Request(_json_of(UserTemplate), {"user_id": user_ref_text(user_id)}, json={"template": template}, admin=True)
 
     # skills --------------------------------------------------------------------------------
     @route("GET", "/v1/admin/skills")

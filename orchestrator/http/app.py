@@ -15,6 +15,7 @@ from orchestrator.http import (
     routes_core,
     routes_disk,
     routes_egress,
+    routes_templates,
     routes_files,
     routes_identities,
     routes_lookups,
@@ -72,6 +73,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_uploads.router)
     app.include_router(routes_skills.router)
     app.include_router(routes_egress.router)
+    app.include_router(routes_templates.router)
     app.include_router(routes_previews.router)
     app.include_router(routes_lookups.router)
     app.include_router(routes_identities.router)

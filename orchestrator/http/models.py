@@ -109,12 +109,18 @@ class UserIn(Body):
     backend: Literal["auto", "docker", "process", "kubernetes"] | None = None
 
 
+class TemplateChoiceOut(BaseModel):
+    name: str
+    source: str  # user | group | skill | run | default
+
+
 class UserOut(BaseModel):
     user_id: int
     display_name: str | None
     backend: str | None
     groups: list[GroupOut]
     identities: list[PersonOut] = []  # the platform identities that name this user
+    template: TemplateChoiceOut | None = None  # the template the user's sandbox runs, and why
 
 
 class IdentityIn(Body):

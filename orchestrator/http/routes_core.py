@@ -11,6 +11,7 @@ from orchestrator.http.acting import require_self
 from orchestrator.descriptors.process_limit import open_descriptors
 from orchestrator.http.auth import Caller, acting_user, caller_for, require_admin, require_bot, service_of
 from orchestrator.http.models import (
+    TemplateChoiceOut,
     GroupOut,
     IdentityModeIn,
     IdentityModeOut,
@@ -141,7 +142,14 @@ def _user_out(service: OrchestratorService, user_id: int) -> UserOut:
         backend=record.backend if record else None,
         groups=groups,
         identities=identities,
+        template=template_choice_out(service, user_id),
     )
+
+
+def template_choice_out(service: OrchestratorService, user_id: int) -> TemplateChoiceOut:
+    """The template the user's sandbox runs outside a run's wishes, and why."""
+    choice = service.templates.choice_for(user_id)
+    return TemplateChoiceOut(name=choice.name, source=choice.source)
 
 
 @router.put("/v1/users/{user_id}", response_model=UserOut, tags=["users"])

@@ -88,20 +88,35 @@ def agent_limits(settings: Settings) -> AgentLimits:
     )
 
 
-def shell_environment(layout: DataLayout, user_id: int) -> dict[str, str]:
+GIT_NOREPLY_DOMAIN = "users.noreply.invalid"  # `.invalid` never resolves: no mail goes anywhere
+
+
+def git_identity(user_id: int, display_name: str | None) -> dict[str, str]:
+    """Who `git commit` in the sandbox says wrote it: the user's display name (else `user N`)
+    and a no-reply address of the user id."""
+    name = " ".join((display_name or "").split())[:100] or f"user {user_id}"
+    email = f"user-{user_id}@{GIT_NOREPLY_DOMAIN}"
+    return {"GIT_AUTHOR_NAME": name, "GIT_COMMITTER_NAME": name, "GIT_AUTHOR_EMAIL": email, "GIT_COMMITTER_EMAIL": email}
+
+
+def shell_environment(layout: DataLayout, user_id: int, user: SandboxUser | None = None) -> dict[str, str]:
     """Per-user CLI installs go to `deps/{uid}`: npm's prefix `deps/{uid}/npm`, and pip's
     target `deps/{uid}/pip` (importable through PYTHONPATH, its scripts on PATH). A target,
     not `--user`: Debian's python refuses `pip install --user` (PEP 668, externally
-    managed), while an install into a directory of its own is allowed."""
+    managed), while an install into a directory of its own is allowed. Then git's identity,
+    and the variables of the user's template (which may not name any of ours: recipe.py)."""
     deps = layout.deps_dir(user_id)
     npm, pip = deps / "npm", deps / "pip"
-    return {
+    env = dict(user.template.env) if user is not None and user.template is not None else {}
+    env.update(git_identity(user_id, user.display_name if user is not None else None))
+    env.update({
         "PATH": f"{npm / 'bin'}:{pip / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "NPM_CONFIG_PREFIX": str(npm),
         "PIP_TARGET": str(pip),
         "PYTHONPATH": str(pip),
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-    }
+    })  # fmt: skip
+    return env
 
 
 def egress_config(
@@ -157,7 +172,7 @@ def prepare_agent_launch(
         roots=roots,
         limits=agent_limits(settings),
         resolver=settings.agent_resolver,
-        shell_env=shell_environment(layout, user_id),
+        shell_env=shell_environment(layout, user_id, user),
         kernel_python=settings.kernel_python,
         instance_id=secrets.token_hex(8),
         parent_pid=parent_pid,

@@ -22,11 +22,29 @@ PROCESS_HEALTH_TIMEOUT_S = 2.0
 
 
 @dataclass(frozen=True)
+class SandboxTemplate:
+    """A template a user's sandbox runs instead of the default image (docs/templates.md): the
+    image (its content-hash tag) and the variables its recipe sets for the shells."""
+
+    name: str
+    image: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class SandboxUser:
-    """What a backend needs to run one user's sandbox: the user and their current plan."""
+    """What a backend needs to run one user's sandbox: the user, their current plan, the
+    template when not the default image, and the name git commits carry."""
 
     user_id: int
     plan: MountPlan
+    template: SandboxTemplate | None = None
+    display_name: str | None = None
+
+
+def image_of(user: SandboxUser, default_image: str) -> str:
+    """The image the user's sandbox runs: its template's (by content-hash tag), else the default."""
+    return user.template.image if user.template is not None else default_image
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, 
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch
 from orchestrator import metrics
 from orchestrator.sandboxes.base import (
+    image_of,
     IdleAction,
     LiveAgent,
     SandboxStatus,
@@ -158,7 +159,7 @@ class DockerBackend:
         self._slots: SlotTable[_Slot] = SlotTable(_Slot)
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
         self._answer_limits = answer_limits(settings)
-        self._image: tuple[str, float] | None = None  # (id, when resolved)
+        self._images: dict[str, tuple[str, float]] = {}  # reference -> (id, when resolved)
         self._expected_lock = expected_agent_lock()
         self._adopted = False
         self._adopt_lock = threading.Lock()
@@ -225,7 +226,7 @@ class DockerBackend:
     def warm(self, user: SandboxUser) -> LiveAgent | None:
         """The slot's agent when the call can go straight to it: adopted, nothing drifted, and
         no slow path holds the slot (nothing here waits or calls Docker)."""
-        image = self._image
+        image = self._images.get(self._image_of(user))
         if not self._adopted or image is None or time.monotonic() - image[1] >= IMAGE_RECHECK_S:
             return None
         slot = self._slots.get(user.user_id)
@@ -311,7 +312,7 @@ class DockerBackend:
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
         desired = Desired(
-            user.plan.plan_hash, self._image_id(user.user_id), self.deployment.build, self.settings.sandbox_runtime
+            user.plan.plan_hash, self._image_id(user), self.deployment.build, self.settings.sandbox_runtime
         )
         if slot.count.paused:
             self._thaw_locked(slot)  # e.g. the retry of a call: then judged like any other
@@ -401,7 +402,7 @@ class DockerBackend:
         spec = container_spec(
             instance=self.instance,
             plan=user.plan,
-            image=self.settings.sandbox_image,
+            image=self._image_of(user),
             image_id=image_id,
             agent_build=build,
             sandbox_uid=uid,
@@ -607,19 +608,31 @@ class DockerBackend:
         except NotFound:
             pass
 
-    def _image_id(self, user_id: int) -> str:
+    def _image_of(self, user: SandboxUser) -> str:
+        return image_of(user, self.settings.sandbox_image)
+
+    def _image_id(self, user: SandboxUser) -> str:
+        reference = self._image_of(user)
         now = time.monotonic()
-        if self._image is not None and now - self._image[1] < IMAGE_RECHECK_S:
-            return self._image[0]
+        known = self._images.get(reference)
+        if known is not None and now - known[1] < IMAGE_RECHECK_S:
+            return known[0]
         try:
-            image = self.client.images.get(self.settings.sandbox_image)
+            image = self.client.images.get(reference)
         except ImageNotFound:
+            if user.template is not None:
+                raise sandbox_unavailable(
+                    user.user_id, f"the image of template {user.template.name!r} ({reference}) is not on this host"
+                ) from None
             raise sandbox_unavailable(
-                user_id,
-                f"the sandbox image {self.settings.sandbox_image} is not built on this host; "
+                user.user_id,
+                f"the sandbox image {reference} is not built on this host; "
                 "an operator must run `orchestrator build-image`",
             ) from None
         if image_fit(image.labels, self._expected_lock) is ImageFit.STALE:
-            raise sandbox_unavailable(user_id, stale_image_message(self.settings.sandbox_image))
-        self._image = (image.id, now)
+            message = stale_image_message(reference)
+            if user.template is not None:
+                message += f", then PUT template {user.template.name!r} again to rebuild it over the new image"
+            raise sandbox_unavailable(user.user_id, message)
+        self._images[reference] = (image.id, now)
         return image.id

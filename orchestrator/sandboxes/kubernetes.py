@@ -39,6 +39,7 @@ from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, 
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch
 from orchestrator.sandboxes.base import (
+    image_of,
     IdleAction,
     LiveAgent,
     SandboxStatus,
@@ -243,7 +244,7 @@ class KubernetesBackend:
                 or slot.stalled
                 or slot.forgotten
                 or slot.plan_hash != user.plan.plan_hash
-                or slot.image != self.settings.sandbox_image
+                or slot.image != image_of(user, self.settings.sandbox_image)
                 or slot.running_build != self.deployment.build
             ):
                 return None
@@ -301,7 +302,7 @@ class KubernetesBackend:
     # --- the slow path ----------------------------------------------------------------------
     def _ensure_locked(self, slot: _Slot, user: SandboxUser) -> None:
         desired = DesiredPod(
-            user.plan.plan_hash, self.settings.sandbox_image, self.deployment.build, self.settings.k8s_runtime_class
+            user.plan.plan_hash, image_of(user, self.settings.sandbox_image), self.deployment.build, self.settings.k8s_runtime_class
         )
         name = pod_name(self.instance, user.user_id)
         if slot.stalled:
@@ -390,7 +391,7 @@ class KubernetesBackend:
         return pod_manifest(
             instance=self.instance,
             plan=user.plan,
-            image=self.settings.sandbox_image,
+            image=image_of(user, self.settings.sandbox_image),
             pull_policy=self.settings.k8s_image_pull_policy,
             agent_build=build,
             data=self.data,
@@ -439,7 +440,7 @@ class KubernetesBackend:
             if pod is None:
                 self._fail_start(slot, name, agent, "its pod was deleted while starting")
             assert pod is not None
-            problem = pod_problem(pod, self.settings.sandbox_image)
+            problem = pod_problem(pod, slot.image or self.settings.sandbox_image)
             if problem is not None and not problem.waits:
                 self._fail_start(slot, name, agent, problem.message)
             last_problem = problem.message if problem is not None else None

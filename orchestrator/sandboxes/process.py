@@ -206,10 +206,14 @@ class ProcessBackend:
             return self._user_locks.setdefault(user_id, threading.Lock())
 
     def ensure(self, user: SandboxUser) -> LiveAgent:
+        if user.template is not None:
+            raise template_unsupported(user)
         return self._ready(user).live
 
     def warm(self, user: SandboxUser) -> LiveAgent | None:
         """The user's agent when it can take the call as it is (no start, no lock to wait for)."""
+        if user.template is not None:
+            return None  # `ensure` refuses it
         with self._lock:
             agent = self._agents.get(user.user_id)
         if agent is None or agent.paused or agent.stalled or agent.forgotten or not agent.alive:
@@ -628,3 +632,16 @@ class ProcessBackend:
         self._warden.close()
         if self._cgroups is not None:
             self._cgroups.close()
+
+
+def template_unsupported(user: SandboxUser) -> ToolError:
+    """The process backend runs the host's own tools: a template cannot change them, and running
+    without the template would silently lack what it adds."""
+    assert user.template is not None
+    return ToolError(
+        "template_unsupported",
+        f"User {user.user_id}'s sandbox needs template {user.template.name!r}, but this server runs sandboxes as "
+        "host processes (the process backend), which use the host's own tools and cannot run a template image. "
+        "The tool did not run; an admin can assign the default template or use the docker or kubernetes backend.",
+        template=user.template.name,
+    )

@@ -18,7 +18,7 @@ import anyio
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
-from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxStatus, SandboxUser
+from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxStatus, SandboxTemplate, SandboxUser
 from orchestrator.sandboxes.calling import OutputSink, SandboxCaller
 from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
@@ -159,6 +159,8 @@ class SandboxRouter:
         self.explain_no_space: Callable[[int, ToolError], ToolError] | None = None
         # Run before every call with (user, context): the egress proxy keeps its listener up.
         self.call_hooks: list[Callable[[int, CallContext | None], None]] = []
+        # The template a user's sandbox runs (orchestrator/templates/); None: the default image.
+        self.template_of: Callable[[int], SandboxTemplate | None] | None = None
 
     def sandbox_user(self, user_id: int) -> SandboxUser:
         try:
@@ -169,7 +171,12 @@ class SandboxRouter:
                 f"The sandbox of user {user_id} cannot be planned ({exc}). The tool did not run; "
                 "tell the user the sandbox service needs an operator.",
             ) from exc
-        return SandboxUser(user_id, _plan(self._layout, user_id, tuple(groups.items())))
+        record = self._users.get(user_id)
+        template = self.template_of(user_id) if self.template_of is not None else None
+        return SandboxUser(
+            user_id, _plan(self._layout, user_id, tuple(groups.items())),
+            template=template, display_name=record.display_name if record is not None else None,
+        )  # fmt: skip
 
     def backend_name_for(self, user_id: int) -> str:
         user = self._users.get(user_id)

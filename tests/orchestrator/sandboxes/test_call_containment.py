@@ -184,7 +184,9 @@ def a_hopper_does_not_outlive_its_call(client: TestClient, service: Orchestrator
         answer = shell(client, run["run_id"], f"{HOP} sleep 0.3; echo started")
         assert answer["ok"] and answer["result"]["stdout"] == "started\n", answer
         stays_clear(uid)
-        listed = shell(client, run["run_id"], 'ps -o pid=,stat=,args= -u "$(id -u)"')["result"]["stdout"]
+        listing = shell(client, run["run_id"], 'ps -o pid=,stat=,args= -u "$(id -u)"')
+        assert listing["ok"], listing
+        listed = listing["result"]["stdout"]
         assert "os.fork" not in listed, listed
     finally:
         kill_all_of(uid)

@@ -1,0 +1,224 @@
+"""Templates as the API sees them: define (and build in the background), inspect, list, delete
+(refused while in use), assign to users and groups, and the template a user's sandbox runs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import docker
+
+from orchestrator.errors import Conflict, InvalidInput, NotFound
+from orchestrator.log import kv
+from orchestrator.sandboxes.base import SandboxTemplate
+from orchestrator.settings import Settings
+from orchestrator.state_store import StateStore
+from orchestrator.templates.builder import (
+    TemplateBuildFailed,
+    build_template_image,
+    image_exists,
+    image_tag,
+    publish,
+)
+from orchestrator.templates.choice import TemplateChoice, TemplateWishes, choose_template
+from orchestrator.templates.recipe import DEFAULT_TEMPLATE, RecipeInvalid, TemplateRecipe, check_name, recipe_hash
+from orchestrator.templates.repository import TemplateRecord, TemplateRepository
+
+log = logging.getLogger(__name__)
+
+
+class TemplateInUse(Conflict):
+    code = "template_in_use"
+
+
+class TemplateService:
+    def __init__(self, settings: Settings, store: StateStore, *, docker_client: Callable[[], docker.DockerClient],
+                 kubernetes: bool = False) -> None:  # fmt: skip
+        self.settings = settings
+        self.repo = TemplateRepository(store)
+        self._client_factory = docker_client
+        self._client: docker.DockerClient | None = None
+        self._kubernetes = kubernetes
+        self._builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="template-build")
+        self._lock = threading.Lock()
+        self._pending: dict[str, Future[None]] = {}
+        self._effective: dict[int, SandboxTemplate | None] = {}  # per user, dropped on any change
+        # A build cut short by a stop (the record still says building) runs again.
+        for record in self.repo.all():
+            if record.status == "building":
+                self._submit(record.name)
+
+    def close(self) -> None:
+        self._builds.shutdown(wait=False, cancel_futures=True)
+        if self._client is not None:
+            self._client.close()
+
+    def _docker(self) -> docker.DockerClient:
+        if self._client is None:
+            self._client = self._client_factory()
+        return self._client
+
+    # --- definition -----------------------------------------------------------------------
+    def put(self, name: str, recipe: TemplateRecipe) -> TemplateRecord:
+        try:
+            check_name(name)
+        except RecipeInvalid as exc:
+            raise InvalidInput(str(exc), field=exc.field) from None
+        self._check_parent(name, recipe.parent)
+        existing = self.repo.get(name)
+        if existing is not None and existing.recipe == recipe and existing.status == "building":
+            return existing  # the same recipe again: the build under way goes on
+        # Otherwise a build: a no-op when the image of this recipe over the current parent
+        # exists, a new image when the parent was rebuilt meanwhile.
+        self.repo.put_recipe(name, recipe)
+        self._changed()
+        self._submit(name)
+        record = self.repo.get(name)
+        assert record is not None
+        return record
+
+    def _check_parent(self, name: str, parent: str) -> None:
+        seen = {name}
+        while parent != DEFAULT_TEMPLATE:
+            if parent in seen:
+                raise InvalidInput(f"parent {parent!r} would make a cycle of templates", field="parent")
+            record = self.repo.get(parent)
+            if record is None:
+                raise InvalidInput(f"parent template {parent!r} does not exist", field="parent")
+            seen.add(parent)
+            parent = record.recipe.parent
+
+    def get(self, name: str) -> TemplateRecord:
+        record = self.repo.get(name)
+        if record is None:
+            raise NotFound(f"no template {name!r}")
+        return record
+
+    def delete(self, name: str) -> None:
+        self.get(name)
+        users = self.repo.users_of(name)
+        if users:
+            raise TemplateInUse(f"template {name!r} is in use ({', '.join(users[:5])}); assign another first",
+                                used_by=users[:20])  # fmt: skip
+        self.repo.delete(name)
+        self._changed()
+
+    def wait(self, name: str, timeout: float | None = None) -> None:
+        """Until the build under way for `name` ends (the CLI and tests)."""
+        with self._lock:
+            future = self._pending.get(name)
+        if future is not None:
+            future.result(timeout)
+
+    # --- building -------------------------------------------------------------------------
+    def _submit(self, name: str) -> None:
+        with self._lock:
+            self._pending[name] = self._builds.submit(self._build, name)
+
+    def _parent_image(self, parent: str) -> str:
+        """The parent's image id: the default workbench, or the parent template's serving image."""
+        if parent == DEFAULT_TEMPLATE:
+            reference = self.settings.sandbox_image
+        else:
+            record = self.repo.get(parent)
+            if record is None or record.image is None:
+                raise TemplateBuildFailed(f"the parent template {parent!r} has no built image yet")
+            reference = record.image
+        try:
+            return str(self._docker().images.get(reference).id)
+        except docker.errors.ImageNotFound:
+            raise TemplateBuildFailed(f"the parent image {reference} is not on this host") from None
+
+    def _build(self, name: str) -> None:
+        record = self.repo.get(name)
+        if record is None:
+            return
+        lines: list[str] = []
+        recipe = record.recipe
+        digest: str | None = None
+        try:
+            parent_id = self._parent_image(recipe.parent)
+            digest = recipe_hash(recipe, parent_id)
+            self.repo.note_hash(name, digest)
+            tag = image_tag(self.settings.template_repository, digest)
+            if image_exists(self._docker(), tag):
+                lines.append(f"== {tag} exists (same recipe over the same parent): nothing to build")
+            else:
+                build_template_image(
+                    self._docker(), recipe, name=name, recipe_hash=digest, parent_image=parent_id, tag=tag,
+                    work_dir=self.settings.layout.state_dir / "template-builds" / name,
+                    fetch_network=self.settings.template_fetch_network,
+                    ca_bundle=self.settings.egress_ca_bundle if self.settings.egress_ca_bundle.is_file() else None,
+                    timeout_s=self.settings.template_build_timeout_s, log=lines.append,
+                )  # fmt: skip
+            served = tag
+            if self._kubernetes:
+                engines = tuple(e.strip() for e in self.settings.k8s_node_engines.split(",") if e.strip())
+                served = publish(tag, registry=self.settings.image_registry, node_engines=engines, log=lines.append)
+        except (TemplateBuildFailed, docker.errors.DockerException, OSError) as exc:
+            log.warning("template build failed %s", kv(template=name, error=str(exc)[:300]))
+            self.repo.finish(name, recipe, image=None, recipe_hash=None, log="\n".join(lines), error=str(exc))
+            self._changed()
+            return
+        except Exception as exc:  # a bug must still end the build as failed, never "building" forever
+            log.exception("template build crashed %s", kv(template=name))
+            self.repo.finish(name, recipe, image=None, recipe_hash=None, log="\n".join(lines), error=f"internal error: {exc}")
+            return
+        self.repo.finish(name, recipe, image=served, recipe_hash=digest, log="\n".join(lines), error=None)
+        self._changed()
+        log.info("template ready %s", kv(template=name, image=served))
+
+    # --- who gets which -------------------------------------------------------------------
+    def assign_user(self, user_id: int, template: str | None) -> None:
+        self._check_assignable(template)
+        self.repo.assign("user", str(user_id), None if template == DEFAULT_TEMPLATE else template)
+        self._changed()
+
+    def assign_group(self, channel: str, chat_id: str, template: str | None) -> None:
+        self._check_assignable(template)
+        self.repo.assign("group", f"{channel}/{chat_id}", None if template == DEFAULT_TEMPLATE else template)
+        self._changed()
+
+    def _check_assignable(self, template: str | None) -> None:
+        if template is None or template == DEFAULT_TEMPLATE:
+            return
+        if self.repo.get(template) is None:
+            raise NotFound(f"no template {template!r}", field="template")
+
+    def ready(self) -> dict[str, TemplateRecord]:
+        return {r.name: r for r in self.repo.all() if r.image is not None}
+
+    def choice_for(self, user_id: int, *, run: str | None = None, skill: str | None = None,
+                   group: tuple[str, str] | None = None) -> TemplateChoice:  # fmt: skip
+        ready = self.ready()
+        user = self.repo.assigned("user", str(user_id))
+        group_template = self.repo.assigned("group", f"{group[0]}/{group[1]}") if group else None
+        wishes = TemplateWishes(run=run, skill=skill, user=user, group=group_template)
+        allowed = {t for t in (user, group_template, skill) if t is not None}
+        return choose_template(wishes, ready=ready.keys(), run_allowed=allowed)
+
+    def template_of(self, user_id: int) -> SandboxTemplate | None:
+        """The template of the user's sandbox outside a run's wishes (the router's, per call:
+        answered from memory until something changes)."""
+        with self._lock:
+            if user_id in self._effective:
+                return self._effective[user_id]
+        template = self.sandbox_template(self.choice_for(user_id))
+        with self._lock:
+            self._effective[user_id] = template
+        return template
+
+    def _changed(self) -> None:
+        with self._lock:
+            self._effective.clear()
+
+    def sandbox_template(self, choice: TemplateChoice) -> SandboxTemplate | None:
+        """None for the default workbench."""
+        if choice.name == DEFAULT_TEMPLATE:
+            return None
+        record = self.repo.get(choice.name)
+        if record is None or record.image is None:
+            return None
+        return SandboxTemplate(record.name, record.image, record.recipe.env)
