@@ -127,6 +127,10 @@ class DataLayout:
         """Where the agent spools a `shell` call's output too long for its answer."""
         return self.runtime_dir(user_id, session_id) / "shell-output"
 
+    def outputs_dir(self, user_id: int, session_id: str) -> Path:
+        """A session's results (charts, reports): where run_code writes the images a kernel shows."""
+        return self.runtime_dir(user_id, session_id) / OUTPUTS_SUBDIR
+
     def incoming_dir(self, user_id: int, session_id: str) -> Path:
         """Where files a bot uploads from the chat land for the runtime user's tools."""
         return self.runtime_dir(user_id, session_id) / "incoming"

@@ -142,6 +142,17 @@ class Settings(BaseSettings):
     process_max_runtime_s: float = Field(
         86400.0, gt=0, description="A background process running longer is killed (whole tree)."
     )
+    # Code kernels (run_code, docs/interpreter.md).
+    kernels_per_user: int = Field(
+        4, gt=0, description="Code kernels (run_code) one user's sandbox may run at once; more answer too_many_kernels."
+    )
+    kernel_idle_s: float = Field(1800.0, gt=0, description="A code kernel unused this long is shut down (its state lost).")
+    kernel_python: str = Field(
+        "python3",
+        min_length=1,
+        description="The python that runs code kernels in a sandbox (needs ipykernel): a name on the sandbox's PATH "
+        "or an absolute path.",
+    )
     shell_spool_max_bytes: int = Field(
         64 * 1024 * 1024,
         ge=0,

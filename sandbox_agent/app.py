@@ -41,11 +41,13 @@ from sandbox_agent.calls import CallCancelled, CallRegistry, cancelled_message
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.names import escape_names
 from sandbox_agent.path_sandbox import PathSandbox, os_error
+from sandbox_agent.kernels import KernelTable
 from sandbox_agent.processes import ProcessTable
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.registry import TOOLS
 from sandbox_agent.wire import (
     RAW_RESULT_HEADER,
+    STREAMED_TOOLS,
     AgentConfig,
     CancelRequest,
     CancelResult,
@@ -56,7 +58,6 @@ from sandbox_agent.wire import (
 
 OCTET_STREAM = "application/octet-stream"
 NDJSON = "application/x-ndjson"
-STREAMED_TOOLS = frozenset({"shell"})
 EVENT_FRAMING_BYTES = 64  # what one output line costs besides its text, against the stream's budget
 CANCEL_BODY_MAX = 4096
 # Cancels wait for calls to end: their own small pool, never queued behind the tools they stop.
@@ -83,6 +84,7 @@ class AgentState:
             spool_bytes=limits.process_spool_bytes,
             max_runtime_s=limits.process_max_runtime_s,
         )
+        self.kernels = KernelTable(max_kernels=limits.kernels_max, idle_s=limits.kernel_idle_s)
         # Background processes keep the sandbox alive (the dead-man switch waits for them).
         self.has_running_processes: Callable[[], bool] = lambda: self.processes.running_count() > 0
 
@@ -140,7 +142,7 @@ def run_tool(
         return {"ok": False, "error": {"code": "cancelled", "message": str(exc)}}
     state.enter()
     try:
-        context = ToolContext(state.sandbox, state.config, request.cwd, call, state.processes, on_output)
+        context = ToolContext(state.sandbox, state.config, request.cwd, call, state.processes, on_output, state.kernels)
         result = function(context, arguments)
         if call.cancelled:  # what it did before it was stopped is not a result
             message = cancelled_message(call.context)
@@ -273,9 +275,12 @@ def create_app(state: AgentState) -> Starlette:
         count = await anyio.to_thread.run_sync(
             state.calls.cancel, body.run_id, body.session_id, limiter=_CANCEL_THREADS
         )
-        if body.session_id is not None:  # a deleted session: its background processes go too
+        if body.session_id is not None:  # a deleted session: its background processes and kernels go too
             count += await anyio.to_thread.run_sync(
                 state.processes.kill_session, body.session_id, limiter=_CANCEL_THREADS
+            )
+            count += await anyio.to_thread.run_sync(
+                state.kernels.kill_session, body.session_id, limiter=_CANCEL_THREADS
             )
         log.info("calls cancelled run=%s session=%s count=%d", body.run_id, body.session_id, count)
         return Response(CancelResult(cancelled=count).model_dump_json(), media_type="application/json")

@@ -209,6 +209,7 @@ def serve(config: AgentConfig) -> None:
         server.run(sockets=sockets)
     finally:
         state.processes.kill_all()  # a stopped or recreated sandbox keeps none of them
+        state.kernels.kill_all()
         _kill_descendants()
         try:
             st = os.stat(config.socket_path)

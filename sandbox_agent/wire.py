@@ -217,6 +217,57 @@ class ProcessListArgs(_Args):
     pass
 
 
+# --- code kernels (sandbox_agent/kernels.py, docs/interpreter.md) -----------------------------
+
+KERNEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+DEFAULT_KERNEL = "default"
+RUN_CODE_MAX = 1024 * 1024
+KernelLanguage = Literal["python", "bash"]
+_KERNEL_NAME = Field(
+    None, pattern=KERNEL_NAME_PATTERN, max_length=64,
+    description="A name to keep several kernels of one language apart in this session. Default: \"default\".",
+)  # fmt: skip
+
+
+class RunCodeArgs(_Args):
+    code: str = Field(
+        ...,
+        min_length=1,
+        max_length=RUN_CODE_MAX,
+        description="The code to run (a notebook cell: python, or bash commands).",
+        json_schema_extra={"pattern": r"^[^\x00]*$"},
+    )
+    language: KernelLanguage = Field("python", description="python (an IPython kernel) or bash (a persistent shell).")
+    # The upper bound is the server's ORCH_TOOL_TIMEOUT_MAX_S, as for shell.
+    timeout_s: Annotated[float, Field(strict=True, gt=0)] | None = Field(
+        None, description="Seconds before the kernel is interrupted (its state survives)."
+    )
+    kernel: str | None = _KERNEL_NAME
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> RunCodeArgs:
+        if "\x00" in self.code:
+            raise ValueError("code: contains a NUL byte")
+        return self
+
+
+class KernelSelectArgs(_Args):
+    language: KernelLanguage | None = Field(None, description="python (default) or bash.")
+    kernel: str | None = _KERNEL_NAME
+
+
+class KernelRestartArgs(KernelSelectArgs):
+    pass
+
+
+class KernelShutdownArgs(KernelSelectArgs):
+    pass
+
+
+class KernelListArgs(_Args):
+    pass
+
+
 PROCESS_TOOL_NAMES = frozenset(
     {"process_start", "process_output", "process_write", "process_resize", "process_signal", "process_list"}
 )
@@ -331,7 +382,41 @@ CONTAINER_TOOLS: tuple[ContainerTool, ...] = (
         ProcessListArgs,
         "List this session's background processes: command, state, exit code, output cursor, start time.",
     ),
+    ContainerTool(
+        "run_code",
+        RunCodeArgs,
+        "Run code in a kernel that keeps its state between calls: python (IPython: variables, imports, the "
+        "cwd and open files survive; `%pip`, `%cd` work) or bash (cwd and exported variables survive). The "
+        "kernel starts on first use in the working directory. Answers stdout, stderr, the last expression's "
+        "`text` and rich `data` (html, markdown, json), each image shown (a matplotlib chart) as a file in the "
+        "session's outputs/ directory (`images`: path, mime, size; post it with send_image), and an error's "
+        "`ename`, `evalue` and `traceback`. Past timeout_s the kernel is interrupted (status `timeout`, its "
+        "state kept); a kernel that died is restarted (`kernel_restarted`: its state is lost). Kernels are "
+        "yours alone: in a group chat each speaker has their own, as with files.",
+    ),
+    ContainerTool(
+        "kernel_restart",
+        KernelRestartArgs,
+        "Restart a kernel of this session (python by default): its variables and imports are gone.",
+    ),
+    ContainerTool(
+        "kernel_shutdown",
+        KernelShutdownArgs,
+        "Shut down a kernel of this session (python by default) and everything it started.",
+    ),
+    ContainerTool(
+        "kernel_list",
+        KernelListArgs,
+        "List your kernels of this session: name, language, start and last use.",
+    ),
 )
+
+# Tools with a `timeout_s` of their own (bounded by the server's maximum; the host waits that
+# long plus a margin) and tools whose output can be streamed as it comes (docs/processes.md).
+TIMED_TOOLS = frozenset({"shell", "run_code"})
+STREAMED_TOOLS = frozenset({"shell", "run_code"})
+# A code kernel may have to start before its code runs (docs/interpreter.md).
+KERNEL_START_MARGIN_S = 60.0
 
 TOOL_ARGUMENTS: dict[str, type[_Args]] = {tool.name: tool.arguments for tool in CONTAINER_TOOLS}
 CONTAINER_TOOL_NAMES = frozenset(TOOL_ARGUMENTS)
@@ -371,6 +456,8 @@ class AgentLimits(BaseModel):
     process_spool_bytes: int = Field(8 * 1024 * 1024, ge=4096)  # the ring of each one
     process_max_runtime_s: float = Field(86400.0, gt=0)
     shell_stream_max_bytes: int = Field(8 * 1024 * 1024, ge=0)  # output events of one streamed shell
+    kernels_max: int = Field(4, gt=0)  # code kernels of this sandbox at once (run_code)
+    kernel_idle_s: float = Field(1800.0, gt=0)  # a kernel unused this long is shut down
 
 
 # The per-agent token: `secrets.token_urlsafe(32)`. Both sides check the form before using
@@ -436,6 +523,9 @@ class AgentConfig(BaseModel):
     # The dead-man switch: with no call for this long (and none in flight) the agent exits, and
     # its container stops, even when no orchestrator is left to stop it. None: never.
     idle_exit_s: float | None = Field(None, gt=0)
+    # The python that runs code kernels (run_code): a name looked up on the shell's PATH, or
+    # an absolute path. It needs ipykernel; the agent's own python never does.
+    kernel_python: str = Field("python3", min_length=1, max_length=4096)
 
 
 # --- envelopes ------------------------------------------------------------------------------
@@ -457,6 +547,8 @@ class CallContext(_CallIds):
     shell call spools output too long for its answer."""
 
     output_dir: str | None = Field(None, min_length=1, max_length=TOOL_PATH_MAX)
+    # The session's `outputs/` directory, where run_code writes the images a kernel shows.
+    outputs_dir: str | None = Field(None, min_length=1, max_length=TOOL_PATH_MAX)
 
 
 class ToolRequest(BaseModel):

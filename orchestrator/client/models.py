@@ -414,6 +414,44 @@ class ShellResult(Model):
     note: str | None = None
 
 
+class CodeImage(Model):
+    """An image a kernel showed, written to the session's outputs/ directory (send it with
+    `send_image`, passing `path`)."""
+
+    path: str
+    mime: str
+    size: int
+
+
+class CodeError(Model):
+    ename: str
+    evalue: str
+    traceback: str
+
+
+class KernelRef(Model):
+    name: str
+    language: str
+
+
+class RunCodeResult(Model):
+    """What `run_code` answers (docs/interpreter.md). `status`: ok, error, timeout (the kernel
+    was interrupted, its state kept) or kernel_died; `kernel_restarted`: the state was lost."""
+
+    status: str
+    stdout: str
+    stderr: str
+    text: str | None = None
+    data: dict[str, Any] = {}
+    images: list[CodeImage] = []
+    error: CodeError | None = None
+    kernel: KernelRef
+    kernel_restarted: bool = False
+    duration_s: float | None = None
+    truncated: bool = False
+    note: str | None = None
+
+
 class ReadFileResult(Model):
     path: str
     content: str
@@ -450,9 +488,10 @@ class ListDirResult(Model):
     truncated: bool = False
 
 
-TypedResult = ShellResult | ReadFileResult | WriteFileResult | EditFileResult | ListDirResult
+TypedResult = ShellResult | RunCodeResult | ReadFileResult | WriteFileResult | EditFileResult | ListDirResult
 RESULT_TYPES: dict[str, type[Model]] = {
     "shell": ShellResult,
+    "run_code": RunCodeResult,
     "read_file": ReadFileResult,
     "write_file": WriteFileResult,
     "edit_file": EditFileResult,

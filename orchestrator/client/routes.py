@@ -40,6 +40,7 @@ from orchestrator.client.models import (
     Messages,
     ProjectSettings,
     Run,
+    RunCodeResult,
     RunContext,
     RunPage,
     SandboxState,
@@ -77,6 +78,7 @@ DEFAULT_TIMEOUT_S = 60.0
 TOOL_CALL_MARGIN_S = 60.0
 SHELL_DEFAULT_TIMEOUT_S = 60.0  # the server's default `ORCH_TOOL_TIMEOUT_S`
 SHELL_MAX_TIMEOUT_S = 600.0  # the server's default `ORCH_TOOL_TIMEOUT_MAX_S`
+KERNEL_START_S = 60.0  # a run_code whose kernel starts first (the server's own margin)
 
 
 def segment(value: object) -> str:
@@ -91,11 +93,19 @@ def tool_call_timeout_s(name: str, arguments: Mapping[str, Any], default_s: floa
     if name == "process_output":  # a long poll: its wait on top
         waited = arguments.get("wait_s")
         return max(default_s, DEFAULT_TIMEOUT_S) + (float(waited) if isinstance(waited, (int, float)) and waited > 0 else 0.0)
-    if name != "shell":
+    if name == "kernel_restart":  # the server waits for the new kernel's start
+        return max(default_s, DEFAULT_TIMEOUT_S) + KERNEL_START_S
+    if name not in ("shell", "run_code"):
         return max(default_s, DEFAULT_TIMEOUT_S)
     asked = arguments.get("timeout_s")
     limit = float(asked) if isinstance(asked, (int, float)) and asked > 0 else SHELL_DEFAULT_TIMEOUT_S
-    return max(default_s, min(limit, SHELL_MAX_TIMEOUT_S) + TOOL_CALL_MARGIN_S)
+    start = KERNEL_START_S if name == "run_code" else 0.0  # a kernel may start first
+    return max(default_s, min(limit, SHELL_MAX_TIMEOUT_S) + TOOL_CALL_MARGIN_S + start)
+
+
+def _typed_run_code(result: ToolResult) -> RunCodeResult:
+    assert isinstance(result.typed, RunCodeResult)
+    return result.typed
 
 
 def _json_of(model: Any) -> Callable[[httpx.Response], Any]:
@@ -430,6 +440,30 @@ class ClientMethods:
             {"run_id": run_id, "name": name},
             json=body,
             timeout_s=tool_call_timeout_s(name, arguments, self._timeout_s),
+        )
+
+    @route("POST", "/v1/runs/{run_id}/tools/{name}")  # call_tool's route, typed for run_code
+    def run_code(
+        self,
+        run_id: str,
+        code: str,
+        *,
+        language: Literal["python", "bash"] = "python",
+        timeout_s: float | None = None,
+        kernel: str | None = None,
+        tool_call_id: str | None = None,
+    ) -> Request[RunCodeResult]:
+        """`run_code` (docs/interpreter.md): the code runs in the run's kernel of that language
+        (and name), whose state survives between calls. A tool failure (`too_many_kernels`,
+        `interpreter_unavailable`, ...) raises `ToolCallFailed`; a timeout or a dead kernel is
+        a result (`status`)."""
+        arguments = _without_none({"code": code, "language": language, "timeout_s": timeout_s, "kernel": kernel})
+        body = _without_none({"arguments": arguments, "tool_call_id": tool_call_id})
+        return Request(
+            lambda r: _typed_run_code(ToolResult.of("run_code", r.json()).raise_for_error()),
+            {"run_id": run_id, "name": "run_code"},
+            json=body,
+            timeout_s=tool_call_timeout_s("run_code", arguments, self._timeout_s),
         )
 
     # files from the chat -------------------------------------------------------------------

@@ -38,6 +38,7 @@ from orchestrator.http.params import run_id_param, session_id_param
 from orchestrator.http.people import person_user_id, with_run_identities, with_session_identities
 from orchestrator.http.streamed_json import StreamedReadBytesResponse
 from orchestrator.http.stream_descriptors import hold_stream_descriptors
+from sandbox_agent.wire import STREAMED_TOOLS
 from orchestrator.http.tool_stream import stream_tool_call, wants_events
 from orchestrator.runs.records import RunStatus
 from orchestrator.runs.service import StartRun
@@ -247,7 +248,7 @@ async def call_tool(
     # The hot path (docs/performance.md): the dispatcher awaits the sandbox on the loop and does its
     # blocking work in threads of its own, never in the default pool; its outcome is plain
     # JSON already, so it skips FastAPI's response validation.
-    if name == "shell" and wants_events(request.headers.get("accept")):  # docs/processes.md
+    if name in STREAMED_TOOLS and wants_events(request.headers.get("accept")):  # docs/processes.md
         return await stream_tool_call(
             lambda on_output: service.dispatcher.dispatch_async(
                 run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, on_output=on_output

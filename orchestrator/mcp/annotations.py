@@ -56,6 +56,12 @@ TOOL_HINTS: dict[str, ToolHints] = {
     "process_resize": ADDS,
     "process_output": READS,
     "process_list": READS,
+    # Code kernels (docs/interpreter.md): code runs like a shell; a restart or shutdown ends
+    # a kernel and its state; the list only reads.
+    "run_code": RUNS_ANYTHING,
+    "kernel_restart": OVERWRITES,
+    "kernel_shutdown": OVERWRITES,
+    "kernel_list": READS,
     # Conversations: the owner's history, read only.
     "list_conversations": READS,
     "read_conversation": READS,

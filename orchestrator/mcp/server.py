@@ -28,6 +28,7 @@ from orchestrator.mcp.skill_reader import SkillReader
 from orchestrator.mcp.tool_results import call_result, mcp_tools
 from orchestrator.runs.records import RunRecord, RunStatus
 from orchestrator.tools.kept_calls import keep_to_its_end
+from sandbox_agent.wire import STREAMED_TOOLS
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,8 @@ SERVER_NAME = "sandbox-orchestrator"
 # structured error (`run_ended`, `not_found`, ...).
 RUN_UNAVAILABLE = -32004
 # The tools whose calls may run long: they report progress while they run.
-LONG_TOOLS = frozenset({"shell", "process_start", "process_output"})
-# Of those, the ones whose output the agent streams as it comes (docs/processes.md).
-STREAMED_TOOLS = frozenset({"shell"})
+LONG_TOOLS = frozenset({"shell", "run_code", "process_start", "process_output"})
+# Of those, the ones whose output the agent streams as it comes (docs/processes.md): STREAMED_TOOLS.
 # One progress notification carries at most this much output; more is split.
 PROGRESS_TEXT_MAX = 4096
 # A tool_call_id rides in the request's _meta under this key (MCP has no field for it).

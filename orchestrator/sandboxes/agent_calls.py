@@ -11,6 +11,7 @@ from orchestrator.errors import ToolError
 from orchestrator.settings import Settings
 from sandbox_agent.answer_limits import AnswerLimits
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.wire import KERNEL_START_MARGIN_S, TIMED_TOOLS
 
 # A shell's own deadline is enforced by the agent (it kills the tree and answers); this much
 # more is for the kill, the last output and the answer.
@@ -31,11 +32,14 @@ def call_timeout_s(settings: Settings, tool: str, arguments: dict[str, Any]) -> 
     if tool == "process_output":  # a long poll: its own wait on top
         waited = arguments.get("wait_s")
         return settings.agent_call_timeout_s + (float(waited) if isinstance(waited, (int, float)) and waited > 0 else 0.0)
-    if tool != "shell":
+    if tool == "kernel_restart":  # it starts the new kernel before it answers
+        return settings.agent_call_timeout_s + KERNEL_START_MARGIN_S
+    if tool not in TIMED_TOOLS:
         return settings.agent_call_timeout_s
     asked = arguments.get("timeout_s")
     shell = float(asked) if isinstance(asked, (int, float)) and asked > 0 else settings.tool_timeout_s
-    return min(shell, settings.tool_timeout_max_s) + SHELL_MARGIN_S
+    start = KERNEL_START_MARGIN_S if tool == "run_code" else 0.0  # its kernel may start first
+    return min(shell, settings.tool_timeout_max_s) + SHELL_MARGIN_S + start
 
 
 def answer_limits(settings: Settings) -> AnswerLimits:

@@ -83,6 +83,8 @@ def agent_limits(settings: Settings) -> AgentLimits:
         process_max_count=settings.process_max_per_user,
         process_spool_bytes=settings.process_spool_bytes,
         process_max_runtime_s=settings.process_max_runtime_s,
+        kernels_max=settings.kernels_per_user,
+        kernel_idle_s=settings.kernel_idle_s,
     )
 
 
@@ -171,6 +173,7 @@ def prepare_agent_launch(
         limits=agent_limits(settings),
         resolver=settings.agent_resolver,
         shell_env={**directories.credential_env(user_id), **shell_environment(layout, user_id, user)},
+        kernel_python=settings.kernel_python,
         instance_id=secrets.token_hex(8),
         parent_pid=parent_pid,
         # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.

@@ -391,6 +391,7 @@ class ToolDispatcher:
                     session_id=call.run.session_id,
                     # The runtime dir is mounted at its host path: the sandbox sees the same one.
                     output_dir=str(self._layout.shell_output_dir(call.run.runtime_user_id, call.run.session_id)),
+                    outputs_dir=str(self._layout.outputs_dir(call.run.runtime_user_id, call.run.session_id)),
                 ),
                 on_output=on_output,
                 spool=spool,

@@ -13,7 +13,7 @@ from orchestrator.errors import InvalidInput
 from orchestrator.runs.records import RunRecord
 from orchestrator.sessions.records import SessionRecord
 from orchestrator.tools.identity_table import CONTAINER_TOOLS, TOOL_IDENTITY
-from sandbox_agent.wire import CallContext
+from sandbox_agent.wire import TIMED_TOOLS, CallContext
 
 
 class ToolPlace(str, Enum):
@@ -93,7 +93,7 @@ class ToolRegistry:
         ]
         if shell_timeout_max_s is not None:
             for tool in described:
-                timeout = tool["parameters"].get("properties", {}).get("timeout_s") if tool["name"] == "shell" else None
+                timeout = tool["parameters"].get("properties", {}).get("timeout_s") if tool["name"] in TIMED_TOOLS else None
                 for branch in (timeout or {}).get("anyOf", []):
                     if branch.get("type") == "number":
                         branch["maximum"] = shell_timeout_max_s

@@ -11,6 +11,7 @@ from sandbox_agent.wire import AgentConfig, AgentLimits
 
 if TYPE_CHECKING:
     from sandbox_agent.calls import InFlightCall
+    from sandbox_agent.kernels import KernelTable
     from sandbox_agent.processes import ProcessTable
 
 
@@ -22,6 +23,7 @@ class ToolContext:
     call: InFlightCall | None = None  # a shell attaches its process tree, so a cancel can kill it
     processes: ProcessTable | None = None  # the agent's background processes (process_* tools)
     on_output: Callable[[str, bytes], None] | None = None  # a streamed shell: (stream, bytes) as read
+    kernels: KernelTable | None = None  # the agent's code kernels (run_code, kernel_* tools)
 
     @property
     def limits(self) -> AgentLimits:

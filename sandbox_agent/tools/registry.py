@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from sandbox_agent import wire
 from sandbox_agent.tools.context import ToolContext
+from sandbox_agent.tools.kernels import kernel_list, kernel_restart, kernel_shutdown, run_code
 from sandbox_agent.tools.files import edit_file, read_bytes, read_file, write_bytes, write_file
 from sandbox_agent.tools.processes import (
     process_list,
@@ -40,6 +41,10 @@ _FUNCTIONS: dict[str, ToolFunction] = {
     "process_resize": process_resize,
     "process_signal": process_signal,
     "process_list": process_list,
+    "run_code": run_code,
+    "kernel_restart": kernel_restart,
+    "kernel_shutdown": kernel_shutdown,
+    "kernel_list": kernel_list,
 }
 
 

@@ -24,7 +24,7 @@ from sandbox_agent import process_tree
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.shell_output import SpoolDir, StreamReader, render, share_budget
-from sandbox_agent.wire import ShellArgs
+from sandbox_agent.wire import AgentLimits, ShellArgs
 
 TIMEOUT_EXIT_CODE = 124  # like coreutils `timeout`
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -50,13 +50,20 @@ def environment(ctx: ToolContext, cwd_shown: str, marker: str) -> dict[str, str]
     return env
 
 
-def shell(ctx: ToolContext, args: ShellArgs) -> dict[str, Any]:
-    limits = ctx.limits
-    timeout = args.timeout_s if args.timeout_s is not None else limits.shell_timeout_s
+def call_timeout(limits: AgentLimits, asked: float | None) -> float:
+    """A call's own `timeout_s` (shell, run_code): the default when not given, refused above
+    the maximum."""
+    timeout = asked if asked is not None else limits.shell_timeout_s
     if timeout > limits.shell_timeout_max_s:
         raise AgentToolError(
             "invalid_arguments", f"timeout_s may be at most {limits.shell_timeout_max_s:g} seconds (got {timeout:g})."
         )
+    return timeout
+
+
+def shell(ctx: ToolContext, args: ShellArgs) -> dict[str, Any]:
+    limits = ctx.limits
+    timeout = call_timeout(limits, args.timeout_s)
     if "\x00" in args.command:
         raise AgentToolError("invalid_arguments", "The command contains a NUL byte.")
     marker = secrets.token_hex(12)

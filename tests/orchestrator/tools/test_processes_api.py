@@ -9,7 +9,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -22,6 +21,7 @@ from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.api_calls import MEMBER, OWNER
 from tests.conftest import API_TOKEN, TEST_ROOT, make_settings
+from tests.live_api import LiveApi as Api
 from tests.live_server import live_server
 from tests.orchestrator.sandboxes.docker.conftest import TEST_BASE, docker_settings, remove_containers
 
@@ -34,42 +34,12 @@ UIDS = {"sandbox_uid_base": _BASE, "max_user_id": 20_000}
 TIGHT_UIDS = {"sandbox_uid_base": _BASE + 25_000, "max_user_id": 20_000}
 
 
-@dataclass
-class Api:
-    url: str
-    service: OrchestratorService
-    http: httpx.Client
-    backend: str
-
-    def session(self, chat: str = "oc_procs") -> str:
-        body = {"owner_user_id": OWNER, "channel": "feishu_group", "group": {"channel": "feishu", "chat_id": chat}}
-        response = self.http.post("/v1/sessions", json=body)
-        assert response.status_code == 201, response.text
-        return response.json()["session_id"]
-
-    def run(self, session_id: str, speaker: int = MEMBER) -> str:
-        body = {"trigger": "group_message", "speaker_user_id": speaker}
-        response = self.http.post(f"/v1/sessions/{session_id}/runs", json=body)
-        assert response.status_code == 201, response.text
-        return response.json()["run_id"]
-
-    def tool(self, run_id: str, name: str, **arguments: object) -> dict:
-        response = self.http.post(f"/v1/runs/{run_id}/tools/{name}", json={"arguments": arguments}, timeout=120)
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def ok(self, run_id: str, name: str, **arguments: object) -> dict:
-        body = self.tool(run_id, name, **arguments)
-        assert body["ok"], body
-        return body["result"]
-
-
 def _serve(data: Path, settings_of) -> Iterator[Api]:  # type: ignore[no-untyped-def]
     service = OrchestratorService(settings_of(data))
     try:
         with live_server(create_app(service)) as url:
             with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {API_TOKEN}"}, timeout=120) as http:
-                yield Api(url, service, http, service.settings.backend)
+                yield Api(url, service, http, service.settings.backend, "oc_procs")
     finally:
         service.close()
 
