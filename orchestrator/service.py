@@ -8,6 +8,7 @@ from functools import partial
 
 import docker
 
+from mounts.layout import GroupRef
 from mounts.skillstore.install import SkillInstaller
 from mounts.skillstore.package import PackageLimits
 from orchestrator import metrics
@@ -183,6 +184,7 @@ class OrchestratorService:
             kubernetes=self.backend_choice.kubernetes,
         )  # fmt: skip
         self.sandboxes.template_of = self.templates.template_of
+        self.templates.session_group = self._group_of_session
         if self.disk_quotas.mechanism is not QuotaMechanism.OFF:
             self.sandboxes.explain_no_space = self.disk_quotas.explain_no_space
         self.disk_quotas.stop_sandbox = self._stop_sandbox_of  # over quota (scan), an offline grow (loop)
@@ -222,6 +224,9 @@ class OrchestratorService:
         self.sessions.register_cleanup_step("runs", self.runs.cancel_running_of_deleted, phase=CleanupPhase.STOP)
         # Ending a run or deleting a session kills its calls in flight (whole process trees).
         self.runs.end_listeners.append(self._stop_calls_of_run)
+        self.runs.templates = self.templates
+        self.runs.end_listeners.append(lambda run: self.templates.end_run(run.run_id))
+        self.templates.skill_needs = self.skills.templates_needed
         self.sessions.register_cleanup_step("calls", stop_calls(self._stop_calls_of_session), phase=CleanupPhase.STOP)
         self.tools = ToolRegistry()
         register_conversation_tools(self.tools, self.store, self.session_repo, self.projects, self.chat, settings)
@@ -322,6 +327,7 @@ class OrchestratorService:
         )
         self.user_listing = UserListing(self.store, self.users, self.identities, self.sandboxes, self.sandbox_control)
         self.purge.steps["resources"] = lambda user_id, _actor: self.resources.forget(user_id)
+        self.purge.steps["template"] = lambda user_id, _actor: self.templates.forget_user(user_id)
         if self.egress is not None:
             self.purge.steps["egress_rules"] = lambda user_id, _actor: self.egress.rules.forget(user_id)  # type: ignore[union-attr]
         if self.credentials is not None:
@@ -347,6 +353,10 @@ class OrchestratorService:
             metrics.VolumeUsage(u.volume, u.bytes_used, u.bytes_limit, u.inodes_used, u.inodes_limit)
             for u in self.disk_quotas.all_usage()
         ]
+
+    def _group_of_session(self, session_id: str) -> GroupRef | None:
+        record = self.session_repo.get(session_id)
+        return record.group if record is not None else None
 
     def _stop_calls_of_run(self, run: RunRecord) -> None:
         # Its runtime user's sandbox runs its container tools; any other that has one in flight too.

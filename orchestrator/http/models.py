@@ -114,6 +114,20 @@ class TemplateChoiceOut(BaseModel):
     source: str  # user | group | skill | run | default
 
 
+class LackingTemplateOut(BaseModel):
+    skill: str
+    template: str  # the template the skill declares
+    why: str  # why this sandbox does not run it
+
+
+class RunTemplateOut(BaseModel):
+    """The template of a run's calls, why, and the skills whose template the sandbox lacks."""
+
+    name: str
+    source: str
+    lacking: list[LackingTemplateOut]
+
+
 class UserOut(BaseModel):
     user_id: int
     display_name: str | None
@@ -226,6 +240,11 @@ class RunStart(Body):
     speaker: PersonIn | None = Field(None, description="the speaker by platform identity, in place of `speaker_user_id`")
     agent_id: str = Field("default", max_length=64, json_schema_extra={"pattern": ids.NAME_PATTERN})
     delivery_id: str | None = Field(None, max_length=128, json_schema_extra={"pattern": f"^{DELIVERY_ID.pattern}$"})
+    template: str | None = Field(
+        None, max_length=40,
+        description="A sandbox template for this run's calls: `default` or one an admin marked requestable "
+        "(else 403 `template_not_requestable`, nothing started).",
+    )  # fmt: skip
 
     @field_validator("agent_id")
     @classmethod
@@ -279,6 +298,17 @@ class RunContextOut(FromRecord):
     delegated_credentials: list[DelegatedCredentialOut] = Field(
         default_factory=list, description="Credentials other members granted to this run (metadata: never a secret)."
     )
+    template: RunTemplateOut | None = None
+
+    @field_validator("template", mode="before")
+    @classmethod
+    def _template(cls, v: Any) -> Any:
+        if v is None or isinstance(v, (dict, RunTemplateOut)):
+            return v
+        return RunTemplateOut(
+            name=v.choice.name, source=v.choice.source,
+            lacking=[LackingTemplateOut(skill=s, template=t, why=w) for s, t, w in v.lacking],
+        )  # fmt: skip
 
 
 class RunEnd(Body):

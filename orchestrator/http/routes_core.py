@@ -150,8 +150,9 @@ def _user_out(service: OrchestratorService, user_id: int) -> UserOut:
 
 
 def template_choice_out(service: OrchestratorService, user_id: int) -> TemplateChoiceOut:
-    """The template the user's sandbox runs outside a run's wishes, and why."""
-    choice = service.templates.choice_for(user_id)
+    """The template of the user's latest call and why (before any call since the last change:
+    the one of a call outside a group's session and a run)."""
+    choice = service.templates.effective(user_id)
     return TemplateChoiceOut(name=choice.name, source=choice.source)
 
 

@@ -176,6 +176,8 @@ def start_run(
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> RunContextOut:
+    if body.template is not None:
+        service.templates.check_requestable(body.template)  # refused before anything changes
     speaker = person_user_id(
         service, body.speaker_user_id, body.speaker, field="speaker_user_id", person_field="speaker", actor=caller.actor, required=False
     )
@@ -186,6 +188,7 @@ def start_run(
             speaker_user_id=speaker,
             agent_id=body.agent_id,
             delivery_id=body.delivery_id,
+            template=body.template,
         ),
         actor=caller.actor,
         acting_user=acting,

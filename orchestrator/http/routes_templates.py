@@ -1,16 +1,17 @@
-"""Sandbox templates (docs/templates.md): admins define, inspect, list and delete them, and set
-a user's template. A PUT answers 202 at once; the image builds in the background."""
+"""Sandbox templates (docs/templates.md): admins define, inspect, list and delete them, mark
+them requestable by bots, and set a user's and a group's template. A PUT answers 202 at once; the image builds in the background."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from mounts.layout import GroupRef
 from orchestrator.errors import InvalidInput
 from orchestrator.http.models import TemplateChoiceOut
 from orchestrator.http.routes_core import template_choice_out
 from orchestrator.http.auth import Caller, require_admin, service_of
-from orchestrator.http.params import user_id_param
+from orchestrator.http.params import chat_id_param, group_channel_param, user_id_param
 from orchestrator.service import OrchestratorService
 from orchestrator.templates.recipe import MAX_FILES, MAX_ITEMS, RecipeInvalid, recipe_of
 from orchestrator.templates.repository import TemplateRecord
@@ -29,6 +30,9 @@ class TemplateIn(BaseModel):
     npm: list[str] = Field(default_factory=list, max_length=MAX_ITEMS, description="npm packages (`name[@version]`).")
     files: dict[str, str] = Field(default_factory=dict, max_length=MAX_FILES, description="Absolute path -> text.")
     env: dict[str, str] = Field(default_factory=dict, max_length=MAX_ITEMS, description="Variables of the shells.")
+    requestable: bool | None = Field(
+        None, description="Whether a bot may ask for it when it starts a run (not part of the recipe); omitted: unchanged."
+    )
 
 
 class TemplateOut(BaseModel):
@@ -38,6 +42,7 @@ class TemplateOut(BaseModel):
     image: str | None  # the image that serves (the last one that built)
     error: str | None = None
     recipe: dict[str, object]
+    requestable: bool = False  # a bot may ask for it when it starts a run
 
 
 class TemplateDetailOut(TemplateOut):
@@ -59,10 +64,16 @@ class UserTemplateOut(BaseModel):
     template: TemplateChoiceOut
 
 
-def _out(record: TemplateRecord) -> TemplateOut:
+class GroupTemplateOut(BaseModel):
+    channel: str
+    chat_id: str
+    template: str  # the group's template (`default` when none is set)
+
+
+def _out(record: TemplateRecord, requestable: set[str]) -> TemplateOut:
     return TemplateOut(
         name=record.name, status=record.status, recipe_hash=record.recipe_hash, image=record.image,
-        error=record.error, recipe=record.recipe.as_json(),
+        error=record.error, recipe=record.recipe.as_json(), requestable=record.name in requestable,
     )  # fmt: skip
 
 
@@ -78,7 +89,10 @@ def put_template(
                            files=body.files, env=body.env)  # fmt: skip
     except RecipeInvalid as exc:
         raise InvalidInput(str(exc), field=exc.field) from None
-    return _out(service.templates.put(name, recipe))
+    record = service.templates.put(name, recipe)
+    if body.requestable is not None:
+        service.templates.set_requestable(name, body.requestable)
+    return _out(record, service.templates.requestable())
 
 
 @router.get("/v1/admin/templates/{name}", response_model=TemplateDetailOut, tags=["templates"])
@@ -88,14 +102,15 @@ def get_template(
     _: Caller = Depends(require_admin),
 ) -> TemplateDetailOut:
     record = service.templates.get(name)
-    return TemplateDetailOut(**_out(record).model_dump(), log=record.log)
+    return TemplateDetailOut(**_out(record, service.templates.requestable()).model_dump(), log=record.log)
 
 
 @router.get("/v1/admin/templates", response_model=TemplateListOut, tags=["templates"])
 def list_templates(
     service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
 ) -> TemplateListOut:
-    return TemplateListOut(templates=[_out(r) for r in service.templates.repo.all()])
+    requestable = service.templates.requestable()
+    return TemplateListOut(templates=[_out(r, requestable) for r in service.templates.repo.all()])
 
 
 @router.delete("/v1/admin/templates/{name}", status_code=204, tags=["templates"],
@@ -120,3 +135,29 @@ def put_user_template(
     (files kept); one with calls under way finishes them first."""
     service.templates.assign_user(user_id, body.template)
     return UserTemplateOut(user_id=user_id, template=template_choice_out(service, user_id))
+
+
+@router.put("/v1/admin/groups/{channel}/{chat_id}/template", response_model=GroupTemplateOut, tags=["templates"])
+def put_group_template(
+    body: UserTemplateIn,
+    channel: str = Depends(group_channel_param),
+    chat_id: str = Depends(chat_id_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_admin),
+) -> GroupTemplateOut:
+    """The template of the group's members' sandboxes in the group's sessions (a member's own
+    template, set for the user, still comes first: docs/templates.md)."""
+    group = GroupRef(channel, chat_id)
+    service.templates.assign_group(group, body.template)
+    return GroupTemplateOut(channel=channel, chat_id=chat_id, template=service.templates.group_template(group))
+
+
+@router.get("/v1/admin/groups/{channel}/{chat_id}/template", response_model=GroupTemplateOut, tags=["templates"])
+def get_group_template(
+    channel: str = Depends(group_channel_param),
+    chat_id: str = Depends(chat_id_param),
+    service: OrchestratorService = Depends(service_of),
+    _: Caller = Depends(require_admin),
+) -> GroupTemplateOut:
+    group = GroupRef(channel, chat_id)
+    return GroupTemplateOut(channel=channel, chat_id=chat_id, template=service.templates.group_template(group))

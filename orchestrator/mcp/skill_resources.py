@@ -53,6 +53,7 @@ def parse_uri(uri: str) -> SkillFile:
 class FrontMatter:
     name: str | None
     description: str | None
+    template: str | None = None  # the sandbox template the skill needs (docs/templates.md)
 
 
 def _scalar(value: str) -> str:
@@ -63,9 +64,9 @@ def _scalar(value: str) -> str:
 
 
 def front_matter(text: str) -> FrontMatter:
-    """Pure: `name` and `description` of a SKILL.md's `---` front matter (plain or quoted
-    one-line scalars, or a folded `>`/`|` block), None where missing. Not a YAML parser: a
-    skill is written by anyone, and these two keys are all a listing shows."""
+    """Pure: `name`, `description` and `template` of a SKILL.md's `---` front matter (plain or
+    quoted one-line scalars, or a folded `>`/`|` block), None where missing. Not a YAML parser:
+    a skill is written by anyone, and these keys are all a listing and the template rule use."""
     lines = text.splitlines()[: FRONT_MATTER_MAX_LINES + 2]
     if not lines or lines[0].strip() != "---":
         return FrontMatter(None, None)
@@ -75,7 +76,7 @@ def front_matter(text: str) -> FrontMatter:
         line = lines[index]
         key, sep, value = line.partition(":")
         index += 1
-        if not sep or line[:1].isspace() or key.strip() not in ("name", "description"):
+        if not sep or line[:1].isspace() or key.strip() not in ("name", "description", "template"):
             continue
         value = value.strip()
         if value in (">", "|", ">-", "|-"):  # a block: the indented lines that follow
@@ -87,4 +88,4 @@ def front_matter(text: str) -> FrontMatter:
         found[key.strip()] = _scalar(value)[:DESCRIPTION_MAX_CHARS]
     if index >= len(lines):  # never closed: not front matter
         return FrontMatter(None, None)
-    return FrontMatter(found.get("name") or None, found.get("description") or None)
+    return FrontMatter(found.get("name") or None, found.get("description") or None, found.get("template") or None)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrator.templates.choice import RunTemplate
+
 
 @dataclass(frozen=True)
 class DelegatedCredential:
@@ -106,4 +108,19 @@ def _render_owner_runtime(facts: IdentityPromptFacts) -> str:
             "and credentials are not in this environment; work done here is done as the owner."
         )
     lines.append(f"- Put results meant for the whole group in the group workspace {facts.group_workspace}.")
+    return "\n".join(lines)
+
+
+def render_template_section(template: RunTemplate) -> str | None:
+    """Skills of the run that need a sandbox template this sandbox lacks (None when none does:
+    the prompt does not change by a byte)."""
+    if not template.lacking:
+        return None
+    lines = ["## Sandbox template", f"- This sandbox runs the template {template.choice.name!r}."]
+    for skill, needed, why in template.lacking:
+        lines.append(
+            f"- The skill {skill!r} needs the template {needed!r}, which this sandbox lacks ({why}): "
+            "tools it expects may be missing. Try it, and if it fails, tell the user an admin must "
+            "give them that template."
+        )
     return "\n".join(lines)

@@ -7,6 +7,7 @@ import secrets
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from mounts import ids
 from mounts.layout import OUTPUTS_SUBDIR
@@ -22,7 +23,12 @@ from orchestrator.identity import (
 )
 from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
 from orchestrator.log import kv, run_logger
-from orchestrator.runs.prompt_identity import DelegatedCredential, IdentityPromptFacts, render_identity_section
+from orchestrator.runs.prompt_identity import (
+    DelegatedCredential,
+    IdentityPromptFacts,
+    render_identity_section,
+    render_template_section,
+)
 from orchestrator.runs.start_access import run_start_access
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.sessions.records import SessionRecord, SessionRepository
@@ -30,6 +36,7 @@ from orchestrator.sessions.visibility import read_visible
 from orchestrator.settings import Settings
 from orchestrator.skills.port import RunSkills, SkillProvider
 from orchestrator.state_store import StateStore, Transaction
+from orchestrator.templates.choice import RunTemplate
 from orchestrator.users.dirs import UserDirectories
 from orchestrator.users.repository import UserRepository
 from orchestrator.runs.records import RunRecord, RunRepository, RunStatus, run_from_row
@@ -43,6 +50,15 @@ class StartRun:
     speaker_user_id: int | None = None
     agent_id: str = "default"
     delivery_id: str | None = None
+    template: str | None = None  # a template the bot asks for (checked by the caller: requestable)
+
+
+class RunTemplates(Protocol):
+    """The template a run's calls use and what its skills lack (orchestrator/templates/)."""
+
+    def plan_run(self, run: RunRecord, skills: RunSkills, requested: str | None) -> RunTemplate: ...
+
+    def run_of(self, run_id: str) -> RunTemplate | None: ...
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,7 @@ class RunContext:
     memory_user_id: int
     prompt_identity_section: str | None
     delegated_credentials: tuple[DelegatedCredential, ...] = ()
+    template: RunTemplate | None = None
 
 
 RunListener = Callable[[RunRecord], None]
@@ -86,6 +103,7 @@ class RunService:
         self._switch = switch
         self._directories = directories
         self._skills = skills
+        self.templates: RunTemplates | None = None
         self.start_guards: list[RunGuard] = []
         self.start_listeners: list[RunListener] = []
         # The credentials delegated to (runtime user, session) now (orchestrator/credentials/).
@@ -208,6 +226,9 @@ class RunService:
         )
         if skills.failed:
             runlog.warning("skills left out of this run %s", kv(failed=",".join(skills.failed)))
+        template = self.templates.plan_run(run, skills, request.template) if self.templates is not None else None
+        if template is not None and template.lacking:
+            runlog.info("skills lack their template %s", kv(run=run.run_id, lacking=",".join(f"{s}:{t}" for s, t, _ in template.lacking)))
         context = RunContext(
             run=run,
             workdir=str(workdir),
@@ -217,7 +238,8 @@ class RunService:
             skills=skills,
             archive_hint_enabled=identity.runtime_is_owner,  # archives are the owner's
             memory_user_id=runtime,  # memory injection and extraction follow the runtime user
-            prompt_identity_section=self._identity_section(session, identity),
+            prompt_identity_section=self._prompt_section(session, identity, template),
+            template=template,
             delegated_credentials=self.delegated_to(runtime, session.session_id),
         )
         for listener in self.start_listeners:
@@ -234,7 +256,14 @@ class RunService:
         session = self._sessions.get(run.session_id)
         if session is None:
             raise NotFound(f"session {run.session_id} not found")
-        return self._identity_section(session, run.identity)
+        template = self.templates.run_of(run.run_id) if self.templates is not None else None
+        return self._prompt_section(session, run.identity, template)
+
+    def _prompt_section(self, session: SessionRecord, identity: RunIdentity, template: RunTemplate | None) -> str | None:
+        """The identity section, then what the run's skills lack (only when they lack something)."""
+        parts = [self._identity_section(session, identity), render_template_section(template) if template else None]
+        present = [part for part in parts if part]
+        return "\n\n".join(present) if present else None
 
     def _identity_section(self, session: SessionRecord, identity: RunIdentity) -> str | None:
         delegated = self.delegated_to(identity.runtime_user_id, session.session_id)

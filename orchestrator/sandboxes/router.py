@@ -167,10 +167,11 @@ class SandboxRouter:
         self.resources_of: Callable[[int], tuple[float | None, int | None]] = lambda _user_id: (None, None)
         # Run before every call with (user, context): the egress proxy keeps its listener up.
         self.call_hooks: list[Callable[[int, CallContext | None], None]] = []
-        # The template a user's sandbox runs (orchestrator/templates/); None: the default image.
-        self.template_of: Callable[[int], SandboxTemplate | None] | None = None
+        # The template a user's sandbox runs for a call made for (session, run), both None
+        # outside a run (orchestrator/templates/); None: the default image.
+        self.template_of: Callable[[int, tuple[str | None, str | None]], SandboxTemplate | None] | None = None
 
-    def sandbox_user(self, user_id: int) -> SandboxUser:
+    def sandbox_user(self, user_id: int, context: CallContext | None = None) -> SandboxUser:
         if self._users.purged.is_purged(user_id):  # a call that raced the purge starts nothing
             raise ToolError("user_purged", f"User {user_id} was purged; no sandbox starts for it. The tool did not run.")
         try:
@@ -183,7 +184,8 @@ class SandboxRouter:
             ) from exc
         cpus, memory_mb = self.resources_of(user_id)
         record = self._users.get(user_id)
-        template = self.template_of(user_id) if self.template_of is not None else None
+        facts = (context.session_id, context.run_id) if context is not None else (None, None)
+        template = self.template_of(user_id, facts) if self.template_of is not None else None
         return SandboxUser(
             user_id, _plan(self._layout, user_id, tuple(groups.items())), cpus=cpus, memory_mb=memory_mb,
             template=template, display_name=record.display_name if record is not None else None,
@@ -235,7 +237,7 @@ class SandboxRouter:
         # writer, so they stay on the loop instead of costing a thread hop.
         for guard in self.call_guards:
             guard(user_id, tool, arguments)
-        backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        backend, user = self.backend_for(user_id), self.sandbox_user(user_id, context)
         for hook in self.call_hooks:
             hook(user_id, context)
         with self.in_flight.calling(user_id, context):
@@ -268,7 +270,7 @@ class SandboxRouter:
         hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
         for guard in self.call_guards:
             guard(user_id, tool, arguments)
-        backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        backend, user = self.backend_for(user_id), self.sandbox_user(user_id, context)
         for hook in self.call_hooks:
             hook(user_id, context)
         with self.in_flight.calling(user_id, context):

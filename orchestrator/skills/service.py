@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 from mounts import ids
+from mounts.fs.flags import READ_FLAGS
+from mounts.skillstore.fingerprint import SKILL_DOC
 
 from mounts.skillstore.content_store import ContentStore
 from mounts.layout import DataLayout
@@ -18,12 +20,14 @@ from mounts.skillstore.sources import SkillSources
 from mounts.skillstore.sync import SkillSync, SyncResult
 from mounts.skillstore.views import SkillViews
 from orchestrator.log import kv
+from orchestrator.mcp.skill_resources import front_matter
 from orchestrator.skills.port import RunSkills, SkillCatalogEntry
 from orchestrator.users.dirs import UserDirectories
 
 log = logging.getLogger(__name__)
 
 DAY_S = 86_400.0
+SKILL_DOC_READ_MAX = 64 * 1024  # the front matter is at the top of SKILL.md
 
 
 def run_skills(result: SyncResult) -> RunSkills:
@@ -50,6 +54,7 @@ class SkillService:
         self.linker = SessionLinker(layout, self._prepare_links_dir if directories else None)
         self.sync = SkillSync(layout, self.sources, self.views, self.linker)
         self.gc = SkillStoreGc(layout, self.store, self.views)
+        self._declared: dict[str, str | None] = {}  # fingerprint -> the template its SKILL.md names
 
     def _prepare_links_dir(self, user_id: int, session_id: str) -> None:
         # A session's skills dir belongs to the sandbox user, like the rest of its runtime dir.
@@ -60,6 +65,25 @@ class SkillService:
         self, agent_id: str, runtime_user_id: int, session_id: str, *, owner_user_id: int | None = None
     ) -> RunSkills:
         return run_skills(self.sync.sync_to_session(agent_id, runtime_user_id, session_id, owner=owner_user_id))
+
+    def templates_needed(self, runtime_user_id: int, skills: RunSkills) -> dict[str, str]:
+        """The sandbox template each usable skill of a run declares (`template:` in its SKILL.md
+        front matter), by skill name. Read from the skill's source (the admin's `skills/` or the
+        bot's `userskills/{uid}/`, which no sandbox can write), once per fingerprint."""
+        needs = {}
+        for entry in skills.catalog:
+            sources = self.sources.system() if entry.kind == "system" else self.sources.personal(runtime_user_id)
+            source = sources.skills.get(entry.name)
+            if source is None or source.fingerprint is None:
+                continue
+            if source.fingerprint not in self._declared:
+                if len(self._declared) > 10_000:  # a bound, not an eviction policy
+                    self._declared.clear()
+                self._declared[source.fingerprint] = _declared_template(source.path)
+            template = self._declared[source.fingerprint]
+            if template is not None:
+                needs[entry.name] = template
+        return needs
 
     @property
     def watched_dirs(self) -> list[Path]:
@@ -97,3 +121,18 @@ class SkillService:
 
     def collect_garbage(self, *, max_age_days: float, dry_run: bool = False, verify: bool = False) -> GcReport:
         return self.gc.collect(max_age_s=max_age_days * DAY_S, dry_run=dry_run, verify=verify)
+
+
+def _declared_template(skill_dir: Path) -> str | None:
+    """The `template:` of a skill's SKILL.md front matter, read without following a symlink."""
+    try:
+        fd = os.open(skill_dir / SKILL_DOC, READ_FLAGS)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, SKILL_DOC_READ_MAX).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return front_matter(text).template

@@ -8,7 +8,7 @@ a template which is not ready is passed over (the sandbox keeps a working image)
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from orchestrator.templates.recipe import DEFAULT_TEMPLATE
@@ -49,3 +49,32 @@ def choose_template(wishes: TemplateWishes, *, ready: Collection[str], run_allow
             continue
         return TemplateChoice(name, source, tuple(passed))
     return TemplateChoice(DEFAULT_TEMPLATE, "default", tuple(passed))
+
+
+@dataclass(frozen=True)
+class RunTemplate:
+    """A run's template: what its calls run, what the bot asked for, the one skill wish the rule
+    weighed, and the skills whose template the sandbox lacks (skill, template, why)."""
+
+    choice: TemplateChoice
+    requested: str | None = None
+    skill_wish: str | None = None
+    lacking: tuple[tuple[str, str, str], ...] = ()
+
+
+def run_template(skill_needs: Mapping[str, str], choice: TemplateChoice, *, requested: str | None = None) -> RunTemplate:
+    """Pure: the skill wish of a run (the template of its first skill by name that declares
+    one) and, once `choice` is made, each skill whose template is not the one chosen and why."""
+    ordered = sorted(skill_needs.items())
+    wish = ordered[0][1] if ordered else None
+    why_passed = {name: why for source, name, why in choice.passed_over if source == "skill"}
+    lacking = []
+    for skill, template in ordered:
+        if template == choice.name:
+            continue
+        if template in why_passed:
+            why = why_passed[template]
+        else:
+            why = f"this sandbox runs template {choice.name!r} (chosen by: {choice.source})"
+        lacking.append((skill, template, why))
+    return RunTemplate(choice, requested, wish, tuple(lacking))

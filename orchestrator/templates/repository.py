@@ -103,10 +103,17 @@ class TemplateRepository:
             row = tx.one("SELECT template FROM template_assignments WHERE kind = ? AND subject = ?", (kind, subject))
         return row["template"] if row is not None else None
 
-    def users_of(self, template: str) -> list[str]:
-        """Who is assigned `template` (as `kind:subject`), and the templates built over it."""
+    def subjects(self, kind: str) -> list[str]:
         with self._store.read() as tx:
-            rows = tx.all("SELECT kind, subject FROM template_assignments WHERE template = ?", (template,))
+            rows = tx.all("SELECT subject FROM template_assignments WHERE kind = ? ORDER BY subject", (kind,))
+        return [row["subject"] for row in rows]
+
+    def users_of(self, template: str) -> list[str]:
+        """Who is assigned `template` (as `kind:subject`: users and groups), and the templates
+        built over it. Its own `requestable` flag is no use of it."""
+        with self._store.read() as tx:
+            rows = tx.all("SELECT kind, subject FROM template_assignments WHERE template = ? AND kind != 'requestable'",
+                          (template,))  # fmt: skip
             children = [r["name"] for r in tx.all("SELECT name, recipe FROM templates")
                         if json.loads(r["recipe"]).get("parent") == template]  # fmt: skip
         return [f"{r['kind']}:{r['subject']}" for r in rows] + [f"template:{c}" for c in children]

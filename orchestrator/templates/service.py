@@ -10,10 +10,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import docker
 
-from orchestrator.errors import Conflict, InvalidInput, NotFound
+from mounts.layout import GroupRef
+from orchestrator.errors import Conflict, Forbidden, InvalidInput, NotFound
 from orchestrator.log import kv
+from orchestrator.runs.records import RunRecord
 from orchestrator.sandboxes.base import SandboxTemplate
 from orchestrator.settings import Settings
+from orchestrator.skills.port import RunSkills
 from orchestrator.state_store import StateStore
 from orchestrator.templates.builder import (
     TemplateBuildFailed,
@@ -22,7 +25,7 @@ from orchestrator.templates.builder import (
     image_tag,
     publish,
 )
-from orchestrator.templates.choice import TemplateChoice, TemplateWishes, choose_template
+from orchestrator.templates.choice import RunTemplate, TemplateChoice, TemplateWishes, choose_template, run_template
 from orchestrator.templates.recipe import DEFAULT_TEMPLATE, RecipeInvalid, TemplateRecipe, check_name, recipe_hash
 from orchestrator.templates.repository import TemplateRecord, TemplateRepository
 
@@ -31,6 +34,14 @@ log = logging.getLogger(__name__)
 
 class TemplateInUse(Conflict):
     code = "template_in_use"
+
+
+class TemplateNotRequestable(Forbidden):
+    code = "template_not_requestable"
+
+
+# What a call is made for, as far as the template rule cares: (session id, run id).
+CallFacts = tuple[str | None, str | None]
 
 
 class TemplateService:
@@ -44,7 +55,15 @@ class TemplateService:
         self._builds = ThreadPoolExecutor(max_workers=1, thread_name_prefix="template-build")
         self._lock = threading.Lock()
         self._pending: dict[str, Future[None]] = {}
-        self._effective: dict[int, SandboxTemplate | None] = {}  # per user, dropped on any change
+        # Per (user, group, run wish, skill wish), dropped on any change.
+        self._effective: dict[tuple[int, str | None, str | None, str | None], tuple[TemplateChoice, SandboxTemplate | None]] = {}
+        self._last: dict[int, TemplateChoice] = {}  # the choice of each user's latest call
+        self._runs: dict[str, RunTemplate] = {}  # the wishes of the runs under way (memory only)
+        self._session_groups: dict[str, GroupRef | None] = {}  # a session's group never changes
+        # The template each skill of a run declares, by skill name; set by the service.
+        self.skill_needs: Callable[[int, RunSkills], dict[str, str]] = lambda _user_id, _skills: {}
+        # The group of a session (None: not a group chat's, or no such session); set by the service.
+        self.session_group: Callable[[str], GroupRef | None] = lambda _session_id: None
         # A build cut short by a stop (the record still says building) runs again.
         for record in self.repo.all():
             if record.status == "building":
@@ -103,6 +122,7 @@ class TemplateService:
             raise TemplateInUse(f"template {name!r} is in use ({', '.join(users[:5])}); assign another first",
                                 used_by=users[:20])  # fmt: skip
         self.repo.delete(name)
+        self.repo.assign(REQUESTABLE, name, None)
         self._changed()
 
     def wait(self, name: str, timeout: float | None = None) -> None:
@@ -176,10 +196,43 @@ class TemplateService:
         self.repo.assign("user", str(user_id), None if template == DEFAULT_TEMPLATE else template)
         self._changed()
 
-    def assign_group(self, channel: str, chat_id: str, template: str | None) -> None:
+    def assign_group(self, group: GroupRef, template: str | None) -> None:
         self._check_assignable(template)
-        self.repo.assign("group", f"{channel}/{chat_id}", None if template == DEFAULT_TEMPLATE else template)
+        self.repo.assign("group", group_subject(group), None if template == DEFAULT_TEMPLATE else template)
         self._changed()
+
+    def group_template(self, group: GroupRef) -> str:
+        return self.repo.assigned("group", group_subject(group)) or DEFAULT_TEMPLATE
+
+    def forget_user(self, user_id: int) -> None:
+        """The purge's step: the user's assignment goes (the template itself stays)."""
+        self.repo.assign("user", str(user_id), None)
+        with self._lock:
+            self._last.pop(user_id, None)
+        self._changed()
+
+    def set_requestable(self, name: str, requestable: bool) -> None:
+        """Whether a bot may ask for `name` when it starts a run (an admin's choice)."""
+        self.get(name)
+        self.repo.assign(REQUESTABLE, name, name if requestable else None)
+        self._changed()
+
+    def requestable(self) -> set[str]:
+        return set(self.repo.subjects(REQUESTABLE))
+
+    def check_requestable(self, name: str) -> None:
+        """A run's `template`: the default, or one an admin marked requestable; else refused
+        (nothing changes)."""
+        if name == DEFAULT_TEMPLATE:
+            return
+        if self.repo.get(name) is None:
+            raise NotFound(f"no template {name!r}", field="template")
+        if name not in self.requestable():
+            raise TemplateNotRequestable(
+                f"template {name!r} is not one a bot may ask for; an admin marks it requestable "
+                "(PUT /v1/admin/templates/{name} with \"requestable\": true)",
+                field="template", template=name,
+            )  # fmt: skip
 
     def _check_assignable(self, template: str | None) -> None:
         if template is None or template == DEFAULT_TEMPLATE:
@@ -191,28 +244,90 @@ class TemplateService:
         return {r.name: r for r in self.repo.all() if r.image is not None}
 
     def choice_for(self, user_id: int, *, run: str | None = None, skill: str | None = None,
-                   group: tuple[str, str] | None = None) -> TemplateChoice:  # fmt: skip
+                   group: GroupRef | None = None) -> TemplateChoice:  # fmt: skip
         ready = self.ready()
         user = self.repo.assigned("user", str(user_id))
-        group_template = self.repo.assigned("group", f"{group[0]}/{group[1]}") if group else None
+        group_template = self.repo.assigned("group", group_subject(group)) if group else None
         wishes = TemplateWishes(run=run, skill=skill, user=user, group=group_template)
-        allowed = {t for t in (user, group_template, skill) if t is not None}
-        return choose_template(wishes, ready=ready.keys(), run_allowed=allowed)
+        return choose_template(wishes, ready=ready.keys(), run_allowed=self.requestable())
 
-    def template_of(self, user_id: int) -> SandboxTemplate | None:
-        """The template of the user's sandbox outside a run's wishes (the router's, per call:
-        answered from memory until something changes)."""
+    # --- runs -----------------------------------------------------------------------------
+    def plan_run(self, run: RunRecord, skills: RunSkills, requested: str | None) -> RunTemplate:
+        """The run service's port (orchestrator/runs/service.py)."""
+        needs = self.skill_needs(run.runtime_user_id, skills)
+        return self.start_run(run.run_id, run.runtime_user_id, run.session_id, requested=requested, skill_needs=needs)
+
+    def start_run(self, run_id: str, user_id: int, session_id: str, *, requested: str | None,
+                  skill_needs: dict[str, str]) -> RunTemplate:  # fmt: skip
+        """The template of a run's calls (the bot's wish, its skills' needs) and what its
+        skills lack; remembered until the run ends."""
+        group = self._group_of(session_id)
+        needed = run_template(skill_needs, TemplateChoice(DEFAULT_TEMPLATE, "default")).skill_wish
+        choice = self.choice_for(user_id, run=requested, skill=needed, group=group)
+        plan = run_template(skill_needs, choice, requested=requested)
         with self._lock:
-            if user_id in self._effective:
-                return self._effective[user_id]
-        template = self.sandbox_template(self.choice_for(user_id))
+            self._runs[run_id] = plan
+        return plan
+
+    def run_of(self, run_id: str) -> RunTemplate | None:
         with self._lock:
-            self._effective[user_id] = template
-        return template
+            return self._runs.get(run_id)
+
+    def end_run(self, run_id: str) -> None:
+        with self._lock:
+            self._runs.pop(run_id, None)
+
+    def _group_of(self, session_id: str | None) -> GroupRef | None:
+        if session_id is None:
+            return None
+        with self._lock:
+            if session_id in self._session_groups:
+                return self._session_groups[session_id]
+        group = self.session_group(session_id)
+        with self._lock:
+            if len(self._session_groups) > 10_000:  # a bound, not an eviction policy
+                self._session_groups.clear()
+            self._session_groups[session_id] = group
+        return group
+
+    # --- the router's question, per call ----------------------------------------------------
+    def template_of(self, user_id: int, facts: CallFacts | None = None) -> SandboxTemplate | None:
+        """The template of the user's sandbox for a call made for (session, run): the group of
+        the session, the run's wishes. A call made for nothing (an admin's start, a preview's
+        visitor) keeps the template of the user's latest call. Answered from memory until
+        something changes."""
+        session_id, run_id = facts if facts is not None else (None, None)
+        if session_id is None and run_id is None:
+            with self._lock:
+                last = self._last.get(user_id)
+            if last is not None:
+                return self.sandbox_template(last)
+        run = self.run_of(run_id) if run_id is not None else None
+        group = self._group_of(session_id)
+        key = (user_id, group_subject(group) if group else None, run.requested if run else None,
+               run.skill_wish if run else None)  # fmt: skip
+        with self._lock:
+            known = self._effective.get(key)
+        if known is None:
+            choice = self.choice_for(user_id, run=key[2], skill=key[3], group=group)
+            known = (choice, self.sandbox_template(choice))
+            with self._lock:
+                self._effective[key] = known
+        with self._lock:
+            self._last[user_id] = known[0]
+        return known[1]
+
+    def effective(self, user_id: int) -> TemplateChoice:
+        """What `GET /v1/users/{uid}` shows: the choice of the user's latest call since the
+        last change, else the one for a call outside any group session and run."""
+        with self._lock:
+            last = self._last.get(user_id)
+        return last if last is not None else self.choice_for(user_id)
 
     def _changed(self) -> None:
         with self._lock:
             self._effective.clear()
+            self._last.clear()
 
     def sandbox_template(self, choice: TemplateChoice) -> SandboxTemplate | None:
         """None for the default workbench."""
@@ -222,3 +337,10 @@ class TemplateService:
         if record is None or record.image is None:
             return None
         return SandboxTemplate(record.name, record.image, record.recipe.env)
+
+
+REQUESTABLE = "requestable"  # template_assignments kind: a template a bot may ask for (subject = name)
+
+
+def group_subject(group: GroupRef) -> str:
+    return f"{group.channel}/{group.chat_id}"

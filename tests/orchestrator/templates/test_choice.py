@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.templates.choice import TemplateChoice, TemplateWishes, choose_template
+from orchestrator.templates.choice import TemplateChoice, TemplateWishes, choose_template, run_template
 
 READY = {"data", "web", "ml"}
 
@@ -30,3 +30,26 @@ CASES = [
 def test_choose_template(wishes: TemplateWishes, allowed: set[str], expected: tuple[str, str], passed: tuple) -> None:
     choice = choose_template(wishes, ready=READY, run_allowed=allowed)
     assert choice == TemplateChoice(expected[0], expected[1], passed)
+
+
+RUN_CASES = [
+    # skill needs, choice, requested -> the skill wish weighed, what the skills lack
+    ({}, TemplateChoice("default", "default"), None, None, ()),
+    # the first skill by name that declares a template is the wish the rule weighs
+    ({"viz": "web", "etl": "data"}, TemplateChoice("data", "skill"), None, "data",
+     (("viz", "web", "this sandbox runs template 'data' (chosen by: skill)"),)),
+    # a wish passed over says why
+    ({"etl": "new"}, TemplateChoice("data", "user", (("skill", "new", "not built (yet)"),)), None, "new",
+     (("etl", "new", "not built (yet)"),)),
+    # the bot's wish beats the skill's: the skill says what it lacks
+    ({"etl": "data"}, TemplateChoice("web", "run"), "web", "data",
+     (("etl", "data", "this sandbox runs template 'web' (chosen by: run)"),)),
+    # a skill whose template runs lacks nothing
+    ({"etl": "data", "load": "data"}, TemplateChoice("data", "skill"), None, "data", ()),
+]
+
+
+@pytest.mark.parametrize(("needs", "choice", "requested", "wish", "lacking"), RUN_CASES)
+def test_run_template(needs: dict, choice: TemplateChoice, requested: str | None, wish: str | None, lacking: tuple) -> None:
+    plan = run_template(needs, choice, requested=requested)
+    assert (plan.choice, plan.requested, plan.skill_wish, plan.lacking) == (choice, requested, wish, lacking)
