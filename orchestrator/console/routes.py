@@ -61,6 +61,14 @@ SECURITY_HEADERS = {
 }
 ACTOR = "admin"  # the same actor the admin token's API calls write: one audit trail
 PAGE = 50
+# Why the user's sandbox runs its template (docs/templates.md, "Who gets which template").
+TEMPLATE_WHY = {
+    "user": "set for this user",
+    "group": "the group's, in its latest call's session",
+    "skill": "a skill of its latest call's run needs it",
+    "run": "the bot asked for it in its latest call's run",
+    "default": "no template set: the default image",
+}
 
 _templates = Environment(loader=PackageLoader("orchestrator.console", "templates"), autoescape=select_autoescape(default=True))
 
@@ -328,6 +336,7 @@ def user_page(request: Request, user_id: str, notice: str = "") -> HTMLResponse:
     summary = service.user_listing.summary(uid)
     if summary is None:
         raise ConsoleRefusal(404, f"user {uid} is not known here")
+    template = service.templates.effective(uid)
     egress = None
     if service.egress is not None:
         rules = service.egress.rules.rules_of(uid)
@@ -344,6 +353,10 @@ def user_page(request: Request, user_id: str, notice: str = "") -> HTMLResponse:
         disk_mechanism=service.disk_quotas.mechanism.value,
         disk=service.disk_quotas.usage(uid),
         egress=egress,
+        template=template,
+        template_why=TEMPLATE_WHY.get(template.source, template.source),
+        template_assigned=service.templates.repo.assigned("user", str(uid)),
+        template_names=[r.name for r in service.templates.repo.all()],
         sessions=service.session_repo.latest_of_owner(uid, limit=PAGE),
         runs=list_runs(service.store, RunFilter(user_id=uid), limit=20),
         actions=[a.value for a in SandboxAction],
@@ -428,6 +441,17 @@ async def user_resources(request: Request, user_id: str) -> Response:
         service.users.admit(uid)
         service.resources.put(uid, cpus=cpus, memory_mb=memory_mb, actor=ACTOR)
         return "CPU and memory saved (from the sandbox's next start)"
+
+    return await _act(request, user_id, do)
+
+
+@router.post("/admin/users/{user_id}/template")
+async def user_template(request: Request, user_id: str) -> Response:
+    def do(service: OrchestratorService, uid: int, form: FormData) -> str:
+        name = _field(form, "template") or None
+        service.users.admit(uid)
+        service.templates.assign_user(uid, name)
+        return f"template {name or 'none'} saved (from the user's next call)"
 
     return await _act(request, user_id, do)
 

@@ -15,6 +15,7 @@ from orchestrator import audit
 from orchestrator.console.routes import CSP
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
+from orchestrator.templates.recipe import recipe_of
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, admin_headers, make_settings
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -128,3 +129,31 @@ def test_logout_ends_the_session_and_a_purge_needs_its_confirmation(console) -> 
     after = client.post("/admin/users/42/purge", data={"csrf_token": token, "confirm_user_id": "42"}, follow_redirects=False)
     assert after.status_code == 303 and after.headers["location"] == "/admin/login"
     assert not service.users.purged.is_purged(42)
+
+
+def test_the_user_page_shows_the_effective_template_and_why_and_sets_it(console) -> None:
+    client, service = console
+    recipe = recipe_of(name="tools", apt=["figlet"])
+    service.templates.repo.put_recipe("tools", recipe)  # as a finished build leaves it (no engine needed)
+    service.templates.repo.finish("tools", recipe, image="sandbox-orchestrator/template:tools", recipe_hash="0" * 64,
+                                  log="", error=None)  # fmt: skip
+    client.put("/v1/users/42", json={"display_name": "kept"}, headers=admin_headers())
+    log_in(client)
+    page = client.get("/admin/users/42").text
+    assert re.search(r'id="template-effective">default<', page) and "no template set" in page
+    token = csrf_of(client, "/admin/users/42")
+
+    forged = client.post("/admin/users/42/template", data={"template": "tools"})
+    assert forged.status_code == 403 and service.templates.repo.assigned("user", "42") is None
+    unknown = client.post("/admin/users/42/template", data={"csrf_token": token, "template": "nope"})
+    assert unknown.status_code == 404 and service.templates.repo.assigned("user", "42") is None
+
+    saved = client.post("/admin/users/42/template", data={"csrf_token": token, "template": "tools"}, follow_redirects=False)
+    assert saved.status_code == 303, saved.text
+    page = client.get(saved.headers["location"]).text
+    assert re.search(r'id="template-effective">tools<', page) and "set for this user" in page
+    assert '<option value="tools" selected>' in page
+    assert client.get("/v1/users/42", headers=admin_headers()).json()["template"] == {"name": "tools", "source": "user"}
+
+    cleared = client.post("/admin/users/42/template", data={"csrf_token": token, "template": ""}, follow_redirects=False)
+    assert cleared.status_code == 303 and service.templates.repo.assigned("user", "42") is None
