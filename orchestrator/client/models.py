@@ -243,6 +243,7 @@ class Template(Model):
     error: str | None = None
     recipe: dict[str, Any] = {}
     log: str | None = None
+    requestable: bool = False  # a bot may ask for it when it starts a run
 
 
 class TemplateList(Model):
@@ -252,6 +253,26 @@ class TemplateList(Model):
 class UserTemplate(Model):
     user_id: int
     template: TemplateChoice
+
+
+class GroupTemplate(Model):
+    channel: str
+    chat_id: str
+    template: str  # `default` when none is set
+
+
+class LackingTemplate(Model):
+    skill: str
+    template: str
+    why: str
+
+
+class RunTemplate(Model):
+    """The template of a run's calls and why, and the skills whose template the sandbox lacks."""
+
+    name: str
+    source: str
+    lacking: list[LackingTemplate] = []
 
 
 class ProjectSettings(Model):
@@ -340,6 +361,7 @@ class RunContext(Model):
     skills: RunSkills
     archive_hint_enabled: bool
     memory_user_id: int
+    template: RunTemplate | None = None
     prompt_identity_section: str | None
     delegated_credentials: list[DelegatedCredential] = []
 

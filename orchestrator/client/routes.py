@@ -60,6 +60,7 @@ from orchestrator.client.models import (
     User,
     UserDisk,
     UserTemplate,
+    GroupTemplate,
     UserRef,
     Identity,
     IdentityMode,
@@ -399,7 +400,9 @@ class ClientMethods:
         agent_id: str | None = None,
         delivery_id: str | None = None,
         acting_user: UserRef | None = None,
+        template: str | None = None,
     ) -> Request[RunContext]:
+        """`template`: a template for this run's calls, one an admin marked requestable."""
         body = _without_none(
             {
                 "trigger": _value(trigger),
@@ -407,6 +410,7 @@ class ClientMethods:
                 "speaker": person_body(speaker),
                 "agent_id": agent_id,
                 "delivery_id": delivery_id,
+                "template": template,
             }
         )
         return Request(_json_of(RunContext), {"session_id": session_id}, json=body, acting_user=acting_user)
@@ -683,10 +687,12 @@ class ClientMethods:
         npm: Sequence[str] = (),
         files: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
+        requestable: bool | None = None,
     ) -> Request[Template]:
-        """Define (or change) a template; it builds in the background: poll `get_template`."""
+        """Define (or change) a template; it builds in the background: poll `get_template`.
+        `requestable`: whether a bot may ask for it in `start_run` (None: unchanged)."""
         body = _without_none({"parent": parent, "apt": list(apt), "pip": list(pip), "npm": list(npm),
-                              "files": dict(files or {}), "env": dict(env or {})})  # fmt: skip
+                              "files": dict(files or {}), "env": dict(env or {}), "requestable": requestable})  # fmt: skip
         return Request(_json_of(Template), {"name": name}, json=body, admin=True)
 
     @route("GET", "/v1/admin/templates/{name}")
@@ -707,6 +713,16 @@ class ClientMethods:
     def set_user_template(self, user_id: UserRef, template: str | None) -> Request[UserTemplate]:
         """The user's template (None: back to the default); an idle sandbox is recreated, files kept."""
         return Request(_json_of(UserTemplate), {"user_id": user_ref_text(user_id)}, json={"template": template}, admin=True)
+
+    @route("PUT", "/v1/admin/groups/{channel}/{chat_id}/template")
+    def set_group_template(self, channel: str, chat_id: str, template: str | None) -> Request[GroupTemplate]:
+        """The template of the group's members' sandboxes in its sessions (None: none)."""
+        return Request(_json_of(GroupTemplate), {"channel": channel, "chat_id": chat_id}, json={"template": template},
+                       admin=True)  # fmt: skip
+
+    @route("GET", "/v1/admin/groups/{channel}/{chat_id}/template")
+    def get_group_template(self, channel: str, chat_id: str) -> Request[GroupTemplate]:
+        return Request(_json_of(GroupTemplate), {"channel": channel, "chat_id": chat_id}, admin=True)
 
     # skills --------------------------------------------------------------------------------
     @route("GET", "/v1/admin/skills")

@@ -62,11 +62,16 @@ class RunTemplate:
     lacking: tuple[tuple[str, str, str], ...] = ()
 
 
+def skill_wish(skill_needs: Mapping[str, str]) -> str | None:
+    """Pure: the skill wish of a run: the template of its first skill by name that declares one."""
+    return skill_needs[min(skill_needs)] if skill_needs else None
+
+
 def run_template(skill_needs: Mapping[str, str], choice: TemplateChoice, *, requested: str | None = None) -> RunTemplate:
-    """Pure: the skill wish of a run (the template of its first skill by name that declares
-    one) and, once `choice` is made, each skill whose template is not the one chosen and why."""
+    """Pure: a run's template once `choice` is made, with each skill whose template is not the
+    one chosen and why."""
     ordered = sorted(skill_needs.items())
-    wish = ordered[0][1] if ordered else None
+    wish = skill_wish(skill_needs)
     why_passed = {name: why for source, name, why in choice.passed_over if source == "skill"}
     lacking = []
     for skill, template in ordered:

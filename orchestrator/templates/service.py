@@ -25,7 +25,14 @@ from orchestrator.templates.builder import (
     image_tag,
     publish,
 )
-from orchestrator.templates.choice import RunTemplate, TemplateChoice, TemplateWishes, choose_template, run_template
+from orchestrator.templates.choice import (
+    RunTemplate,
+    TemplateChoice,
+    TemplateWishes,
+    choose_template,
+    run_template,
+    skill_wish,
+)
 from orchestrator.templates.recipe import DEFAULT_TEMPLATE, RecipeInvalid, TemplateRecipe, check_name, recipe_hash
 from orchestrator.templates.repository import TemplateRecord, TemplateRepository
 
@@ -262,8 +269,7 @@ class TemplateService:
         """The template of a run's calls (the bot's wish, its skills' needs) and what its
         skills lack; remembered until the run ends."""
         group = self._group_of(session_id)
-        needed = run_template(skill_needs, TemplateChoice(DEFAULT_TEMPLATE, "default")).skill_wish
-        choice = self.choice_for(user_id, run=requested, skill=needed, group=group)
+        choice = self.choice_for(user_id, run=requested, skill=skill_wish(skill_needs), group=group)
         plan = run_template(skill_needs, choice, requested=requested)
         with self._lock:
             self._runs[run_id] = plan
@@ -312,6 +318,8 @@ class TemplateService:
             choice = self.choice_for(user_id, run=key[2], skill=key[3], group=group)
             known = (choice, self.sandbox_template(choice))
             with self._lock:
+                if len(self._effective) > 10_000:  # a bound, not an eviction policy
+                    self._effective.clear()
                 self._effective[key] = known
         with self._lock:
             self._last[user_id] = known[0]

@@ -93,6 +93,7 @@ def test_session_and_run_json(client: TestClient, service: OrchestratorService) 
         "archive_hint_enabled": False,
         "memory_user_id": 67,
         "delegated_credentials": [],  # none granted to 67 in this session (docs/credentials.md)
+        "template": {"name": "default", "source": "default", "lacking": []},
     }
     session = {**session, "last_runtime_user_id": 67}
     assert _masked(client.get("/v1/sessions/g-1").json()) == session

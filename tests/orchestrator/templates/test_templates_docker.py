@@ -127,6 +127,34 @@ def test_a_template_serves_user_67_only_and_a_change_recreates_the_idle_sandbox_
     assert "nothing to build" in cached["log"] and "apt" not in cached["log"], cached["log"]
 
 
+def group_run(client: TestClient, user_id: int, chat_id: str) -> str:
+    body = {"owner_user_id": user_id, "channel": "feishu_group", "group": {"channel": "feishu", "chat_id": chat_id}}
+    session = client.post("/v1/sessions", json=body)
+    assert session.status_code == 201, session.text
+    run = client.post(f"/v1/sessions/{session.json()['session_id']}/runs", json={"trigger": "web"})
+    assert run.status_code == 201, run.text
+    return run.json()["run_id"]
+
+
+def test_a_groups_template_serves_its_members_sandbox_in_its_sessions_only_files_kept(
+    served: tuple[TestClient, OrchestratorService], tools_template: dict
+) -> None:
+    """User 23 has no template of its own; its group has one. Its one sandbox runs the group's
+    template for a call in the group's session and the default for a call in a private one,
+    recreated between them when idle, its files kept."""
+    client, _ = served
+    assert client.put("/v1/users/23", json={}).status_code == 200
+    put = client.put("/v1/admin/groups/feishu/oc_docker/template", json={"template": "tools"}, headers=admin_headers())
+    assert put.status_code == 200 and put.json()["template"] == "tools", put.text
+    in_group, private = group_run(client, 23, "oc_docker"), web_run(client, 23)
+    assert sh(client, in_group, TOOLS + "; echo kept > ~/group-notes.txt")["stdout"].split()[:2] == ["figlet", "tabulate"]
+    assert client.get("/v1/users/23").json()["template"] == {"name": "tools", "source": "group"}
+    assert sh(client, private, TOOLS + "; cat ~/group-notes.txt")["stdout"].split() == ["team=", "kept"]
+    assert client.get("/v1/users/23").json()["template"] == {"name": "default", "source": "default"}
+    assert client.put("/v1/admin/groups/feishu/oc_docker/template", json={"template": None},
+                      headers=admin_headers()).status_code == 200  # fmt: skip
+
+
 def test_a_broken_recipe_fails_with_its_log_and_the_previous_image_keeps_serving(
     served: tuple[TestClient, OrchestratorService], tools_template: dict
 ) -> None:
