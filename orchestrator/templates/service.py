@@ -64,7 +64,8 @@ class TemplateService:
         self._pending: dict[str, Future[None]] = {}
         # Per (user, group, run wish, skill wish), dropped on any change.
         self._effective: dict[tuple[int, str | None, str | None, str | None], tuple[TemplateChoice, SandboxTemplate | None]] = {}
-        self._last: dict[int, TemplateChoice] = {}  # the choice of each user's latest call
+        self._generation = 0  # counts changes: an answer computed across one is not remembered
+        self._last: dict[int, tuple[TemplateChoice, SandboxTemplate | None]] = {}  # each user's latest call's
         self._runs: dict[str, RunTemplate] = {}  # the wishes of the runs under way (memory only)
         self._session_groups: dict[str, GroupRef | None] = {}  # a session's group never changes
         # The template each skill of a run declares, by skill name; set by the service.
@@ -307,22 +308,22 @@ class TemplateService:
             with self._lock:
                 last = self._last.get(user_id)
             if last is not None:
-                return self.sandbox_template(last)
+                return last[1]
         run = self.run_of(run_id) if run_id is not None else None
         group = self._group_of(session_id)
         key = (user_id, group_subject(group) if group else None, run.requested if run else None,
                run.skill_wish if run else None)  # fmt: skip
         with self._lock:
-            known = self._effective.get(key)
+            known, generation = self._effective.get(key), self._generation
         if known is None:
             choice = self.choice_for(user_id, run=key[2], skill=key[3], group=group)
             known = (choice, self.sandbox_template(choice))
-            with self._lock:
+        with self._lock:
+            if generation == self._generation:  # else a change came meanwhile: not remembered
                 if len(self._effective) > 10_000:  # a bound, not an eviction policy
                     self._effective.clear()
                 self._effective[key] = known
-        with self._lock:
-            self._last[user_id] = known[0]
+                self._last[user_id] = known
         return known[1]
 
     def effective(self, user_id: int) -> TemplateChoice:
@@ -330,10 +331,11 @@ class TemplateService:
         last change, else the one for a call outside any group session and run."""
         with self._lock:
             last = self._last.get(user_id)
-        return last if last is not None else self.choice_for(user_id)
+        return last[0] if last is not None else self.choice_for(user_id)
 
     def _changed(self) -> None:
         with self._lock:
+            self._generation += 1
             self._effective.clear()
             self._last.clear()
 
