@@ -11,6 +11,7 @@ from orchestrator import client as sdk
 from orchestrator.client import OrchestratorClient
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
+from orchestrator.templates.recipe import recipe_of
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.conftest import ADMIN_TOKEN, API_TOKEN, make_settings
 from tests.live_server import free_port, live_server
@@ -162,3 +163,23 @@ def test_skills_through_the_sdk(bot: OrchestratorClient, server, tmp_path) -> No
     (local / "link").symlink_to("SKILL.md")
     with pytest.raises(ValueError, match="link"):
         sdk.skill_files_from_dir(local)
+
+
+def test_templates_of_groups_and_runs_through_the_client(server, bot: OrchestratorClient) -> None:
+    _, service = server
+    recipe = recipe_of(name="team", apt=["figlet"])
+    service.templates.repo.put_recipe("team", recipe)  # as a finished build leaves it (no engine needed)
+    service.templates.repo.finish("team", recipe, image="sandbox-orchestrator/template:team", recipe_hash="0" * 64,
+                                  log="", error=None)  # fmt: skip
+    assert bot.set_group_template("feishu", "oc_sdk", "team").template == "team"
+    assert bot.get_group_template("feishu", "oc_sdk").template == "team"
+    session = bot.create_session(owner_user_id=OWNER, channel="feishu_group", group=("feishu", "oc_sdk"))
+    run = bot.start_run(session.session_id, trigger="web")
+    assert run.template is not None and (run.template.name, run.template.source) == ("team", "group")
+    with pytest.raises(sdk.ForbiddenError) as refused:
+        bot.start_run(session.session_id, trigger="web", template="team")
+    assert refused.value.code == "template_not_requestable"
+    service.templates.set_requestable("team", True)
+    asked = bot.start_run(session.session_id, trigger="web", template="team")
+    assert asked.template is not None and asked.template.source == "run"
+    assert bot.set_group_template("feishu", "oc_sdk", None).template == "default"
