@@ -28,12 +28,12 @@ from orchestrator import __version__, audit
 from orchestrator.clock import iso
 from orchestrator.console.charts import CallSample, bar_chart, hour_of_calls, line_chart
 from orchestrator.console.sessions import (
-    COOKIE_NAME,
     ConsoleSession,
     ConsoleSessions,
     Validity,
     cookie_header,
     csrf_matches,
+    session_ids,
 )
 from orchestrator.egress.policy import InvalidPattern, UserRules
 from orchestrator.errors import InvalidInput, OrchestratorError
@@ -118,7 +118,7 @@ def _refuse_tokens(request: Request) -> None:
 
 def _session(request: Request) -> ConsoleSession:
     _refuse_tokens(request)
-    found, session = _sessions(request).find(request.cookies.get(COOKIE_NAME))
+    found, session = _sessions(request).find_any(session_ids(request.headers.getlist("cookie")))
     if session is None:
         raise ConsoleRefusal(401, "log in", to_login=True) if found is Validity.MISSING else ConsoleRefusal(
             401, "your console session expired: log in again", to_login=True

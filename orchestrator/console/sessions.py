@@ -16,6 +16,7 @@ from enum import Enum
 COOKIE_NAME = "orch_console"
 COOKIE_PATH = "/admin"
 MAX_SESSIONS = 1000  # the oldest go first: a flood of logins cannot grow memory
+MAX_COOKIE_VALUES = 8  # of one name in a request: the admin's own and a few planted ones
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,19 @@ def validity(session: ConsoleSession | None, now: float) -> Validity:
     if session is None:
         return Validity.MISSING
     return Validity.VALID if now < session.expires_at else Validity.EXPIRED
+
+
+def session_ids(cookie_headers: list[str]) -> list[str]:
+    """Pure: every value the browser sent under the console cookie's name, in its order. A
+    page on another port of the same host (cookies ignore ports) can plant one for the whole
+    host; the browser then sends both, and taking only one would let it log the admin out."""
+    values = []
+    for header in cookie_headers:
+        for pair in header.split(";"):
+            name, sep, value = pair.strip().partition("=")
+            if sep and name == COOKIE_NAME and value:
+                values.append(value)
+    return values[:MAX_COOKIE_VALUES]
 
 
 def csrf_matches(session: ConsoleSession, sent: str | None) -> bool:
@@ -73,6 +87,18 @@ class ConsoleSessions:
         if found is Validity.EXPIRED:
             self.close(session_id)
         return found, session if found is Validity.VALID else None
+
+    def find_any(self, session_ids: list[str]) -> tuple[Validity, ConsoleSession | None]:
+        """The first of several candidate ids that is a live session; else EXPIRED if one of
+        them expired, else MISSING."""
+        found = Validity.MISSING
+        for session_id in session_ids:
+            validity_of, session = self.find(session_id)
+            if session is not None:
+                return validity_of, session
+            if validity_of is Validity.EXPIRED:
+                found = Validity.EXPIRED
+        return found, None
 
     def close(self, session_id: str | None) -> None:
         with self._lock:

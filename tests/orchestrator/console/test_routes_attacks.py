@@ -1,0 +1,145 @@
+"""The admin console attacked the way its three adversaries would: a hostile user or sandbox
+who controls what the pages show, a page on another port of the same host (a preview: same
+site, so SameSite cookies do not stop it, and cookies ignore ports) acting in the admin's
+browser, and the bot with its token. Each test performs the attack through the HTTP surface."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from orchestrator.console.routes import CSP
+from orchestrator.console.sessions import COOKIE_NAME
+from orchestrator.http.app import create_app
+from orchestrator.service import OrchestratorService
+from tests.conftest import ADMIN_TOKEN, API_TOKEN, admin_headers, make_settings
+from tests.orchestrator.console.test_routes import PAGES, csrf_of, log_in
+
+
+@pytest.fixture
+def console(data_dir) -> Iterator[tuple[TestClient, OrchestratorService]]:
+    service = OrchestratorService(make_settings(data_dir))
+    try:
+        with TestClient(create_app(service), base_url="https://testserver") as client:
+            yield client, service
+    finally:
+        service.close()
+
+
+def _session_cookie(set_cookie: str) -> str:
+    found = re.match(rf"{COOKIE_NAME}=([^;]+);", set_cookie)
+    assert found is not None
+    return found.group(1)
+
+
+def _with_cookie_header(client: TestClient, value: str) -> TestClient:
+    """A client sending exactly this `Cookie` header (as a browser holding several cookies of
+    one name does), none of the jar's."""
+    raw = TestClient(client.app, base_url="https://testserver", headers={"Cookie": value})
+    raw.cookies.clear()
+    return raw
+
+
+def test_a_cookie_planted_for_the_whole_host_does_not_log_the_admin_out(console) -> None:
+    """A preview's script runs `document.cookie = "orch_console=junk; path=/"`: the browser
+    then sends the admin's cookie (Path=/admin, longer: first) and the planted one after it.
+    Taking the last value would lock the admin out for as long as the planted cookie lives, a
+    fresh login included."""
+    client, _ = console
+    real = _session_cookie(log_in(client))
+    for header in (f"{COOKIE_NAME}={real}; {COOKIE_NAME}=planted", f"{COOKIE_NAME}=planted; {COOKIE_NAME}={real}"):
+        page = _with_cookie_header(client, header).get("/admin/users", follow_redirects=False)
+        assert page.status_code == 200, (header, page.status_code, page.headers.get("location"))
+
+
+def test_a_planted_cookie_fixes_no_session(console) -> None:
+    """Session fixation: the attacker's planted value is never adopted as the login's session,
+    and means nothing on its own."""
+    client, _ = console
+    client.cookies.set(COOKIE_NAME, "planted-by-a-preview", path="/admin")
+    issued = _session_cookie(log_in(client))
+    assert issued != "planted-by-a-preview"
+    alone = _with_cookie_header(client, f"{COOKIE_NAME}=planted-by-a-preview")
+    assert alone.get("/admin/", follow_redirects=False).headers["location"] == "/admin/login"
+
+
+def test_a_cookie_planted_by_a_preview_cannot_fix_the_csrf_token(console) -> None:
+    """The CSRF token lives with the session on the server, never in a cookie: a planted
+    `csrf_token` cookie (or any cookie) plus the same value in the form is refused."""
+    client, service = console
+    log_in(client)
+    client.cookies.set("csrf_token", "planted", path="/admin")
+    refused = client.post("/admin/identity", data={"mode": "owner", "confirm": "yes", "csrf_token": "planted"})
+    assert refused.status_code == 403 and service.switch.state().mode.value == "execution"
+
+
+def test_no_get_changes_anything(console) -> None:
+    """Method confusion: a link (GET) to a change route changes nothing and keeps the session."""
+    client, service = console
+    client.put("/v1/users/42", json={"display_name": "kept"}, headers=admin_headers())
+    log_in(client)
+    for path in ("/admin/logout", "/admin/users/42/purge?confirm_user_id=42", "/admin/users/42/sandbox/stop",
+                 "/admin/identity?mode=owner&confirm=yes"):  # fmt: skip
+        client.get(path, follow_redirects=False)
+    assert not service.users.purged.is_purged(42) and service.switch.state().mode.value == "execution"
+    assert client.get("/admin/users", follow_redirects=False).status_code == 200
+
+
+def test_logout_and_purge_need_the_csrf_token(console) -> None:
+    """A preview's page posts a form at the console (same site: the cookie goes along)."""
+    client, service = console
+    client.put("/v1/users/42", json={"display_name": "kept"}, headers=admin_headers())
+    log_in(client)
+    assert client.post("/admin/logout", data={}).status_code == 403
+    assert client.post("/admin/users/42/purge", data={"confirm_user_id": "42"}).status_code == 403
+    assert not service.users.purged.is_purged(42)
+    assert client.get("/admin/users", follow_redirects=False).status_code == 200
+
+
+def test_the_bot_token_reaches_no_console_route(console) -> None:
+    client, _ = console
+    client.put("/v1/users/42", json={"display_name": "kept"}, headers=admin_headers())
+    log_in(client)  # even beside a live admin cookie
+    csrf = csrf_of(client)
+    bot = {"Authorization": f"Bearer {API_TOKEN}"}
+    for page in [*PAGES, "/admin", "/admin/login"]:
+        assert client.get(page, headers=bot, follow_redirects=False).status_code == 403, page
+    for path in ("/admin/identity", "/admin/logout", "/admin/users/42/purge", "/admin/users/42/sandbox/stop",
+                 "/admin/users/42/disk", "/admin/users/42/egress", "/admin/users/42/resources"):  # fmt: skip
+        assert client.post(path, headers=bot, data={"csrf_token": csrf, "confirm_user_id": "42"}).status_code == 403, path
+
+
+def test_static_files_do_not_leave_their_folder(console) -> None:
+    client, _ = console
+    assert client.get("/admin/static/console.js").status_code == 200
+    for path in ("/admin/static/../routes.py", "/admin/static/%2e%2e/routes.py", "/admin/static/..%2froutes.py",
+                 "/admin/static/%2e%2e%2fsessions.py", "/admin/static//etc/passwd", "/admin/static/..%5croutes.py"):  # fmt: skip
+        answer = client.get(path)
+        assert answer.status_code == 404 and "COOKIE_NAME" not in answer.text and "root:" not in answer.text, path
+
+
+def test_the_login_takes_no_next_url_and_every_redirect_stays_on_the_console(console) -> None:
+    client, _ = console
+    answer = client.post("/admin/login?next=https://evil.example/", data={"token": ADMIN_TOKEN, "next": "//evil.example/"},
+                         follow_redirects=False)  # fmt: skip
+    assert answer.headers["location"] == "/admin/"
+    for path in ("/admin", "/admin/login?expired=//evil.example"):
+        location = client.get(path, follow_redirects=False).headers.get("location", "/admin/")
+        assert location.startswith("/admin/"), location
+
+
+def test_refusals_and_logins_are_not_framed_or_cached(console) -> None:
+    client, _ = console
+    for answer in (
+        client.get("/admin/login"),
+        client.post("/admin/login", data={"token": "wrong"}),
+        client.get("/admin/", follow_redirects=False),
+        client.get("/admin/users/17", follow_redirects=False),
+    ):
+        assert answer.headers["x-frame-options"] == "DENY" and answer.headers["cache-control"] == "no-store"
+        assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
+    assert all(word not in CSP for word in ("unsafe-inline", "unsafe-eval", "*"))
+    assert "object-src" in CSP or "default-src 'none'" in CSP
