@@ -27,6 +27,7 @@ from mounts import ids
 from orchestrator import __version__, audit
 from orchestrator.clock import iso
 from orchestrator.console.charts import CallSample, bar_chart, hour_of_calls, line_chart
+from orchestrator.console.login_attempts import LoginAttempts
 from orchestrator.console.sessions import (
     ConsoleSession,
     ConsoleSessions,
@@ -143,6 +144,7 @@ def _field(form: FormData, name: str) -> str:
 
 def install_console(app: FastAPI, service: OrchestratorService) -> None:
     app.state.console_sessions = ConsoleSessions(service.settings.console_session_ttl_s)
+    app.state.console_login_attempts = LoginAttempts()
     app.mount("/admin/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.include_router(router)
 
@@ -174,10 +176,18 @@ def login_page(request: Request, expired: str | None = None) -> HTMLResponse:
 async def login(request: Request) -> Response:
     _refuse_tokens(request)
     service = _service(request)
+    attempts: LoginAttempts = request.app.state.console_login_attempts
+    address = request.client.host if request.client is not None else ""
+    wait = attempts.wait_s(address)
+    if wait:
+        refused = render("login.html", 429, note=f"Too many wrong tokens: try again in {wait} s.", title="Log in")
+        refused.headers["Retry-After"] = str(wait)
+        return refused
     form = await request.form()
     token = _field(form, "token")
     caller = caller_for(service, f"Bearer {token}") if token or not service.settings.auth_enabled else None
     if caller is None:
+        attempts.failed(address)
         return render("login.html", 401, note="That is not the admin token.", title="Log in")
     if caller.role == "bot":
         return render("login.html", 403, note="The bot token cannot open the admin console.", title="Log in")

@@ -76,6 +76,19 @@ def test_a_cookie_planted_by_a_preview_cannot_fix_the_csrf_token(console) -> Non
     assert refused.status_code == 403 and service.switch.state().mode.value == "execution"
 
 
+def test_login_guessing_is_bounded(console) -> None:
+    """Guessing the admin token at the login form: after a few wrong tokens from one address
+    the login answers 429 for a while, the right token included (or the guessing would go on
+    and learn when it hit)."""
+    client, _ = console
+    answers = [client.post("/admin/login", data={"token": f"guess-{n}"}, follow_redirects=False).status_code for n in range(30)]
+    assert answers[0] == 401 and answers[-1] == 429, answers
+    assert answers.count(401) <= 10
+    hit = client.post("/admin/login", data={"token": ADMIN_TOKEN}, follow_redirects=False)
+    assert hit.status_code == 429 and "set-cookie" not in hit.headers
+    assert hit.headers["content-security-policy"] == CSP and "retry-after" in hit.headers
+
+
 def test_no_get_changes_anything(console) -> None:
     """Method confusion: a link (GET) to a change route changes nothing and keeps the session."""
     client, service = console
