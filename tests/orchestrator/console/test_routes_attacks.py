@@ -6,11 +6,13 @@ browser, and the bot with its token. Each test performs the attack through the H
 from __future__ import annotations
 
 import re
+from urllib.parse import quote
 from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
 
+from orchestrator import audit
 from orchestrator.console.routes import CSP
 from orchestrator.console.sessions import COOKIE_NAME
 from orchestrator.http.app import create_app
@@ -156,3 +158,35 @@ def test_refusals_and_logins_are_not_framed_or_cached(console) -> None:
         assert "frame-ancestors 'none'" in answer.headers["content-security-policy"]
     assert all(word not in CSP for word in ("unsafe-inline", "unsafe-eval", "*"))
     assert "object-src" in CSP or "default-src 'none'" in CSP
+
+
+MARK = "\"'><b>pwn<b>"  # no space and no '/': it fits a platform identity too
+
+
+def test_nothing_a_user_or_sandbox_stored_is_rendered_as_markup(console) -> None:
+    """Stored XSS: a display name, a platform identity, a session title, a tool's name and the
+    text a tool call's audit row carries, then every page (lists, detail pages, the charts) is
+    searched for the payload as markup."""
+    client, service = console
+    bot = {"Authorization": f"Bearer {API_TOKEN}"}
+    person = client.put(f"/v1/identities/slack/{quote(MARK, safe='')}", json={"display_name": MARK}, headers=bot)
+    assert person.status_code == 200, person.text
+    uid = person.json()["user_id"]
+    created = client.post("/v1/sessions", json={"owner_user_id": uid, "channel": "web", "title": MARK}, headers=bot)
+    assert created.status_code == 201, created.text
+    sid = created.json()["session_id"]
+    started = client.post(f"/v1/sessions/{sid}/runs", json={"trigger": "web"}, headers=bot)
+    assert started.status_code == 201, started.text
+    run = started.json()["run_id"]
+    client.post(f"/v1/runs/{run}/tools/{quote(MARK, safe='')}", json={"arguments": {}}, headers=bot)
+    with service.store.write() as tx:  # the text a hostile tool call gets into its audit row
+        audit.record(tx, actor=MARK, action="tool.call", session_id=sid, owner_user_id=uid, run_id=run, tool=MARK,
+                     outcome=MARK, acting_user_id=MARK, duration_ms=3.0, message=MARK + "</td><script>")  # fmt: skip
+    log_in(client)
+    pages = [*PAGES, f"/admin/users/{uid}", f"/admin/runs/{run}", f"/admin/runs?session_id={quote(MARK)}",
+             f"/admin/audit?tool={quote(MARK)}", f"/admin/audit?session_id={sid}"]  # fmt: skip
+    for page in pages:
+        html = client.get(page).text
+        assert "<b>pwn" not in html and "<script>" not in html and "'><" not in html, page
+    for page in ("/admin/users", f"/admin/users/{uid}", f"/admin/runs/{run}", f"/admin/audit?session_id={sid}"):
+        assert "&lt;b&gt;pwn" in client.get(page).text, page  # shown, as text
