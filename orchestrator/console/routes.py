@@ -293,9 +293,7 @@ async def identity_change(request: Request) -> Response:
 
 
 @router.get("/admin/users")
-def users_page(
-    request: Request, platform: str = "", backend: str = "", state: str = "", cursor: str = "", notice: str = ""
-) -> HTMLResponse:
+def users_page(request: Request, platform: str = "", backend: str = "", state: str = "", cursor: str = "") -> HTMLResponse:
     session = _session(request)
     service = _service(request)
     try:
@@ -309,7 +307,8 @@ def users_page(
     if next_after is not None:
         next_url = "/admin/users?" + urlencode({"platform": platform, "backend": backend, "state": state, "cursor": next_after})
     return render(
-        "users.html", session=session, title="Users", users=found, next_url=next_url, notice=notice,
+        "users.html", session=session, title="Users", users=found, next_url=next_url,
+        notice=_sessions(request).take_notice(session),
         filters={"platform": platform, "backend": backend, "state": state}, backends=sorted(service.sandboxes.backends),
     )  # fmt: skip
 
@@ -331,7 +330,7 @@ def _live_user(service: OrchestratorService, raw: str) -> int:
 
 
 @router.get("/admin/users/{user_id}")
-def user_page(request: Request, user_id: str, notice: str = "") -> HTMLResponse:
+def user_page(request: Request, user_id: str) -> HTMLResponse:
     session = _session(request)
     service = _service(request)
     uid = _live_user(service, user_id)
@@ -347,7 +346,7 @@ def user_page(request: Request, user_id: str, notice: str = "") -> HTMLResponse:
         session=session,
         title=f"User {uid}",
         user=summary,
-        notice=notice,
+        notice=_sessions(request).take_notice(session),
         resources=service.resources.of(uid),
         resources_override=service.resources.has_override(uid),
         maxima=service.resources.maxima,
@@ -360,20 +359,21 @@ def user_page(request: Request, user_id: str, notice: str = "") -> HTMLResponse:
     )
 
 
-def _back_to_user(uid: int, notice: str) -> RedirectResponse:
-    return redirect(f"/admin/users/{uid}?" + urlencode({"notice": notice}))
+def _back_to(request: Request, session: ConsoleSession, url: str, notice: str) -> RedirectResponse:
+    _sessions(request).notify(session, notice)
+    return redirect(url)
 
 
 async def _act(request: Request, user_id: str, do: Any) -> Response:
     """Run one change for a user off the event loop; a refusal is shown as a page."""
-    _, form = await _change(request)
+    session, form = await _change(request)
     service = _service(request)
     uid = _live_user(service, user_id)
     try:
         notice = await run_in_threadpool(do, service, uid, form)
     except OrchestratorError as exc:
         raise ConsoleRefusal(exc.status_code if exc.status_code >= 400 else 409, exc.message) from None
-    return _back_to_user(uid, notice)
+    return _back_to(request, session, f"/admin/users/{uid}", notice)
 
 
 @router.post("/admin/users/{user_id}/sandbox/{action}")
@@ -444,7 +444,7 @@ async def user_resources(request: Request, user_id: str) -> Response:
 
 @router.post("/admin/users/{user_id}/purge")
 async def user_purge(request: Request, user_id: str) -> Response:
-    _, form = await _change(request)
+    session, form = await _change(request)
     service = _service(request)
     uid = _user_id(user_id)
     confirm = _field(form, "confirm_user_id")
@@ -454,7 +454,7 @@ async def user_purge(request: Request, user_id: str) -> Response:
         )
     except OrchestratorError as exc:
         raise ConsoleRefusal(exc.status_code, exc.message) from None
-    return redirect("/admin/users?" + urlencode({"notice": f"user {uid} purged"}))
+    return _back_to(request, session, "/admin/users", f"user {uid} purged")
 
 
 # --- groups, runs, audit -------------------------------------------------------------------

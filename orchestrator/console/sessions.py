@@ -16,6 +16,7 @@ from enum import Enum
 COOKIE_NAME = "orch_console"
 COOKIE_PATH = "/admin"
 MAX_SESSIONS = 1000  # the oldest go first: a flood of logins cannot grow memory
+MAX_NOTICE_CHARS = 500
 MAX_COOKIE_VALUES = 8  # of one name in a request: the admin's own and a few planted ones
 
 
@@ -71,12 +72,13 @@ class ConsoleSessions:
         self.clock = clock
         self._lock = threading.Lock()
         self._sessions: dict[str, ConsoleSession] = {}
+        self._notices: dict[str, str] = {}  # by session id: what its last change did, shown once
 
     def open(self) -> ConsoleSession:
         session = ConsoleSession(secrets.token_urlsafe(32), secrets.token_urlsafe(32), self.clock() + self.ttl_s)
         with self._lock:
             while len(self._sessions) >= MAX_SESSIONS:
-                self._sessions.pop(next(iter(self._sessions)))
+                self._notices.pop(self._sessions.pop(next(iter(self._sessions))).session_id, None)
             self._sessions[session.session_id] = session
         return session
 
@@ -104,3 +106,15 @@ class ConsoleSessions:
         with self._lock:
             if session_id:
                 self._sessions.pop(session_id, None)
+                self._notices.pop(session_id, None)
+
+    def notify(self, session: ConsoleSession, notice: str) -> None:
+        """What a change did, for the next page this session sees (never taken from a URL: a
+        link could put its own words in the console's mouth)."""
+        with self._lock:
+            if session.session_id in self._sessions:
+                self._notices[session.session_id] = notice[:MAX_NOTICE_CHARS]
+
+    def take_notice(self, session: ConsoleSession) -> str | None:
+        with self._lock:
+            return self._notices.pop(session.session_id, None)

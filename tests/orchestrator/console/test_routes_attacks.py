@@ -190,3 +190,18 @@ def test_nothing_a_user_or_sandbox_stored_is_rendered_as_markup(console) -> None
         assert "<b>pwn" not in html and "<script>" not in html and "'><" not in html, page
     for page in ("/admin/users", f"/admin/users/{uid}", f"/admin/runs/{run}", f"/admin/audit?session_id={sid}"):
         assert "&lt;b&gt;pwn" in client.get(page).text, page  # shown, as text
+
+
+def test_a_link_cannot_put_its_own_words_in_the_consoles_notice(console) -> None:
+    """Content spoofing: a preview's page links the admin (same site: the cookie goes along) to a
+    console page whose status line says what the attacker wrote. The notice after a change is
+    the server's own, shown once."""
+    client, _ = console
+    client.put("/v1/users/42", json={"display_name": "kept"}, headers=admin_headers())
+    log_in(client)
+    lure = "Session expired: paste the admin token at http://evil.example"
+    for page in ("/admin/users", "/admin/users/42"):
+        assert "evil.example" not in client.get(page, params={"notice": lure}).text, page
+    done = client.post("/admin/users/42/sandbox/stop", data={"csrf_token": csrf_of(client)})
+    assert done.status_code == 200 and 'class="notice" role="status">sandbox stopped<' in done.text
+    assert 'class="notice"' not in client.get("/admin/users/42").text  # once

@@ -52,3 +52,17 @@ def test_every_value_of_the_console_cookie_is_a_candidate_and_a_live_one_wins() 
     assert store.find_any(["planted"]) == (Validity.MISSING, None)
     assert store.find_any(["planted", old.session_id]) == (Validity.MISSING, None)  # forgotten above
     assert store.find_any([]) == (Validity.MISSING, None)
+
+
+def test_a_notice_is_its_sessions_own_shown_once_and_bounded() -> None:
+    store = ConsoleSessions(60)
+    mine, other = store.open(), store.open()
+    store.notify(mine, "sandbox stopped")
+    assert store.take_notice(other) is None
+    assert store.take_notice(mine) == "sandbox stopped" and store.take_notice(mine) is None
+    store.notify(mine, "x" * 10_000)
+    assert len(store.take_notice(mine) or "") == module.MAX_NOTICE_CHARS
+    store.notify(mine, "kept?")
+    store.close(mine.session_id)
+    store.notify(mine, "after the logout")
+    assert store.take_notice(mine) is None
