@@ -6,9 +6,7 @@ console change writes the same audit row as the admin API's."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
-import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator import audit
@@ -19,16 +17,6 @@ from tests.conftest import ADMIN_TOKEN, API_TOKEN, admin_headers, make_settings
 
 XSS = "<img src=x onerror=alert(1)>"
 PAGES = ["/admin/", "/admin/identity", "/admin/users", "/admin/users/17", "/admin/groups", "/admin/runs", "/admin/audit"]
-
-
-@pytest.fixture
-def console(data_dir) -> Iterator[tuple[TestClient, OrchestratorService]]:
-    service = OrchestratorService(make_settings(data_dir))
-    try:
-        with TestClient(create_app(service), base_url="https://testserver") as client:
-            yield client, service
-    finally:
-        service.close()
 
 
 def log_in(client: TestClient) -> str:

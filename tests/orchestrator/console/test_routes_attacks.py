@@ -7,28 +7,14 @@ from __future__ import annotations
 
 import re
 from urllib.parse import quote
-from collections.abc import Iterator
 
-import pytest
 from fastapi.testclient import TestClient
 
 from orchestrator import audit
 from orchestrator.console.routes import CSP
 from orchestrator.console.sessions import COOKIE_NAME
-from orchestrator.http.app import create_app
-from orchestrator.service import OrchestratorService
-from tests.conftest import ADMIN_TOKEN, API_TOKEN, admin_headers, make_settings
+from tests.conftest import ADMIN_TOKEN, API_TOKEN, admin_headers
 from tests.orchestrator.console.test_routes import PAGES, csrf_of, log_in
-
-
-@pytest.fixture
-def console(data_dir) -> Iterator[tuple[TestClient, OrchestratorService]]:
-    service = OrchestratorService(make_settings(data_dir))
-    try:
-        with TestClient(create_app(service), base_url="https://testserver") as client:
-            yield client, service
-    finally:
-        service.close()
 
 
 def _session_cookie(set_cookie: str) -> str:
