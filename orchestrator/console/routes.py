@@ -27,13 +27,14 @@ from mounts import ids
 from orchestrator import __version__, audit
 from orchestrator.clock import iso
 from orchestrator.console.charts import CallSample, bar_chart, hour_of_calls, line_chart
+from orchestrator.console.login_attempts import LoginAttempts
 from orchestrator.console.sessions import (
-    COOKIE_NAME,
     ConsoleSession,
     ConsoleSessions,
     Validity,
     cookie_header,
     csrf_matches,
+    session_ids,
 )
 from orchestrator.egress.policy import InvalidPattern, UserRules
 from orchestrator.errors import InvalidInput, OrchestratorError
@@ -126,7 +127,7 @@ def _refuse_tokens(request: Request) -> None:
 
 def _session(request: Request) -> ConsoleSession:
     _refuse_tokens(request)
-    found, session = _sessions(request).find(request.cookies.get(COOKIE_NAME))
+    found, session = _sessions(request).find_any(session_ids(request.headers.getlist("cookie")))
     if session is None:
         raise ConsoleRefusal(401, "log in", to_login=True) if found is Validity.MISSING else ConsoleRefusal(
             401, "your console session expired: log in again", to_login=True
@@ -151,6 +152,7 @@ def _field(form: FormData, name: str) -> str:
 
 def install_console(app: FastAPI, service: OrchestratorService) -> None:
     app.state.console_sessions = ConsoleSessions(service.settings.console_session_ttl_s)
+    app.state.console_login_attempts = LoginAttempts()
     app.mount("/admin/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.include_router(router)
 
@@ -182,10 +184,18 @@ def login_page(request: Request, expired: str | None = None) -> HTMLResponse:
 async def login(request: Request) -> Response:
     _refuse_tokens(request)
     service = _service(request)
+    attempts: LoginAttempts = request.app.state.console_login_attempts
+    address = request.client.host if request.client is not None else ""
+    wait = attempts.wait_s(address)
+    if wait:
+        refused = render("login.html", 429, note=f"Too many wrong tokens: try again in {wait} s.", title="Log in")
+        refused.headers["Retry-After"] = str(wait)
+        return refused
     form = await request.form()
     token = _field(form, "token")
     caller = caller_for(service, f"Bearer {token}") if token or not service.settings.auth_enabled else None
     if caller is None:
+        attempts.failed(address)
         return render("login.html", 401, note="That is not the admin token.", title="Log in")
     if caller.role == "bot":
         return render("login.html", 403, note="The bot token cannot open the admin console.", title="Log in")
@@ -291,9 +301,7 @@ async def identity_change(request: Request) -> Response:
 
 
 @router.get("/admin/users")
-def users_page(
-    request: Request, platform: str = "", backend: str = "", state: str = "", cursor: str = "", notice: str = ""
-) -> HTMLResponse:
+def users_page(request: Request, platform: str = "", backend: str = "", state: str = "", cursor: str = "") -> HTMLResponse:
     session = _session(request)
     service = _service(request)
     try:
@@ -307,7 +315,8 @@ def users_page(
     if next_after is not None:
         next_url = "/admin/users?" + urlencode({"platform": platform, "backend": backend, "state": state, "cursor": next_after})
     return render(
-        "users.html", session=session, title="Users", users=found, next_url=next_url, notice=notice,
+        "users.html", session=session, title="Users", users=found, next_url=next_url,
+        notice=_sessions(request).take_notice(session),
         filters={"platform": platform, "backend": backend, "state": state}, backends=sorted(service.sandboxes.backends),
     )  # fmt: skip
 
@@ -329,7 +338,7 @@ def _live_user(service: OrchestratorService, raw: str) -> int:
 
 
 @router.get("/admin/users/{user_id}")
-def user_page(request: Request, user_id: str, notice: str = "") -> HTMLResponse:
+def user_page(request: Request, user_id: str) -> HTMLResponse:
     session = _session(request)
     service = _service(request)
     uid = _live_user(service, user_id)
@@ -346,7 +355,7 @@ def user_page(request: Request, user_id: str, notice: str = "") -> HTMLResponse:
         session=session,
         title=f"User {uid}",
         user=summary,
-        notice=notice,
+        notice=_sessions(request).take_notice(session),
         resources=service.resources.of(uid),
         resources_override=service.resources.has_override(uid),
         maxima=service.resources.maxima,
@@ -363,20 +372,21 @@ def user_page(request: Request, user_id: str, notice: str = "") -> HTMLResponse:
     )
 
 
-def _back_to_user(uid: int, notice: str) -> RedirectResponse:
-    return redirect(f"/admin/users/{uid}?" + urlencode({"notice": notice}))
+def _back_to(request: Request, session: ConsoleSession, url: str, notice: str) -> RedirectResponse:
+    _sessions(request).notify(session, notice)
+    return redirect(url)
 
 
 async def _act(request: Request, user_id: str, do: Any) -> Response:
     """Run one change for a user off the event loop; a refusal is shown as a page."""
-    _, form = await _change(request)
+    session, form = await _change(request)
     service = _service(request)
     uid = _live_user(service, user_id)
     try:
         notice = await run_in_threadpool(do, service, uid, form)
     except OrchestratorError as exc:
         raise ConsoleRefusal(exc.status_code if exc.status_code >= 400 else 409, exc.message) from None
-    return _back_to_user(uid, notice)
+    return _back_to(request, session, f"/admin/users/{uid}", notice)
 
 
 @router.post("/admin/users/{user_id}/sandbox/{action}")
@@ -458,7 +468,7 @@ async def user_template(request: Request, user_id: str) -> Response:
 
 @router.post("/admin/users/{user_id}/purge")
 async def user_purge(request: Request, user_id: str) -> Response:
-    _, form = await _change(request)
+    session, form = await _change(request)
     service = _service(request)
     uid = _user_id(user_id)
     confirm = _field(form, "confirm_user_id")
@@ -468,7 +478,7 @@ async def user_purge(request: Request, user_id: str) -> Response:
         )
     except OrchestratorError as exc:
         raise ConsoleRefusal(exc.status_code, exc.message) from None
-    return redirect("/admin/users?" + urlencode({"notice": f"user {uid} purged"}))
+    return _back_to(request, session, "/admin/users", f"user {uid} purged")
 
 
 # --- groups, runs, audit -------------------------------------------------------------------

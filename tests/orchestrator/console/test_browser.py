@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -322,6 +325,53 @@ def test_the_bot_token_is_refused_on_every_console_route(world: World) -> None:
                 answer = bot.request(method, path, data={"token": API_TOKEN, "mode": "owner", "confirm": "yes"})
                 assert answer.status_code in (401, 403), (method, path, answer.status_code)
     assert world.service.users.get(OWNER) is not None and world.service.switch.state().mode.value == "execution"
+
+
+PLANTING_PAGE = b"""<!doctype html><title>a preview</title><script>
+document.cookie = "orch_console=planted; path=/";
+</script><p>planted</p>"""
+
+
+@contextmanager
+def another_port_of_this_host() -> Iterator[str]:
+    """A page on another loopback port, as a preview is: same host and site, another origin."""
+
+    class Page(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(PLANTING_PAGE)
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Page)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_cookie_planted_by_a_page_on_another_port_does_not_log_the_admin_out(world: World) -> None:
+    """Cookies ignore ports: a preview's script sets `orch_console` for the whole host. The
+    browser then sends the admin's cookie and the planted one; the console stays logged in."""
+    log_in(world)
+    with another_port_of_this_host() as preview:
+        try:
+            world.driver.get(preview + "/")  # type: ignore[attr-defined]
+            world.page("/admin/users")
+            sent = [c for c in world.driver.get_cookies() if c["name"] == "orch_console"]  # type: ignore[attr-defined]
+            assert len(sent) == 2, sent  # the admin's (Path=/admin) and the planted one (Path=/)
+            assert world.driver.current_url == world.url + "/admin/users"  # type: ignore[attr-defined]
+        finally:
+            world.driver.delete_cookie("orch_console")  # type: ignore[attr-defined]
+            world.driver.get(preview + "/")  # type: ignore[attr-defined]
+            world.driver.execute_script('document.cookie = "orch_console=; path=/; max-age=0"')  # type: ignore[attr-defined]
+    log_in(world)
 
 
 def test_an_expired_session_goes_back_to_the_login(world: World) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from orchestrator.console import sessions as module
-from orchestrator.console.sessions import ConsoleSessions, Validity, cookie_header, csrf_matches
+from orchestrator.console.sessions import ConsoleSessions, Validity, cookie_header, csrf_matches, session_ids
 
 
 def test_a_session_is_valid_until_it_expires_and_then_forgotten() -> None:
@@ -36,3 +36,33 @@ def test_a_flood_of_logins_keeps_a_bounded_store(monkeypatch) -> None:
     for _ in range(3):
         store.open()
     assert store.find(first.session_id)[0] is Validity.MISSING and len(store._sessions) == 3
+
+
+def test_every_value_of_the_console_cookie_is_a_candidate_and_a_live_one_wins() -> None:
+    assert session_ids(["a=1; orch_console=real; orch_console=planted", "orch_console=more"]) == ["real", "planted", "more"]
+    assert session_ids(["orch_consolex=1; orch_console=; x=orch_console=2"]) == []
+    assert len(session_ids(["; ".join(f"orch_console={n}" for n in range(100))])) == module.MAX_COOKIE_VALUES
+    now = [100.0]
+    store = ConsoleSessions(60, clock=lambda: now[0])
+    old = store.open()
+    now[0] += 30
+    live = store.open()
+    now[0] += 40  # `old` expired, `live` not
+    assert store.find_any(["planted", old.session_id, live.session_id]) == (Validity.VALID, live)
+    assert store.find_any(["planted"]) == (Validity.MISSING, None)
+    assert store.find_any(["planted", old.session_id]) == (Validity.MISSING, None)  # forgotten above
+    assert store.find_any([]) == (Validity.MISSING, None)
+
+
+def test_a_notice_is_its_sessions_own_shown_once_and_bounded() -> None:
+    store = ConsoleSessions(60)
+    mine, other = store.open(), store.open()
+    store.notify(mine, "sandbox stopped")
+    assert store.take_notice(other) is None
+    assert store.take_notice(mine) == "sandbox stopped" and store.take_notice(mine) is None
+    store.notify(mine, "x" * 10_000)
+    assert len(store.take_notice(mine) or "") == module.MAX_NOTICE_CHARS
+    store.notify(mine, "kept?")
+    store.close(mine.session_id)
+    store.notify(mine, "after the logout")
+    assert store.take_notice(mine) is None
