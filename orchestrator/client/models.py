@@ -386,6 +386,59 @@ class RunPage(Model):
     next_before: int | None  # pass as `before` for the next (older) page
 
 
+class AdminUser(Model):
+    """One user as the admin's list shows it (`admin_users`, docs/admin-console.md)."""
+
+    user_id: int
+    display_name: str | None
+    identities: list[Person]
+    backend: str
+    backend_override: str | None
+    state: str  # of its sandbox: running | paused | starting | failed | stopped
+    groups: list[Group]
+    cpus: float
+    memory_mb: int
+    resources_override: bool
+    created_at: str
+
+
+class AdminUserPage(Model):
+    users: list[AdminUser]
+    next_cursor: str | None  # pass as `cursor` for the next page
+
+
+class AdminRun(Run):
+    last_activity_at: str | None
+    group: Group | None = None
+
+
+class AdminRunPage(Model):
+    runs: list[AdminRun]
+
+
+class SandboxAction(Model):
+    user_id: int
+    state: str
+
+
+class UserResources(Model):
+    user_id: int
+    cpus: float
+    memory_mb: int
+    override: bool
+    max_cpus: float
+    max_memory_mb: int
+
+
+class UserPurged(Model):
+    user_id: int
+    purged: bool
+    already_purged: bool
+    sessions_deleted: list[str]
+    volume_removed: bool
+    entries_removed: int
+
+
 class SandboxState(Model):
     user_id: int
     backend: str

@@ -20,6 +20,8 @@ import httpx
 
 from orchestrator.client.errors import ApiError, TransportError, error_from_response
 from orchestrator.client.models import (
+    AdminRunPage,
+    AdminUserPage,
     Appended,
     Collaboration,
     CollaborationPage,
@@ -43,6 +45,7 @@ from orchestrator.client.models import (
     RunCodeResult,
     RunContext,
     RunPage,
+    SandboxAction,
     SandboxState,
     Session,
     SessionDeleted,
@@ -59,6 +62,8 @@ from orchestrator.client.models import (
     ToolResult,
     User,
     UserDisk,
+    UserPurged,
+    UserResources,
     UserTemplate,
     GroupTemplate,
     UserRef,
@@ -723,6 +728,48 @@ class ClientMethods:
     @route("GET", "/v1/admin/groups/{channel}/{chat_id}/template")
     def get_group_template(self, channel: str, chat_id: str) -> Request[GroupTemplate]:
         return Request(_json_of(GroupTemplate), {"channel": channel, "chat_id": chat_id}, admin=True)
+
+    # the admin's hand on users (docs/admin-console.md) --------------------------------------
+    @route("GET", "/v1/admin/users")
+    def admin_users(
+        self, *, platform: str | None = None, backend: str | None = None, state: str | None = None,
+        cursor: str | None = None, limit: int | None = None,
+    ) -> Request[AdminUserPage]:  # fmt: skip
+        """A page of users, filtered by platform identity, backend or sandbox state; pass the
+        answer's `next_cursor` as `cursor` for the next one."""
+        params = _without_none({"platform": platform, "backend": backend, "state": state, "cursor": cursor, "limit": limit})
+        return Request(_json_of(AdminUserPage), params=params, admin=True)
+
+    @route("GET", "/v1/admin/runs")
+    def admin_runs(
+        self, *, state: str = "recent", user_id: int | None = None, session_id: str | None = None,
+        channel: str | None = None, chat_id: str | None = None, limit: int | None = None,
+    ) -> Request[AdminRunPage]:  # fmt: skip
+        """Runs, `active` (still running) or `recent` (any, newest first), by user, session or group."""
+        params = _without_none({"state": state, "user_id": user_id, "session_id": session_id, "channel": channel,
+                                "chat_id": chat_id, "limit": limit})  # fmt: skip
+        return Request(_json_of(AdminRunPage), params=params, admin=True)
+
+    @route("POST", "/v1/admin/users/{user_id}/sandbox/{action}")
+    def admin_sandbox_action(self, user_id: UserRef, action: str) -> Request[SandboxAction]:
+        """`action`: stop, restart, pause or resume the user's sandbox."""
+        return Request(_json_of(SandboxAction), {"user_id": user_ref_text(user_id), "action": action}, admin=True)
+
+    @route("GET", "/v1/admin/users/{user_id}/resources")
+    def get_user_resources(self, user_id: UserRef) -> Request[UserResources]:
+        return Request(_json_of(UserResources), {"user_id": user_ref_text(user_id)}, admin=True)
+
+    @route("PUT", "/v1/admin/users/{user_id}/resources")
+    def set_user_resources(self, user_id: UserRef, *, cpus: float | None, memory_mb: int | None) -> Request[UserResources]:
+        """CPU and memory of the user's sandbox within the operator's maxima (None: the default)."""
+        body = {"cpus": cpus, "memory_mb": memory_mb}
+        return Request(_json_of(UserResources), {"user_id": user_ref_text(user_id)}, json=body, admin=True)
+
+    @route("DELETE", "/v1/admin/users/{user_id}")
+    def purge_user(self, user_id: int, *, confirm_user_id: int) -> Request[UserPurged]:
+        """Purge the user (sandbox, files, volumes, credentials, skills); `confirm_user_id` must
+        name it again. Its id then answers `GoneError` (`user_purged`) and is never used again."""
+        return Request(_json_of(UserPurged), {"user_id": str(user_id)}, json={"confirm_user_id": confirm_user_id}, admin=True)
 
     # skills --------------------------------------------------------------------------------
     @route("GET", "/v1/admin/skills")

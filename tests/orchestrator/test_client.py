@@ -118,6 +118,12 @@ def test_client_models_match_the_servers_openapi(server) -> None:
         sdk.SkillList: "SkillListOut",
         sdk.SkillInstalled: "SkillInstalledOut",
         sdk.SkillRemoved: "SkillRemovedOut",
+        sdk.AdminUser: "AdminUserOut",
+        sdk.AdminUserPage: "AdminUsersOut",
+        sdk.AdminRun: "AdminRunOut",
+        sdk.SandboxAction: "SandboxActionOut",
+        sdk.UserResources: "ResourcesOut",
+        sdk.UserPurged: "PurgeOut",
     }
     for model, schema in pairs.items():
         server_fields = set(schemas[schema]["properties"])
@@ -183,3 +189,23 @@ def test_templates_of_groups_and_runs_through_the_client(server, bot: Orchestrat
     asked = bot.start_run(session.session_id, trigger="web", template="team")
     assert asked.template is not None and asked.template.source == "run"
     assert bot.set_group_template("feishu", "oc_sdk", None).template == "default"
+
+
+def test_the_admins_hand_on_users_through_the_client(server, bot: OrchestratorClient) -> None:
+    session = bot.create_session(owner_user_id=OWNER, channel="web")
+    run = bot.start_run(session.session_id, trigger="web")
+    assert bot.call_tool(run.run_id, "write_file", {"path": "a.txt", "content": "x"}).ok
+    listed = bot.admin_users(backend="process", state="running")
+    assert [u.user_id for u in listed.users] == [OWNER] and listed.users[0].state == "running"
+    assert [r.run_id for r in bot.admin_runs(state="active", user_id=OWNER).runs] == [run.run_id]
+    assert bot.admin_sandbox_action(OWNER, "stop") == sdk.SandboxAction(user_id=OWNER, state="stopped")
+    grown = bot.set_user_resources(OWNER, cpus=0.5, memory_mb=256)
+    assert (grown.cpus, grown.memory_mb, grown.override) == (0.5, 256, True)
+    assert bot.get_user_resources(OWNER) == grown
+    with pytest.raises(sdk.InvalidRequestError):
+        bot.purge_user(OWNER, confirm_user_id=OWNER + 1)
+    purged = bot.purge_user(OWNER, confirm_user_id=OWNER)
+    assert purged.purged and purged.sessions_deleted == [session.session_id]
+    with pytest.raises(sdk.GoneError) as gone:
+        bot.get_user(OWNER)
+    assert gone.value.code == "user_purged"
