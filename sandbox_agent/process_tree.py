@@ -204,6 +204,12 @@ def select_victims(
         if info.pid in own or info.sid == leader.pid:
             victims.add(info.pid)
             continue
+        if info.ppid == 0:
+            # Its parent is outside our pid namespace: the runtime entered it (a pod's exec
+            # probe, `kubectl exec`, `docker exec`). Nothing inside can make such a process, and
+            # killing a probe that ran during a call failed the pod's readiness. What it forks
+            # has a parent inside and is judged like anything else.
+            continue
         leftover = whole_uid or info.ppid == me
         if leftover and (cutoff is None or info.start < cutoff):
             victims.add(info.pid)

@@ -43,6 +43,13 @@ def test_the_sweep_takes_every_process_of_the_uid_but_the_agent_its_ancestors_an
     assert victims(procs, leader, kept=[50]) == {20, 21, 30, 31}
 
 
+def test_a_process_the_runtime_entered_during_the_call_is_not_a_leftover_but_its_children_are() -> None:
+    # A pod's exec probe (or kubectl exec) has its parent outside the pid namespace: ppid 0.
+    leader = Leader(20, 150, "m")
+    procs = table(*BASE, proc(20, ME, sid=20, start=150), proc(90, 0, sid=90, start=151), proc(91, 90, sid=90, start=152))
+    assert victims(procs, leader) == {20, 91}
+
+
 def test_a_zombie_leader_with_a_live_thread_counts_as_running() -> None:
     leader = Leader(20, 150, "m")
     assert victims(table(*BASE, proc(20, ME, sid=20, start=150, running=True)), leader) == {20}
