@@ -24,7 +24,7 @@ from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.log import kv
 from orchestrator.settings import Settings
-from orchestrator.users.repository import UserRepository
+from orchestrator.users.repository import UserRecord, UserRepository
 from sandbox_agent.client import RawSpool
 from sandbox_agent.wire import CallContext
 
@@ -172,6 +172,9 @@ class SandboxRouter:
         self.template_of: Callable[[int, tuple[str | None, str | None]], SandboxTemplate | None] | None = None
 
     def sandbox_user(self, user_id: int, context: CallContext | None = None) -> SandboxUser:
+        return self._sandbox_user(user_id, context, self._users.get(user_id))
+
+    def _sandbox_user(self, user_id: int, context: CallContext | None, record: UserRecord | None) -> SandboxUser:
         if self._users.purged.is_purged(user_id):  # a call that raced the purge starts nothing
             raise ToolError("user_purged", f"User {user_id} was purged; no sandbox starts for it. The tool did not run.")
         try:
@@ -183,7 +186,6 @@ class SandboxRouter:
                 "tell the user the sandbox service needs an operator.",
             ) from exc
         cpus, memory_mb = self.resources_of(user_id)
-        record = self._users.get(user_id)
         facts = (context.session_id, context.run_id) if context is not None else (None, None)
         template = self.template_of(user_id, facts) if self.template_of is not None else None
         return SandboxUser(
@@ -192,8 +194,10 @@ class SandboxRouter:
         )  # fmt: skip
 
     def backend_name_for(self, user_id: int) -> str:
-        user = self._users.get(user_id)
-        override = user.backend if user is not None else None
+        return self._backend_name(self._users.get(user_id))
+
+    def _backend_name(self, record: UserRecord | None) -> str:
+        override = record.backend if record is not None else None
         return effective_backend(override, self.default_backend, self.backends.keys(), process_sandbox=self.process_sandbox)
 
     def check_override(self, backend: str | None) -> None:
@@ -210,7 +214,14 @@ class SandboxRouter:
             )
 
     def backend_for(self, user_id: int) -> SandboxBackend:
-        name = self.backend_name_for(user_id)
+        return self._registered(user_id, self.backend_name_for(user_id))
+
+    def _backend_and_user(self, user_id: int, context: CallContext | None = None) -> tuple[SandboxBackend, SandboxUser]:
+        """What a call needs, from one read of the user's row."""
+        record = self._users.get(user_id)
+        return self._registered(user_id, self._backend_name(record)), self._sandbox_user(user_id, context, record)
+
+    def _registered(self, user_id: int, name: str) -> SandboxBackend:
         backend = self.backends.get(name)
         if backend is None:
             raise ToolError(
@@ -237,7 +248,7 @@ class SandboxRouter:
         # writer, so they stay on the loop instead of costing a thread hop.
         for guard in self.call_guards:
             guard(user_id, tool, arguments)
-        backend, user = self.backend_for(user_id), self.sandbox_user(user_id, context)
+        backend, user = self._backend_and_user(user_id, context)
         for hook in self.call_hooks:
             hook(user_id, context)
         with self.in_flight.calling(user_id, context):
@@ -253,12 +264,13 @@ class SandboxRouter:
 
     def warm_agent(self, user_id: int) -> LiveAgent | None:
         """The user's agent when it can take a connection as it is (the event loop's path)."""
-        return self.backend_for(user_id).warm(self.sandbox_user(user_id))
+        backend, user = self._backend_and_user(user_id)
+        return backend.warm(user)
 
     def live_agent(self, user_id: int) -> LiveAgent:
         """Blocking (a worker thread): the user's agent, its sandbox resumed when paused and
         started when stopped (a preview's visitor, docs/previews.md)."""
-        backend, user = self.backend_for(user_id), self.sandbox_user(user_id)
+        backend, user = self._backend_and_user(user_id)
         return backend.warm(user) or backend.resume(user) or backend.ensure(user)
 
     def call_blocking(
@@ -270,7 +282,7 @@ class SandboxRouter:
         hop made a 1 MiB send_file 3 ms slower; the deadline and failure handling are the same."""
         for guard in self.call_guards:
             guard(user_id, tool, arguments)
-        backend, user = self.backend_for(user_id), self.sandbox_user(user_id, context)
+        backend, user = self._backend_and_user(user_id, context)
         for hook in self.call_hooks:
             hook(user_id, context)
         with self.in_flight.calling(user_id, context):
