@@ -9,6 +9,7 @@ answer never holds a byte from outside the roots, and nothing outside them is wr
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -21,17 +22,22 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
+from sandbox_agent.calls import InFlightCall
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.names import escape_text, has_surrogates
 from sandbox_agent.path_sandbox import PathSandbox, shown_path
+from sandbox_agent.processes import ProcessTable
 from sandbox_agent.tools.context import ToolContext
+from sandbox_agent.tools.processes import process_start
 from sandbox_agent.tools.files import edit_file, read_bytes, read_file, write_bytes, write_file
 from sandbox_agent.tools.search import glob_search, grep_search, list_dir
 from sandbox_agent.wire import (
+    CallContext,
     EditFileArgs,
     GlobSearchArgs,
     GrepSearchArgs,
     ListDirArgs,
+    ProcessStartArgs,
     ReadBytesArgs,
     ReadFileArgs,
     WriteBytesArgs,
@@ -168,6 +174,32 @@ def test_every_read_and_search_of_the_corpus_is_served_inside_or_refused_with_it
     calls, problems = run_corpus(tree, sandbox, PATH_TOOLS)
     assert_clean(calls, problems)
     assert outside_snapshot(tree.data.parent, roots) == before
+
+
+def test_every_background_process_cwd_of_the_corpus_is_inside_or_refused_with_its_path(
+    tree: Tree, sandbox: PathSandbox
+) -> None:
+    """process_start's `cwd` is a path argument too; a process that starts runs `true`."""
+    table = ProcessTable(max_processes=8, spool_bytes=4096, max_runtime_s=30)
+    context = CallContext(run_id="r-1", session_id="s-1", output_dir=str(tree.workdir))
+    base = tool_context(tree, sandbox)
+    ctx = dataclasses.replace(base, call=InFlightCall(context), processes=table)
+    roots = [root.path for root in sandbox.roots]
+    problems: list[str] = []
+    cases = corpus(ctx.cwd)
+    try:
+        for number, case in enumerate(cases):
+            try:
+                result = process_start(ctx, ProcessStartArgs(command="true", cwd=case))
+            except AgentToolError as exc:
+                problem = refusal_problem(exc, case, ctx.cwd)
+            else:
+                problem = None if inside(result["cwd"], roots) else f"started in {result['cwd']!r}"
+            if problem is not None:
+                problems.append(f"process_start(#{number} {case[:80]!a}): {problem}")
+    finally:
+        table.kill_session("s-1")
+    assert_clean(len(cases), problems)
 
 
 def test_every_write_of_the_corpus_lands_inside_or_is_refused_with_its_path(tree: Tree, sandbox: PathSandbox) -> None:
