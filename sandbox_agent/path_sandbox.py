@@ -38,16 +38,20 @@ from sandbox_agent import syscalls
 from sandbox_agent.diagnostics import diagnose, shared_link_escape
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.names import unescape_path
-from sandbox_agent.wire import TOOL_PATH_ARG_MAX, TOOL_PATH_MAX
+from sandbox_agent.wire import TOOL_PATH_MAX
 
 MAX_SYMLINK_HOPS = 40  # like the kernel's limit
 MAX_RACE_RETRIES = 64  # a component that keeps flipping between link and directory
 NAME_MAX = 255
+PATH_BYTES_MAX = TOOL_PATH_MAX - 1  # PATH_MAX counts the terminating NUL
+QUOTED_PATH_MAX = 200  # characters of a refused argument quoted back; longer ones are cut
 
 _RESOLVE = syscalls.RESOLVE_BENEATH | syscalls.RESOLVE_NO_MAGICLINKS
 # EXDEV: a step would leave the root (absolute link, `..`, link outside); ELOOP: too many links
-# or a magic link; EAGAIN: a concurrent rename made `..` unsafe. The walk decides all three.
-_WALK_ERRNOS = frozenset({errno.EXDEV, errno.ELOOP, errno.EAGAIN})
+# or a magic link; EAGAIN: a concurrent rename made `..` unsafe; ENAMETOOLONG: the rest below
+# the root is longer than PATH_MAX (a relative argument near the limit joined with the cwd),
+# which the walk opens name by name. The walk decides them all.
+_WALK_ERRNOS = frozenset({errno.EXDEV, errno.ELOOP, errno.EAGAIN, errno.ENAMETOOLONG})
 
 READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: opening a FIFO must not hang
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -159,6 +163,12 @@ def _split(path: str) -> list[str]:
     return parts
 
 
+def quoted(path: str) -> str:
+    """How a refusal names a path argument it could not resolve: as sent, cut with `...`
+    when long (a name that is not UTF-8 is escaped on the wire, sandbox_agent/names.py)."""
+    return path if len(path) <= QUOTED_PATH_MAX else path[:QUOTED_PATH_MAX] + "..."
+
+
 def shown_path(parts: list[str]) -> str:
     """How a path is quoted back to the model: absolute and lexically normalized."""
     return posixpath.normpath("/" + "/".join(parts))
@@ -216,32 +226,34 @@ class PathSandbox:
     # --- parsing ------------------------------------------------------------------------
 
     def parse(self, path: object, cwd: str) -> tuple[list[str], bool]:
-        """(components, trailing slash) of a tool's path argument."""
+        """(components, trailing slash) of a tool's path argument. Every refusal names the
+        argument it refused (`quoted`), so the model sees which of its paths was wrong."""
         if not isinstance(path, str) or path == "":
-            raise AgentToolError("invalid_arguments", "The path is empty; give a file or directory path.", None)
+            shown = path if isinstance(path, str) else None
+            raise AgentToolError("invalid_arguments", "The path is empty; give a file or directory path.", shown)
         if "\x00" in path:
-            raise AgentToolError("invalid_arguments", "The path contains a NUL byte, which no file name can.", None)
-        if len(path) > TOOL_PATH_ARG_MAX:  # the bound the tool schemas state
-            raise AgentToolError(
-                "invalid_arguments", f"The path is longer than {TOOL_PATH_ARG_MAX} characters.", path[:200] + "..."
-            )
+            raise AgentToolError("invalid_arguments", "The path contains a NUL byte, which no file name can.", quoted(path))
         raw = path if path.startswith("/") else f"{cwd}/{path}"
-        if len(raw) > 63 or not raw.isascii():  # short ASCII cannot break the byte limits below
+        if len(path) > 63 or not raw.isascii():  # short ASCII cannot break the byte limits below
             try:
-                encoded = raw.encode("utf-8", "surrogateescape")
+                size = len(path.encode("utf-8", "surrogateescape"))
+                parts = _split(raw)
+                names = [len(part.encode("utf-8", "surrogateescape")) for part in parts]
             except UnicodeEncodeError:
-                raise AgentToolError("invalid_arguments", "The path is not valid UTF-8.", None) from None
-            if len(encoded) > TOOL_PATH_MAX:
+                # A lone surrogate that stands for no byte of a name (JSON's "\ud800").
+                raise AgentToolError("invalid_arguments", "The path is not valid UTF-8.", quoted(path)) from None
+            if size > PATH_BYTES_MAX:  # what open(2) refuses (ENAMETOOLONG); relative: from the cwd
                 raise AgentToolError(
-                    "invalid_arguments", f"The path is longer than {TOOL_PATH_MAX} bytes.", path[:200] + "..."
+                    "invalid_arguments",
+                    f"The path is {size} bytes long; the longest path the kernel opens is {PATH_BYTES_MAX} bytes.",
+                    quoted(path),
                 )
-            parts = _split(raw)
-            for part in parts:
-                if len(part.encode("utf-8", "surrogateescape")) > NAME_MAX:
+            for part, length in zip(parts, names):
+                if length > NAME_MAX:
                     raise AgentToolError(
                         "invalid_arguments",
                         f"A name in the path is longer than {NAME_MAX} bytes: {part[:60]}...",
-                        path[:200],
+                        quoted(path),
                     )
         else:
             parts = _split(raw)

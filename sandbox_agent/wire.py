@@ -30,10 +30,10 @@ _PATH_DOC = "Absolute path, or relative to the run's working directory."
 
 
 # What the schema a model receives says of a path, and what is checked before the agent's own
-# byte limits: at most TOOL_PATH_ARG_MAX characters (so that with any working directory it stays
-# within TOOL_PATH_MAX bytes for ASCII), no name longer than NAME_MAX characters, no NUL. A
-# JSON Schema counts characters, not bytes; for ASCII, the common case, the two agree.
-TOOL_PATH_ARG_MAX = 1024
+# byte limits: at most TOOL_PATH_ARG_MAX characters (the longest path the kernel opens,
+# PATH_MAX less its NUL), no name longer than NAME_MAX characters, no NUL. A JSON Schema
+# counts characters, not bytes; for ASCII, the common case, the two agree.
+TOOL_PATH_ARG_MAX = TOOL_PATH_MAX - 1
 TOOL_PATH_PATTERN = r"^(?![^/]*[^/]{256})(?!.*/[^/]{256})[^\x00]*$"
 # Schema only: the agent checks these itself (path_sandbox.parse), since a length constraint
 # here would refuse names that are not UTF-8 (surrogate escapes), which the wire carries.
@@ -101,11 +101,12 @@ class ListDirArgs(_Args):
 
 
 class GlobSearchArgs(_Args):
+    # Schema only, like a path: glob_search refuses an empty glob itself and names it, and a
+    # length constraint here would refuse a name that is not UTF-8 (surrogate escapes).
     pattern: str = Field(
         ...,
-        min_length=1,
         description="Glob relative to `path`: `*` and `?` within a name, `**` across directories.",
-        json_schema_extra={"pattern": GLOB_PATTERN},
+        json_schema_extra={"minLength": 1, "pattern": GLOB_PATTERN},
     )
     path: str | None = Field(None, description=_PATH_DOC + " Default: the working directory.", **_OPTIONAL_PATH)
 

@@ -19,7 +19,7 @@ import regex
 
 from sandbox_agent.errors import AgentToolError
 from sandbox_agent.glob_pattern import Glob, GlobError, compile_glob
-from sandbox_agent.path_sandbox import READ_FLAGS, PathSandbox, shown_path
+from sandbox_agent.path_sandbox import READ_FLAGS, PathSandbox, quoted, shown_path
 from sandbox_agent.tools.context import ToolContext
 from sandbox_agent.tools.output import looks_binary
 from sandbox_agent.wire import GlobSearchArgs, GrepSearchArgs, ListDirArgs
@@ -163,7 +163,8 @@ def _glob(pattern: str, *, name_only: bool) -> Glob:
     try:
         return compile_glob(pattern, name_only_when_plain=name_only)
     except GlobError as exc:
-        raise AgentToolError("invalid_arguments", f"Invalid glob {pattern!r}: {exc}") from None
+        # The glob names paths: its refusal carries it as `path`, like any refused path argument.
+        raise AgentToolError("invalid_arguments", f"Invalid glob {pattern!r}: {exc}", quoted(pattern)) from None
 
 
 def glob_search(ctx: ToolContext, args: GlobSearchArgs) -> dict[str, Any]:

@@ -3,6 +3,7 @@ O_NOFOLLOW walk). A refusal must be the right structured error and change nothin
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import subprocess
@@ -81,6 +82,63 @@ def test_very_long_names_and_paths(sandbox: PathSandbox, tree: Tree) -> None:
     assert refused(sandbox, "a/" * 2100 + "x", cwd).code == "invalid_arguments"  # > PATH_MAX
     assert refused(sandbox, "\udcff\ud800", cwd).code == "invalid_arguments"
     assert refused(sandbox, "/\ud800", "/").code == "invalid_arguments"  # short and absolute too
+
+
+LEVEL = "ddddddddd"  # nine bytes and a slash a level: ~400 levels make a path of 4,000 bytes
+
+
+def deep_tree(top: Path, levels: int, files_at: dict[int, str]) -> None:
+    """`levels` nested directories below `top`, made name by name on directory fds (the kernel
+    makes any depth that way), with a file at the levels `files_at` names."""
+    fd = os.open(top, os.O_PATH | os.O_DIRECTORY)
+    try:
+        for level in range(1, levels + 1):
+            os.mkdir(LEVEL, dir_fd=fd)
+            below = os.open(LEVEL, os.O_PATH | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = below
+            if level in files_at:
+                file_fd = os.open("f.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+                os.write(file_fd, files_at[level].encode())
+                os.close(file_fd)
+    finally:
+        os.close(fd)
+
+
+def kernel_opens(path: str, cwd: str) -> bool:
+    """The oracle: whether open(2) takes `path` from `cwd` (ENAMETOOLONG or not)."""
+    dir_fd = os.open(cwd, os.O_PATH | os.O_DIRECTORY)
+    try:
+        os.close(os.open(path, os.O_RDONLY, dir_fd=dir_fd))
+        return True
+    except OSError as exc:
+        assert exc.errno == errno.ENAMETOOLONG, exc
+        return False
+    finally:
+        os.close(dir_fd)
+
+
+def test_a_path_the_kernel_opens_is_served_and_a_longer_one_refused_with_its_path(
+    sandbox: PathSandbox, tree: Tree
+) -> None:
+    cwd = str(tree.workdir)
+    near = (4000 - len(cwd)) // (len(LEVEL) + 1)  # the level whose file is ~4,000 bytes away from /
+    deep_tree(tree.workdir, 405, {near: "near the limit\n", 405: "past it, from the root\n"})
+    absolute = cwd + f"/{LEVEL}" * near + "/f.txt"
+    relative = f"{LEVEL}/" * 405 + "f.txt"  # 4,055 bytes; with the cwd in front, more than PATH_MAX
+    too_long = cwd + "/" + relative
+    assert 3990 <= len(absolute.encode()) <= 4095 and kernel_opens(absolute, "/")
+    assert kernel_opens(relative, cwd) and len(too_long.encode()) > 4095 and not kernel_opens(too_long, "/")
+
+    assert read(sandbox, absolute, "/") == b"near the limit\n"
+    assert read(sandbox, relative, cwd) == b"past it, from the root\n"
+    with sandbox.write_target(absolute[: -len("f.txt")] + "new.txt", "/") as target:
+        assert target.existing is None and target.root.purpose == "runtime"
+
+    for write in (False, True):
+        error = refused(sandbox, too_long, "/", write=write)
+        assert error.code == "invalid_arguments" and "4095 bytes" in error.message
+        assert error.path == too_long[:200] + "..."
 
 
 def test_unicode_names_work(sandbox: PathSandbox, tree: Tree) -> None:
