@@ -25,6 +25,7 @@ from orchestrator.tools.read_bytes_stream import spool_failed
 from orchestrator.tools.foreign_paths import classify_foreign_path, foreign_path_message
 from orchestrator.tools.registry import ToolCall
 from orchestrator.deliveries.url_fetch import UrlFetcher
+from sandbox_agent.path_sandbox import quoted
 from sandbox_agent.wire import TOOL_PATH_ARG_MAX, ReadBytesResult
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
@@ -71,12 +72,17 @@ class BytesResolver:
         """The bytes to send; a sandbox file's go to `sink` when one is given (`from_path`)."""
         value = path_or_url.strip()
         if not value:
-            raise ToolError("invalid_arguments", "Give a file path or an http(s) URL.", field="path_or_url")
+            raise ToolError(
+                "invalid_arguments", "Give a file path or an http(s) URL.", field="path_or_url", path=quoted(path_or_url)
+            )
         if is_url(value):
             return self._from_url(value, max_bytes, sink)
         if len(path_or_url) > TOOL_PATH_ARG_MAX:  # the schema's bound, counted as it counts
             raise ToolError(
-                "invalid_arguments", f"A path is at most {TOOL_PATH_ARG_MAX} characters.", field="path_or_url"
+                "invalid_arguments",
+                f"A path is at most {TOOL_PATH_ARG_MAX} characters.",
+                field="path_or_url",
+                path=quoted(path_or_url),
             )
         return self.from_path(call, value, tool=tool, max_bytes=max_bytes, sink=sink)
 

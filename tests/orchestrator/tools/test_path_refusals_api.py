@@ -31,6 +31,7 @@ def test_every_refused_path_argument_answers_its_path(agent_client: TestClient) 
         ("glob_search", {"pattern": "../*"}, "../*"),
         ("glob_search", {"pattern": ""}, ""),
         ("grep_search", {"pattern": "x", "glob": "/etc/*"}, "/etc/*"),
+        ("send_file", {"path_or_url": "  "}, "  "),  # refused by the host before any sandbox
     ]:
         answer = call(agent_client, run_id, name, arguments)
         assert answer["ok"] is False, (name, arguments)
