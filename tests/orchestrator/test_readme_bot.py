@@ -68,7 +68,7 @@ class Chat:
 # 60 s, 30 s and 60 s out of the box) so that a call of a few seconds outlasts them all, as a
 # 90 s call outlasts the real defaults.
 SHORT_DEFAULT_S = 5.0
-LONG_CALL_S = 10
+LONG_CALL_S = 10  # well past each shortened default, not at its edge
 
 
 @pytest.fixture
@@ -146,7 +146,6 @@ class ShortDefaultClient(OrchestratorClient):
 )
 def test_the_readme_bot_waits_for_a_shell_call_longer_than_every_default_limit(server_url, monkeypatch) -> None:
     monkeypatch.setattr(orchestrator.client, "OrchestratorClient", ShortDefaultClient)
-    assert LONG_CALL_S > 1.5 * SHORT_DEFAULT_S  # well past each default, not at its edge
     command = f"sleep {LONG_CALL_S}; echo done"
     model, _, ns = run_readme([ToolCall("t-long", "shell", {"command": command, "timeout_s": 4 * LONG_CALL_S})])
     (body,) = by_id(model)["t-long"]
