@@ -303,6 +303,7 @@ class SandboxRouter:
         if run_id is None and session_id is None:
             raise ValueError("cancel_calls needs a run_id or a session_id")
         self.in_flight.cancel(run_id, session_id)
+        self._thaw(user_id)
         stopped = self._cancel_everywhere(user_id, run_id, session_id)
         # A call that was on its way (starting the sandbox, or on the wire) when the agent
         # answered: ask again until every such call came back, so none outlives the cancel.
@@ -316,6 +317,16 @@ class SandboxRouter:
         if stopped:
             log.info("calls cancelled %s", kv(user=user_id, run=run_id, session=session_id, count=stopped))
         return stopped
+
+    def _thaw(self, user_id: int) -> None:
+        """A paused sandbox cannot answer a cancel: asked while frozen, it was waited on until
+        the call deadline and then stopped whole, the user's other sessions with it. Thawed,
+        it stops exactly what the cancel names (the reaper pauses it again when idle)."""
+        try:
+            backend, user = self._backend_and_user(user_id)
+        except ToolError:
+            return  # no backend for the user: nothing of it runs here
+        backend.resume(user)
 
     def _cancel_everywhere(self, user_id: int, run_id: str | None, session_id: str | None) -> int:
         # Every backend: the user's may have changed since the call started (an override).

@@ -1,6 +1,7 @@
 """The README's bot example, run literally (its code block read from README.md and executed)
-against a live server: an invented tool name, a retried call and (slow) a 90 s shell call go
-through without an error and without running anything twice."""
+against a live server: an invented tool name, a retried call and (slow) a shell call longer than
+every default time limit on its way go through without an error and without running anything
+twice."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 import pytest
 
+import orchestrator.client
+from orchestrator.client import OrchestratorClient
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
@@ -60,10 +63,25 @@ class Chat:
         self.posted.append(delivery)
 
 
+# The long call's test shortens every default time limit a shell call passes (the server's
+# default shell timeout and its deadline of other sandbox calls, the bot client's HTTP timeout:
+# 60 s, 30 s and 60 s out of the box) so that a call of a few seconds outlasts them all, as a
+# 90 s call outlasts the real defaults.
+SHORT_DEFAULT_S = 5.0
+LONG_CALL_S = 10  # well past each shortened default, not at its edge
+
+
 @pytest.fixture
-def server_url(agent_data_dir, monkeypatch) -> Iterator[str]:
+def server_settings() -> dict[str, Any]:
+    return {}
+
+
+@pytest.fixture
+def server_url(agent_data_dir, monkeypatch, server_settings) -> Iterator[str]:
     port = free_port()
-    service = OrchestratorService(make_settings(agent_data_dir, public_base_url=f"http://127.0.0.1:{port}"))
+    service = OrchestratorService(
+        make_settings(agent_data_dir, public_base_url=f"http://127.0.0.1:{port}", **server_settings)
+    )
     try:
         with live_server(create_app(service), port) as base:
             monkeypatch.setenv("ORCH_URL", base)
@@ -115,8 +133,20 @@ def test_the_readme_bot_survives_an_invented_tool_and_a_retried_call(server_url)
     assert (Path(run.workdir) / "retried.txt").read_text() == "ran\n"  # ran once
 
 
+class ShortDefaultClient(OrchestratorClient):
+    """The README's client with a short default HTTP timeout (the README passes none)."""
+
+    def __init__(self, *args: Any, timeout: float = SHORT_DEFAULT_S, **kwargs: Any) -> None:
+        super().__init__(*args, timeout=timeout, **kwargs)
+
+
 @pytest.mark.slow
-def test_the_readme_bot_waits_for_a_90_s_shell_call(server_url) -> None:
-    model, _, ns = run_readme([ToolCall("t-long", "shell", {"command": "sleep 90; echo done", "timeout_s": 120})])
+@pytest.mark.parametrize(
+    "server_settings", [{"tool_timeout_s": SHORT_DEFAULT_S, "agent_call_timeout_s": SHORT_DEFAULT_S}]
+)
+def test_the_readme_bot_waits_for_a_shell_call_longer_than_every_default_limit(server_url, monkeypatch) -> None:
+    monkeypatch.setattr(orchestrator.client, "OrchestratorClient", ShortDefaultClient)
+    command = f"sleep {LONG_CALL_S}; echo done"
+    model, _, ns = run_readme([ToolCall("t-long", "shell", {"command": command, "timeout_s": 4 * LONG_CALL_S})])
     (body,) = by_id(model)["t-long"]
     assert body["ok"] and body["result"]["stdout"] == "done\n" and body["result"]["exit_code"] == 0

@@ -69,14 +69,27 @@ def _mcp_stream(url: str, run_id: str) -> httpx.Response:
     return httpx.post(f"{url}/v1/runs/{run_id}/mcp", json=call, headers=headers, timeout=60)
 
 
+def _streams_in_use(url: str, count: int) -> None:
+    """Wait until the streams pool holds `count` descriptors (the admin's /healthz)."""
+    deadline = time.monotonic() + 30
+    while True:
+        health = httpx.get(f"{url}/healthz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5).json()
+        if health["descriptors"]["pools"]["streams"]["in_use"] == count:
+            return
+        assert time.monotonic() < deadline, health
+        time.sleep(0.05)
+
+
 def test_one_users_streams_stop_at_its_share_and_others_stream_on(url: str) -> None:
     hoarder, other = _run(url, 41), _run(url, 42)
     assert _stream(url, hoarder, "true")[0] == 200  # the sandbox is up
     held: list[tuple[int, str]] = []
-    streams = [threading.Thread(target=lambda: held.append(_stream(url, hoarder, "echo held; sleep 4"))) for _ in range(2)]
+    # Each holds its stream until the test is done with them (a file it writes last).
+    hold = "echo held; for _ in $(seq 600); do [ -e released ] && break; sleep 0.05; done"
+    streams = [threading.Thread(target=lambda: held.append(_stream(url, hoarder, hold))) for _ in range(2)]
     for thread in streams:
         thread.start()
-    time.sleep(1.5)  # both are streaming now
+    _streams_in_use(url, 4)  # both are streaming now
     third = httpx.post(
         f"{url}/v1/runs/{hoarder}/tools/shell", json={"arguments": {"command": "echo third"}}, headers={**BOT, **SSE}, timeout=30
     )
@@ -93,6 +106,9 @@ def test_one_users_streams_stop_at_its_share_and_others_stream_on(url: str) -> N
     health = httpx.get(f"{url}/healthz", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=5).json()
     streams_pool = health["descriptors"]["pools"]["streams"]
     assert streams_pool["in_use"] == 4 and streams_pool["top_users"] == [{"user_id": 41, "in_use": 4}], health
+    released = httpx.post(f"{url}/v1/runs/{hoarder}/tools/write_file", json={"arguments": {"path": "released", "content": ""}},
+                          headers=BOT, timeout=30).json()  # fmt: skip
+    assert released["ok"], released
     for thread in streams:
         thread.join(30)
     assert [s for s, _ in held] == [200, 200] and all("event: result" in e for _, e in held), held

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,7 +48,14 @@ def test_a_release_is_content_addressed_complete_and_idempotent(agent_data_dir: 
     assert "pydantic-core" in manifest["distributions"]
     assert compute_build_id(release.path / "sandbox_agent") == release.build
     assert (release.path / "site-packages" / "starlette" / "__init__.py").is_file()
-    assert not list(release.path.rglob("__pycache__"))
+    # Bytecode for this interpreter beside every agent source (a sandbox cannot write it at its
+    # start), and no other .pyc: each one is of a source of the release.
+    agent_sources = list((release.path / "sandbox_agent").rglob("*.py"))
+    assert all(Path(importlib.util.cache_from_source(str(p))).is_file() for p in agent_sources)
+    for cached in release.path.rglob("*.pyc"):
+        stem, tag, _ = cached.name.rsplit(".", 2)
+        assert cached.parent.name == "__pycache__" and tag == sys.implementation.cache_tag, cached
+        assert (cached.parent.parent / f"{stem}.py").is_file(), cached
     assert AgentDeployment(layout).ensure() == release  # a second orchestrator reuses it
     assert [p.name for p in layout.agent_releases_dir.iterdir()] == [release.release_id]
 
@@ -76,6 +85,25 @@ def test_the_deployed_agent_runs_isolated_and_reports_the_host_build(agent_data_
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == deployment.build
+
+
+def test_the_agent_started_as_a_sandbox_uid_compiles_nothing(agent_data_dir: Path) -> None:
+    """Its imports load the release's bytecode: the sandbox uid cannot write the release, and a
+    module compiled from source at every start cost about a second of each sandbox start."""
+    deployment = AgentDeployment(DataLayout(agent_data_dir))
+    release = deployment.ensure()
+    uid = 100017 if AS_ROOT else None
+    identity = {"user": uid, "group": uid} if uid is not None else {}
+    paths = [str(release.path), str(release.path / "site-packages")]
+    out = subprocess.run(
+        [deployment.interpreter_for(uid), "-I", "-S", "-v", "-c", f"import sys; sys.path[:0] = {paths!r}; import sandbox_agent.app"],
+        capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, timeout=60, **identity,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    loaded = [line for line in out.stderr.splitlines() if line.startswith("# code object from") and str(release.path) in line]
+    assert len(loaded) > 100, loaded  # starlette, pydantic, the agent...
+    compiled = [line for line in loaded if not line.endswith(".pyc'")]
+    assert compiled == [], compiled
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the interpreter probe matters only for other uids")

@@ -149,3 +149,21 @@ def test_the_warden_ends_a_paused_agent_when_the_orchestrators_pipe_ends(agent_d
             assert psutil.STATUS_STOPPED not in _states(pid)
     finally:
         service.close()
+
+
+def test_a_cancel_for_a_paused_sandbox_thaws_it_instead_of_waiting_it_out(agent_data_dir: Path) -> None:
+    """A session deleted (or a run ended) while its user's sandbox is paused: the cancel reaches
+    the thawed agent at once. Asked while frozen, it waited out the call deadline and then
+    stopped the whole sandbox, the user's other sessions' kernels and processes with it."""
+    service = OrchestratorService(make_settings(agent_data_dir, pause_after_s=30, idle_timeout_s=600))
+    try:
+        backend, pid = _one_agent(service)
+        assert backend.reap_idle(now=time.monotonic() + 31) == []
+        assert [s.state for s in backend.status()] == ["paused"]
+        started = time.monotonic()
+        assert service.sandboxes.cancel_calls(USER, session_id="s-deleted") == 0
+        assert time.monotonic() - started < service.settings.agent_call_timeout_s / 3
+        assert [s.state for s in backend.status()] == ["running"]
+        assert backend.status()[0].detail["pid"] == pid and _running(pid, backend)  # the same agent  # type: ignore[index]
+    finally:
+        service.close()
