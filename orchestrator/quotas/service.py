@@ -111,6 +111,7 @@ class DiskQuotas:
         settings: Settings,
         *,
         sandbox_uid: Callable[[int], int],
+        stop_sandbox: Callable[[int], None] = lambda _user_id: None,
         loop_problem: Callable[[], str | None] = loopfs.loop_problem,
     ) -> None:
         self.settings = settings
@@ -134,8 +135,8 @@ class DiskQuotas:
         self._members: dict[str, SharedMembers] = {}
         # Shared volume key -> member -> its usage when the round last stopped its sandbox.
         self._stopped_at: dict[str, dict[int, MemberUsage]] = {}
-        # Set by the composition root: stops a user's sandbox (scan mode, over quota).
-        self.stop_sandbox: Callable[[int], None] = lambda user_id: None
+        # Stops a user's sandbox: over quota (scan), before an offline grow (loop).
+        self.stop_sandbox = stop_sandbox
 
     @property
     def mechanism(self) -> QuotaMechanism:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -93,7 +93,15 @@ class RunService:
         switch: RuntimeIdentitySwitch,
         directories: UserDirectories,
         skills: SkillProvider,
+        templates: RunTemplates | None = None,
+        start_guards: Sequence[RunGuard] = (),
+        start_listeners: Sequence[RunListener] = (),
+        end_listeners: Sequence[RunListener] = (),
+        delegated_to: Callable[[int, str], tuple[DelegatedCredential, ...]] = lambda _user_id, _session_id: (),
     ) -> None:
+        """`start_guards` run in a start's transaction (a refusal raises); `start_listeners` and
+        `end_listeners` after a run started or ended; `delegated_to`: the credentials delegated
+        to (runtime user, session) now (orchestrator/credentials/)."""
         self._settings = settings
         self._layout = settings.layout
         self._store = store
@@ -103,12 +111,11 @@ class RunService:
         self._switch = switch
         self._directories = directories
         self._skills = skills
-        self.templates: RunTemplates | None = None
-        self.start_guards: list[RunGuard] = []
-        self.start_listeners: list[RunListener] = []
-        # The credentials delegated to (runtime user, session) now (orchestrator/credentials/).
-        self.delegated_to: Callable[[int, str], tuple[DelegatedCredential, ...]] = lambda user_id, session_id: ()
-        self.end_listeners: list[RunListener] = []
+        self.templates = templates
+        self.start_guards: list[RunGuard] = list(start_guards)
+        self.start_listeners: list[RunListener] = list(start_listeners)
+        self.delegated_to = delegated_to
+        self.end_listeners: list[RunListener] = list(end_listeners)
 
     def _persist_last_runtime_user(self, session: SessionRecord, user_id: int, *, reason: str) -> None:
         # A failure to persist must not block the run; the in-memory value is authoritative.

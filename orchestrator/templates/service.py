@@ -52,8 +52,18 @@ CallFacts = tuple[str | None, str | None]
 
 
 class TemplateService:
-    def __init__(self, settings: Settings, store: StateStore, *, docker_client: Callable[[], docker.DockerClient],
-                 kubernetes: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        store: StateStore,
+        *,
+        docker_client: Callable[[], docker.DockerClient],
+        kubernetes: bool = False,
+        skill_needs: Callable[[int, RunSkills], dict[str, str]] = lambda _user_id, _skills: {},
+        session_group: Callable[[str], GroupRef | None] = lambda _session_id: None,
+    ) -> None:
+        """`skill_needs`: the template each skill of a run declares, by skill name;
+        `session_group`: the group of a session (None: not a group chat's, or no such session)."""
         self.settings = settings
         self.repo = TemplateRepository(store)
         self._client_factory = docker_client
@@ -68,10 +78,8 @@ class TemplateService:
         self._last: dict[int, tuple[TemplateChoice, SandboxTemplate | None]] = {}  # each user's latest call's
         self._runs: dict[str, RunTemplate] = {}  # the wishes of the runs under way (memory only)
         self._session_groups: dict[str, GroupRef | None] = {}  # a session's group never changes
-        # The template each skill of a run declares, by skill name; set by the service.
-        self.skill_needs: Callable[[int, RunSkills], dict[str, str]] = lambda _user_id, _skills: {}
-        # The group of a session (None: not a group chat's, or no such session); set by the service.
-        self.session_group: Callable[[str], GroupRef | None] = lambda _session_id: None
+        self.skill_needs = skill_needs
+        self.session_group = session_group
         # A build cut short by a stop (the record still says building) runs again.
         for record in self.repo.all():
             if record.status == "building":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,15 +71,17 @@ class UserPurge:
         stop_sandbox: Callable[[int], None],
         remove_volume: Callable[[int], bool],
         delete_session: Callable[[str, str], object],
+        steps: Mapping[str, PurgeStep] | None = None,
     ) -> None:
+        """`steps`: other parts' steps by name (previews, credentials, ...), run after the
+        sandbox stopped."""
         self._store = store
         self._purged = purged
         self._layout = layout
         self._stop_sandbox = stop_sandbox
         self._remove_volume = remove_volume
         self._delete_session = delete_session
-        # Other parts' steps by name (previews, credentials, ...), run after the sandbox stopped.
-        self.steps: dict[str, PurgeStep] = {}
+        self.steps: dict[str, PurgeStep] = dict(steps or {})
 
     def purge(self, user_id: int, *, confirm_user_id: int | None, actor: str) -> PurgeReport:
         check_confirmation(user_id, confirm_user_id)
