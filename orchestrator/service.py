@@ -30,6 +30,7 @@ from orchestrator.descriptors.budget import DescriptorBudget, plan_for
 from orchestrator.descriptors.process_limit import descriptor_limit
 from orchestrator.credentials.injection import CredentialInjection
 from orchestrator.credentials.startup import open_credentials
+from orchestrator.egress import rules as egress_rules
 from orchestrator.egress.service import EgressService
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
@@ -57,6 +58,7 @@ from orchestrator.settings import Settings
 from orchestrator.skills.admin import SkillAdmin
 from orchestrator.skills.service import SkillService
 from orchestrator.startup_checks import check_data_dir_location, check_state_present
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore
 from orchestrator.system_status import SystemStatus
 from orchestrator.tools.container_tools import register_container_tools
@@ -127,7 +129,7 @@ class OrchestratorService:
                 kv(http_limit_concurrency=settings.http_limit_concurrency, reserve=self.descriptors.plan.reserve,
                    hint="raise the hard limit, ORCH_FD_RESERVE, or lower ORCH_HTTP_LIMIT_CONCURRENCY"),
             )  # fmt: skip
-        self.store = StateStore(self.layout.state_db)
+        self.store = StateStore(self.layout.state_db, STATE_MIGRATIONS)
         self.store.open()
         # A wrong or missing key refuses the start (CredentialsKeyRefused, a StartupRefused).
         self.credentials, self.credential_ca = open_credentials(settings, self.store)
@@ -345,6 +347,7 @@ class OrchestratorService:
             remove_volume=self.disk_quotas.remove_user_volume,
             delete_session=lambda session_id, actor: self.sessions.delete(session_id, actor=actor),
             steps=purge_steps,
+            tombstone_steps=[PublishedUploads.forget_user_in, egress_rules.forget_in],
         )
         self.user_listing = UserListing(self.store, self.users, self.identities, self.sandboxes, self.sandbox_control)
         # What /healthz and the console's overview show of the host.

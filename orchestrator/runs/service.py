@@ -185,10 +185,7 @@ class RunService:
                 # A user who speaks in a group session joins the group (its workspace mounts).
                 assert session.group is not None
                 UserRepository.add_group_member(tx, session.group, joining)
-            tx.execute(
-                "INSERT OR IGNORE INTO session_runtime_users (session_id, user_id, first_at) VALUES (?, ?, ?)",
-                (session.session_id, runtime, run.started_at),
-            )
+            SessionRepository.add_runtime_user(tx, session.session_id, runtime, at=run.started_at)
             tx.execute(
                 "INSERT INTO runs (run_id, session_id, trigger, agent_id, identity_mode, owner_user_id,"
                 " execution_user_id, runtime_user_id, speaker_user_id, delivery_id, status, started_at)"
