@@ -54,7 +54,15 @@ from orchestrator.sessions.cleanup import CleanupPhase, CleanupStep, stop_calls
 from orchestrator.sessions.upkeep import SessionUpkeep
 from orchestrator.sessions.records import SessionRepository
 from orchestrator.sessions.service import SessionService
-from orchestrator.settings import Settings
+from orchestrator.settings import (
+    CredentialSettings,
+    DescriptorSettings,
+    DiskQuotaSettings,
+    EgressSettings,
+    PreviewSettings,
+    Settings,
+    TemplateSettings,
+)
 from orchestrator.skills.admin import SkillAdmin
 from orchestrator.skills.service import SkillService
 from orchestrator.startup_checks import check_data_dir_location, check_state_present
@@ -121,7 +129,7 @@ class OrchestratorService:
 
     def _build(self, settings: Settings) -> None:
         # First: a budget that does not fit the process's limit refuses the start (BudgetSettingsError).
-        self.descriptors = DescriptorBudget(plan_for(descriptor_limit(), settings))
+        self.descriptors = DescriptorBudget(plan_for(descriptor_limit(), DescriptorSettings.of(settings)))
         log.info("descriptor budget %s", kv(**self.descriptors.plan.as_json()))
         if settings.http_limit_concurrency > self.descriptors.plan.reserve:
             log.warning(
@@ -132,7 +140,7 @@ class OrchestratorService:
         self.store = StateStore(self.layout.state_db, STATE_MIGRATIONS)
         self.store.open()
         # A wrong or missing key refuses the start (CredentialsKeyRefused, a StartupRefused).
-        self.credentials, self.credential_ca = open_credentials(settings, self.store)
+        self.credentials, self.credential_ca = open_credentials(CredentialSettings.of(settings), self.store)
         self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
         self.identities = IdentityRepository(self.store, self.users)
         self.projects = ProjectRepository(self.store)
@@ -141,7 +149,7 @@ class OrchestratorService:
         self.run_repo = RunRepository(self.store)
         self.switch = RuntimeIdentitySwitch(self.store, settings)
         self.disk_quotas = DiskQuotas(
-            settings,
+            DiskQuotaSettings.of(settings),
             sandbox_uid=partial(sandbox_uid, uid_base=settings.sandbox_uid_base, max_user_id=settings.max_user_id),
             stop_sandbox=self._stop_sandbox_of,  # over quota (scan), an offline grow (loop)
         )
@@ -193,7 +201,7 @@ class OrchestratorService:
             maxima=Maxima(settings.user_max_cpus, settings.user_max_memory_mb),
         )
         self.templates = TemplateService(
-            settings, self.store, docker_client=lambda: docker.from_env(timeout=120),
+            TemplateSettings.of(settings), self.store, docker_client=lambda: docker.from_env(timeout=120),
             kubernetes=self.backend_choice.kubernetes,
             skill_needs=self.skills.templates_needed,
             session_group=self._group_of_session,
@@ -207,7 +215,7 @@ class OrchestratorService:
                     self.credentials, self.credential_ca, settings.upstream_ca_bundle, self._sessions_in_flight
                 )
             self.egress = EgressService(
-                settings, self.directories, self.store, self.descriptors,
+                EgressSettings.of(settings), self.directories, self.store, self.descriptors,
                 peer_container=docker_backend.peer_container if isinstance(docker_backend, DockerBackend) else lambda _: None,
                 credentials=injection,
             )  # fmt: skip
@@ -297,7 +305,7 @@ class OrchestratorService:
         register_host_tools(self.tools, host_tools)
         self.previews: PreviewService | None = None
         if settings.preview_listen is not None:  # docs/previews.md
-            self.previews = PreviewService(settings, self.store, self.sandboxes, self.descriptors)
+            self.previews = PreviewService(PreviewSettings.of(settings), self.store, self.sandboxes, self.descriptors)
             register_preview_tools(self.tools, self.previews)
         self.calls_in_flight = CallsInFlight()
         self.dispatcher = ToolDispatcher(
@@ -349,7 +357,10 @@ class OrchestratorService:
             steps=purge_steps,
             tombstone_steps=[PublishedUploads.forget_user_in, egress_rules.forget_in],
         )
-        self.user_listing = UserListing(self.store, self.users, self.identities, self.sandboxes, self.sandbox_control)
+        self.user_listing = UserListing(
+            self.store, self.users, self.identities, self.sandboxes, self.sandbox_control,
+            last_call_at=self.run_repo.last_activity_of_user,
+        )  # fmt: skip
         # What /healthz and the console's overview show of the host.
         self.status = SystemStatus(
             sandbox_network=settings.sandbox_network,

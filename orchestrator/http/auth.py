@@ -23,6 +23,7 @@ from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
 from orchestrator.system_status import SystemStatus
 from orchestrator.users.identities import PlatformIdentity, parse_platform_identity
+from orchestrator.users.listing import UserListing
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,10 @@ async def service_of(request: Request) -> OrchestratorService:
 
 async def system_status_of(request: Request) -> SystemStatus:
     return request.app.state.service.status
+
+
+async def user_listing_of(request: Request) -> UserListing:
+    return request.app.state.service.user_listing
 
 
 def _bearer(authorization: str | None) -> str | None:

@@ -15,7 +15,7 @@ from orchestrator.errors import Conflict, Forbidden, InvalidInput, NotFound
 from orchestrator.log import kv
 from orchestrator.runs.records import RunRecord
 from orchestrator.sandboxes.base import SandboxTemplate
-from orchestrator.settings import Settings
+from orchestrator.settings import TemplateSettings
 from orchestrator.skills.port import RunSkills
 from orchestrator.state_store import StateStore
 from orchestrator.templates.builder import (
@@ -54,7 +54,7 @@ CallFacts = tuple[str | None, str | None]
 class TemplateService:
     def __init__(
         self,
-        settings: Settings,
+        settings: TemplateSettings,
         store: StateStore,
         *,
         docker_client: Callable[[], docker.DockerClient],
@@ -178,16 +178,16 @@ class TemplateService:
             parent_id = self._parent_image(recipe.parent)
             digest = recipe_hash(recipe, parent_id)
             self.repo.note_hash(name, digest)
-            tag = image_tag(self.settings.template_repository, digest)
+            tag = image_tag(self.settings.repository, digest)
             if image_exists(self._docker(), tag):
                 lines.append(f"== {tag} exists (same recipe over the same parent): nothing to build")
             else:
                 build_template_image(
                     self._docker(), recipe, name=name, recipe_hash=digest, parent_image=parent_id, tag=tag,
                     work_dir=self.settings.layout.state_dir / "template-builds" / name,
-                    fetch_network=self.settings.template_fetch_network,
+                    fetch_network=self.settings.fetch_network,
                     ca_bundle=self.settings.egress_ca_bundle if self.settings.egress_ca_bundle.is_file() else None,
-                    timeout_s=self.settings.template_build_timeout_s, log=lines.append,
+                    timeout_s=self.settings.build_timeout_s, log=lines.append,
                 )  # fmt: skip
             served = tag
             if self._kubernetes:
