@@ -59,6 +59,7 @@ from orchestrator.settings import (
     DescriptorSettings,
     DiskQuotaSettings,
     EgressSettings,
+    HostToolSettings,
     PreviewSettings,
     Settings,
     TemplateSettings,
@@ -238,7 +239,8 @@ class OrchestratorService:
             limits=CollaborationLimits.from_settings(settings),
         )
         self.runs = RunService(
-            settings=settings,
+            layout=self.layout,
+            public_base_url=settings.public_base_url,
             store=self.store,
             sessions=self.session_repo,
             users=self.users,
@@ -278,7 +280,10 @@ class OrchestratorService:
         )  # fmt: skip
         self.session_upkeep = SessionUpkeep(self.sessions, self.chat)
         self.tools = ToolRegistry()
-        register_conversation_tools(self.tools, self.store, self.session_repo, self.projects, self.chat, settings)
+        register_conversation_tools(
+            self.tools, self.store, self.session_repo, self.projects, self.chat,
+            read_max_chars=settings.conversation_read_max_chars,
+        )  # fmt: skip
         register_container_tools(self.tools)
         register_collaboration_tools(self.tools, self.collaboration)
         self.url_fetcher = UrlFetcher(
@@ -287,7 +292,7 @@ class OrchestratorService:
         self.uploads = PublishedUploads(self.store, self.layout, self.directories)
         self.incoming = IncomingFiles(self.layout, self.directories, self.group_gids, settings.upload_max_bytes)
         host_tools = HostTools(
-            settings=settings,
+            settings=HostToolSettings.of(settings),
             layout=self.layout,
             directories=self.directories,
             resolver=BytesResolver(

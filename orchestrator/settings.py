@@ -683,8 +683,20 @@ class DescriptorSettings(Section):
     user_pct: float = Field(validation_alias="fd_user_pct")
 
 
+class HostToolSettings(Section):
+    """orchestrator/tools/host_tools.py: the host tools' caps and the transfer slots."""
+
+    read_bytes_max: int
+    image_max_bytes: int
+    public_base_url: str
+    transfers_max: int
+    user_transfers_max: int
+    transfer_wait_s: float
+
+
 SECTIONS: tuple[type[Section], ...] = (
     EgressSettings, PreviewSettings, DiskQuotaSettings, TemplateSettings, CredentialSettings, DescriptorSettings,
+    HostToolSettings,
 )  # fmt: skip
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from mounts import ids
-from mounts.layout import OUTPUTS_SUBDIR
+from mounts.layout import OUTPUTS_SUBDIR, DataLayout
 from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict, InvalidInput, NotFound
@@ -33,7 +33,6 @@ from orchestrator.runs.start_access import run_start_access
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.sessions.visibility import read_visible
-from orchestrator.settings import Settings
 from orchestrator.skills.port import RunSkills, SkillProvider
 from orchestrator.state_store import StateStore, Transaction
 from orchestrator.templates.choice import RunTemplate
@@ -85,7 +84,8 @@ class RunService:
     def __init__(
         self,
         *,
-        settings: Settings,
+        layout: DataLayout,
+        public_base_url: str,
         store: StateStore,
         sessions: SessionRepository,
         users: UserRepository,
@@ -102,8 +102,8 @@ class RunService:
         """`start_guards` run in a start's transaction (a refusal raises); `start_listeners` and
         `end_listeners` after a run started or ended; `delegated_to`: the credentials delegated
         to (runtime user, session) now (orchestrator/credentials/)."""
-        self._settings = settings
-        self._layout = settings.layout
+        self._layout = layout
+        self._public_base_url = public_base_url
         self._store = store
         self._sessions = sessions
         self._users = users
@@ -284,7 +284,7 @@ class RunService:
                 runtime_user_id=identity.runtime_user_id,
                 runtime_display_name=runtime.display_name if runtime else None,
                 uploads_root=str(self._layout.uploads_root),
-                public_base_url=self._settings.public_base_url,
+                public_base_url=self._public_base_url,
                 group_workspace=group_workspace,
                 share_dir=str(self._layout.share_dir),
                 speaker_user_id=identity.execution_user_id,
