@@ -36,6 +36,7 @@ from orchestrator.egress.caps import CapLimits, LookupGate, UserCaps  # noqa: E4
 from orchestrator.egress.policy import parse_patterns  # noqa: E402
 from orchestrator.egress.proxy import EgressProxy, serve_unix  # noqa: E402
 from orchestrator.egress.resolver import AresResolver  # noqa: E402
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore  # noqa: E402
 
 INJECTED, TUNNELLED = 1, 2  # user 1 has a credential for the upstream, user 2 none
@@ -117,7 +118,7 @@ def main() -> None:
         )
         assert upstream_process.stdout is not None
         upstream = int(upstream_process.stdout.readline())
-        store = StateStore(base / "state.db")
+        store = StateStore(base / "state.db", STATE_MIGRATIONS)
         store.open()
         credentials = CredentialStore(store, parse_keys(new_key(), source="bench"), grant_max_s=3600)
         secret = "bench-secret-0123456789"

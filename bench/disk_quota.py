@@ -89,9 +89,9 @@ def guard_cost() -> None:
     of a shared place), registered with `scan` and `loop` alike; `off` registers none (the
     empty loop printed as `call_guard_off`)."""
     from orchestrator.quotas.service import DiskQuotas
-    from orchestrator.settings import Settings
+    from orchestrator.settings import DiskQuotaSettings, Settings
 
-    quotas = DiskQuotas(Settings(disk_quota="scan", data_dir=REPO), sandbox_uid=lambda uid: uid)
+    quotas = DiskQuotas(DiskQuotaSettings.of(Settings(disk_quota="scan", data_dir=REPO)), sandbox_uid=lambda uid: uid)
     guards_quota, guards_none = [quotas.refuse_write], []
     n = 1_000_000
     for name, guards in (("quota", guards_quota), ("off", guards_none)):

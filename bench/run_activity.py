@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orchestrator import audit  # noqa: E402
 from orchestrator.clock import now_iso  # noqa: E402
 from orchestrator.runs.records import RunRepository  # noqa: E402
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore  # noqa: E402
 
 ENDED_RUNS, CALLS, ROUNDS = 10_000, 500, 7
@@ -81,7 +82,7 @@ def read_then_touch(store: StateStore) -> float:
 
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        store = StateStore(Path(tmp) / "state" / "orchestrator.sqlite3")
+        store = StateStore(Path(tmp) / "state" / "orchestrator.sqlite3", STATE_MIGRATIONS)
         store.open()
         fill(store)
         plain, touched, after_read, before_after = [], [], [], []

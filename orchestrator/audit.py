@@ -9,7 +9,24 @@ from typing import Any
 
 from orchestrator import metrics
 from orchestrator.clock import now_iso
-from orchestrator.state_store import StateStore, Transaction
+from orchestrator.state_store import Migration, StateStore, Transaction
+
+MIGRATIONS: tuple[Migration, ...] = (
+    # 1: the audit log
+    Migration(1, """
+    CREATE TABLE audit_log (
+        id            INTEGER PRIMARY KEY AUTOINCREMENT,
+        at            TEXT NOT NULL,
+        actor         TEXT NOT NULL,
+        action        TEXT NOT NULL,
+        session_id    TEXT,
+        owner_user_id INTEGER,
+        runtime_user_id INTEGER,
+        detail        TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE INDEX audit_by_action ON audit_log (action, id);
+    """),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from orchestrator.descriptors.budget import BudgetSettingsError, plan_for
+    from orchestrator.settings import DescriptorSettings
     from orchestrator.descriptors.process_limit import LimitRefused, raise_descriptor_limit
     from orchestrator.http.app import create_app
     from orchestrator.http.server_protocol import bounded_protocol
@@ -82,7 +83,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         # Before anything opens: the budget is planned from the limit the process ends up with.
         limit = raise_descriptor_limit(settings.fd_limit)
-        plan_for(limit.after, settings)  # a split that does not fit: refused like a bad setting
+        plan_for(limit.after, DescriptorSettings.of(settings))  # a split that does not fit: refused like a bad setting
     except (LimitRefused, BudgetSettingsError) as exc:
         print(f"orchestrator serve: {exc}", file=sys.stderr)
         return 2

@@ -16,6 +16,8 @@ from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.base import SandboxBackend, reap_interval_s
 from orchestrator.sandboxes.choice import detect_backend
 from orchestrator.sandboxes.docker import DockerBackend
+from orchestrator.sandboxes.kernel_boundary import kernel_boundaries
+from orchestrator.sandboxes.uid_blocks import UidBlock
 from orchestrator.templates.service import TemplateService
 from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.sessions.chat_store import ChatStore
@@ -28,6 +30,7 @@ from orchestrator.descriptors.budget import DescriptorBudget, plan_for
 from orchestrator.descriptors.process_limit import descriptor_limit
 from orchestrator.credentials.injection import CredentialInjection
 from orchestrator.credentials.startup import open_credentials
+from orchestrator.egress import rules as egress_rules
 from orchestrator.egress.service import EgressService
 from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
@@ -43,18 +46,30 @@ from orchestrator.quotas.host_copies import HostCopies, how_to_free
 from orchestrator.quotas.model import MIB, QuotaMechanism
 from orchestrator.quotas.service import DiskQuotas
 from orchestrator.sessions.projects import ProjectRepository
+from orchestrator.runs.prompt_identity import DelegatedCredential
 from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
 from orchestrator.runs.service import RunService
 from orchestrator.sandboxes.router import SandboxRouter
-from orchestrator.sessions.cleanup import CleanupPhase, stop_calls
+from orchestrator.sessions.cleanup import CleanupPhase, CleanupStep, stop_calls
 from orchestrator.sessions.upkeep import SessionUpkeep
 from orchestrator.sessions.records import SessionRepository
 from orchestrator.sessions.service import SessionService
-from orchestrator.settings import Settings
+from orchestrator.settings import (
+    CredentialSettings,
+    DescriptorSettings,
+    DiskQuotaSettings,
+    EgressSettings,
+    HostToolSettings,
+    PreviewSettings,
+    Settings,
+    TemplateSettings,
+)
 from orchestrator.skills.admin import SkillAdmin
 from orchestrator.skills.service import SkillService
 from orchestrator.startup_checks import check_data_dir_location, check_state_present
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore
+from orchestrator.system_status import SystemStatus
 from orchestrator.tools.container_tools import register_container_tools
 from orchestrator.tools.conversation_tools import register_conversation_tools
 from orchestrator.tools.byte_sources import BytesResolver
@@ -63,11 +78,11 @@ from orchestrator.tools.dispatch import ToolDispatcher
 from orchestrator.deliveries.public_uploads import PublishedUploads
 from orchestrator.tools.host_tools import HostTools, register_host_tools
 from orchestrator.tools.registry import ToolRegistry
-from orchestrator.users.dirs import UserDirectories
+from orchestrator.users.dirs import UserDirectories, sandbox_uid
 from orchestrator.deliveries.url_fetch import UrlFetcher
 from orchestrator.users.identities import IdentityRepository
 from orchestrator.users.listing import UserListing
-from orchestrator.users.purge import UserPurge
+from orchestrator.users.purge import PurgeStep, UserPurge
 from orchestrator.users.repository import UserRepository
 from orchestrator.users.resources import Maxima, ResourceOverrides, Resources
 from orchestrator.users.sandbox_control import SandboxControl
@@ -115,7 +130,7 @@ class OrchestratorService:
 
     def _build(self, settings: Settings) -> None:
         # First: a budget that does not fit the process's limit refuses the start (BudgetSettingsError).
-        self.descriptors = DescriptorBudget(plan_for(descriptor_limit(), settings))
+        self.descriptors = DescriptorBudget(plan_for(descriptor_limit(), DescriptorSettings.of(settings)))
         log.info("descriptor budget %s", kv(**self.descriptors.plan.as_json()))
         if settings.http_limit_concurrency > self.descriptors.plan.reserve:
             log.warning(
@@ -123,23 +138,29 @@ class OrchestratorService:
                 kv(http_limit_concurrency=settings.http_limit_concurrency, reserve=self.descriptors.plan.reserve,
                    hint="raise the hard limit, ORCH_FD_RESERVE, or lower ORCH_HTTP_LIMIT_CONCURRENCY"),
             )  # fmt: skip
-        self.store = StateStore(self.layout.state_db)
+        self.store = StateStore(self.layout.state_db, STATE_MIGRATIONS)
         self.store.open()
         # A wrong or missing key refuses the start (CredentialsKeyRefused, a StartupRefused).
-        self.credentials, self.credential_ca = open_credentials(settings, self.store)
+        self.credentials, self.credential_ca = open_credentials(CredentialSettings.of(settings), self.store)
         self.users = UserRepository(self.store, max_user_id=settings.max_user_id)
         self.identities = IdentityRepository(self.store, self.users)
         self.projects = ProjectRepository(self.store)
         self.session_repo = SessionRepository(self.store)
         self.chat = ChatStore(self.layout, transcript_turns=settings.transcript_turns)
-        self.sessions = SessionService(self.store, self.session_repo, self.users, chat=self.chat, layout=self.layout)
-        self.session_upkeep = SessionUpkeep(self.sessions, self.chat)
         self.run_repo = RunRepository(self.store)
         self.switch = RuntimeIdentitySwitch(self.store, settings)
-        self.directories = UserDirectories(self.layout, settings.sandbox_uid_base, settings.max_user_id)
-        self.disk_quotas = DiskQuotas(settings, sandbox_uid=self.directories.sandbox_uid)
+        self.disk_quotas = DiskQuotas(
+            DiskQuotaSettings.of(settings),
+            sandbox_uid=partial(sandbox_uid, uid_base=settings.sandbox_uid_base, max_user_id=settings.max_user_id),
+            stop_sandbox=self._stop_sandbox_of,  # over quota (scan), an offline grow (loop)
+        )
         self.disk_quotas.start()  # before any sandbox or host write: images adopted or mounted
-        self.directories.volumes = self.disk_quotas
+        quotas_on = self.disk_quotas.mechanism is not QuotaMechanism.OFF
+        self.directories = UserDirectories(
+            self.layout, settings.sandbox_uid_base, settings.max_user_id,
+            volumes=self.disk_quotas,
+            **({"credential_env": self.credentials.placeholder_env} if self.credentials is not None else {}),
+        )  # fmt: skip
         self.skills = build_skill_service(settings, self.directories)
         self.skill_admin = SkillAdmin(
             self.skills,
@@ -174,40 +195,52 @@ class OrchestratorService:
             )
         log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
         self.group_gids = GroupGids(self.store, settings.group_gid_range, groups_root=self.layout.groups_root)
-        self.sandboxes = SandboxRouter(
-            settings,
-            self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
-            process_sandbox=settings.process_sandbox,
+        # The admin's hand on users (docs/admin-console.md): CPU and memory overrides.
+        self.resources = ResourceOverrides(
+            self.store,
+            default=Resources(settings.sandbox_cpus, settings.sandbox_memory_mb),
+            maxima=Maxima(settings.user_max_cpus, settings.user_max_memory_mb),
         )
         self.templates = TemplateService(
-            settings, self.store, docker_client=lambda: docker.from_env(timeout=120),
+            TemplateSettings.of(settings), self.store, docker_client=lambda: docker.from_env(timeout=120),
             kubernetes=self.backend_choice.kubernetes,
+            skill_needs=self.skills.templates_needed,
+            session_group=self._group_of_session,
         )  # fmt: skip
-        self.sandboxes.template_of = self.templates.template_of
-        self.templates.session_group = self._group_of_session
-        if self.disk_quotas.mechanism is not QuotaMechanism.OFF:
-            self.sandboxes.explain_no_space = self.disk_quotas.explain_no_space
-        self.disk_quotas.stop_sandbox = self._stop_sandbox_of  # over quota (scan), an offline grow (loop)
-        if self.disk_quotas.mechanism is not QuotaMechanism.OFF:  # over quota (scan), over a share of a shared place
-            self.sandboxes.call_guards.append(self.disk_quotas.refuse_write)
-        if self.credentials is not None:
-            self.directories.credential_env = self.credentials.placeholder_env
         self.egress: EgressService | None = None
         if settings.egress != "off":
             docker_backend = backends.get("docker")
             injection = None
             if self.credentials is not None and self.credential_ca is not None:
                 injection = CredentialInjection(
-                    self.credentials, self.credential_ca, settings.upstream_ca_bundle, self.sandboxes.in_flight.sessions_of
+                    self.credentials, self.credential_ca, settings.upstream_ca_bundle, self._sessions_in_flight
                 )
             self.egress = EgressService(
-                settings, self.directories, self.store, self.descriptors,
+                EgressSettings.of(settings), self.directories, self.store, self.descriptors,
                 peer_container=docker_backend.peer_container if isinstance(docker_backend, DockerBackend) else lambda _: None,
                 credentials=injection,
             )  # fmt: skip
-            self.sandboxes.call_hooks.append(self.egress.before_call)
+        self.sandboxes = SandboxRouter(
+            settings,
+            self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
+            process_sandbox=settings.process_sandbox,
+            # over quota (scan), over a share of a shared place
+            call_guards=[self.disk_quotas.refuse_write] if quotas_on else [],
+            call_hooks=[self.egress.before_call] if self.egress is not None else [],
+            explain_no_space=self.disk_quotas.explain_no_space if quotas_on else None,
+            resources_of=self.resources.override_of,
+            template_of=self.templates.template_of,
+        )  # fmt: skip
+        self.mailbox = open_mailbox(self.layout.collaboration_db)
+        self.collaboration = CollaborationService(
+            mailbox=self.mailbox,
+            state=self.store,
+            end_run=self._cancel_run,
+            limits=CollaborationLimits.from_settings(settings),
+        )
         self.runs = RunService(
-            settings=settings,
+            layout=self.layout,
+            public_base_url=settings.public_base_url,
             store=self.store,
             sessions=self.session_repo,
             users=self.users,
@@ -215,37 +248,18 @@ class OrchestratorService:
             switch=self.switch,
             directories=self.directories,
             skills=self.skills,
-        )
-        if self.credentials is not None:
-            credentials, users = self.credentials, self.users
-            self.runs.delegated_to = lambda user_id, session_id: credentials.delegated_to(
-                user_id, session_id, lambda uid: (users.get(uid).display_name if users.get(uid) else None)  # type: ignore[union-attr]
-            )
-        self.sessions.register_cleanup_step("runs", self.runs.cancel_running_of_deleted, phase=CleanupPhase.STOP)
-        # Ending a run or deleting a session kills its calls in flight (whole process trees).
-        self.runs.end_listeners.append(self._stop_calls_of_run)
-        self.runs.templates = self.templates
-        self.runs.end_listeners.append(lambda run: self.templates.end_run(run.run_id))
-        self.templates.skill_needs = self.skills.templates_needed
-        self.sessions.register_cleanup_step("calls", stop_calls(self._stop_calls_of_session), phase=CleanupPhase.STOP)
-        self.tools = ToolRegistry()
-        register_conversation_tools(self.tools, self.store, self.session_repo, self.projects, self.chat, settings)
-        register_container_tools(self.tools)
-        self.mailbox = open_mailbox(self.layout.collaboration_db)
-        self.collaboration = CollaborationService(
-            mailbox=self.mailbox,
-            state=self.store,
-            end_run=lambda run_id: self.runs.end(run_id, RunStatus.CANCELLED, actor="collaboration"),
-            limits=CollaborationLimits.from_settings(settings),
-        )
-        self.runs.start_guards.append(self.collaboration.run_starting)
-        self.runs.start_listeners.append(self.collaboration.run_started)
-        self.runs.end_listeners.append(self.collaboration.run_ended)
-        self.sessions.register_cleanup_step(
-            "collaboration", lambda deleted: self.collaboration.forget_session(deleted.session_id)
+            templates=self.templates,
+            start_guards=[self.collaboration.run_starting],
+            start_listeners=[self.collaboration.run_started],
+            # Ending a run kills its calls in flight (whole process trees).
+            end_listeners=[
+                self._stop_calls_of_run,
+                lambda run: self.templates.end_run(run.run_id),
+                self.collaboration.run_ended,
+            ],
+            **({"delegated_to": self._delegated_to} if self.credentials is not None else {}),
         )
         self.collaboration.recover()  # an uncertain start after a restart is marked, never replayed
-        register_collaboration_tools(self.tools, self.collaboration)
         # Host-side copies of what a sandbox produced, charged to its user (docs/disk-quotas.md).
         self.host_copies = HostCopies(
             budget_bytes=settings.user_host_copies_mb * MIB,
@@ -253,14 +267,32 @@ class OrchestratorService:
             how_to_free=self._how_to_free_host_copies,
         )
         self.deliveries = DeliveryStore(self.store, self.layout, ttl_s=settings.delivery_ttl_s, copies=self.host_copies)
-        self.sessions.register_cleanup_step("deliveries", self.deliveries.forget_session)
+        self.sessions = SessionService(
+            self.store, self.session_repo, self.users, chat=self.chat, layout=self.layout,
+            cleanup_steps=[
+                CleanupStep("runs", CleanupPhase.STOP, self.runs.cancel_running_of_deleted),
+                # Deleting a session kills its calls in flight (whole process trees).
+                CleanupStep("calls", CleanupPhase.STOP, stop_calls(self._stop_calls_of_session)),
+                CleanupStep("collaboration", CleanupPhase.REMOVE,
+                            lambda deleted: self.collaboration.forget_session(deleted.session_id)),
+                CleanupStep("deliveries", CleanupPhase.REMOVE, self.deliveries.forget_session),
+            ],
+        )  # fmt: skip
+        self.session_upkeep = SessionUpkeep(self.sessions, self.chat)
+        self.tools = ToolRegistry()
+        register_conversation_tools(
+            self.tools, self.store, self.session_repo, self.projects, self.chat,
+            read_max_chars=settings.conversation_read_max_chars,
+        )  # fmt: skip
+        register_container_tools(self.tools)
+        register_collaboration_tools(self.tools, self.collaboration)
         self.url_fetcher = UrlFetcher(
             timeout_s=settings.url_fetch_timeout_s, allow_loopback=settings.url_fetch_allow_loopback
         )
         self.uploads = PublishedUploads(self.store, self.layout, self.directories)
         self.incoming = IncomingFiles(self.layout, self.directories, self.group_gids, settings.upload_max_bytes)
         host_tools = HostTools(
-            settings=settings,
+            settings=HostToolSettings.of(settings),
             layout=self.layout,
             directories=self.directories,
             resolver=BytesResolver(
@@ -278,7 +310,7 @@ class OrchestratorService:
         register_host_tools(self.tools, host_tools)
         self.previews: PreviewService | None = None
         if settings.preview_listen is not None:  # docs/previews.md
-            self.previews = PreviewService(settings, self.store, self.sandboxes, self.descriptors)
+            self.previews = PreviewService(PreviewSettings.of(settings), self.store, self.sandboxes, self.descriptors)
             register_preview_tools(self.tools, self.previews)
         self.calls_in_flight = CallsInFlight()
         self.dispatcher = ToolDispatcher(
@@ -307,16 +339,19 @@ class OrchestratorService:
             in_flight=self.dispatcher.slots.snapshot,
             top_n=settings.metrics_top_users,
         )
-        quotas_on = self.disk_quotas.mechanism is not QuotaMechanism.OFF
         metrics.register_disk_usage(self._volume_usage if quotas_on else None)
-        # The admin's hand on users (docs/admin-console.md): sandboxes, CPU and memory, purges.
-        self.resources = ResourceOverrides(
-            self.store,
-            default=Resources(settings.sandbox_cpus, settings.sandbox_memory_mb),
-            maxima=Maxima(settings.user_max_cpus, settings.user_max_memory_mb),
-        )
-        self.sandboxes.resources_of = self.resources.override_of
+        # The admin's hand on users (docs/admin-console.md): sandboxes and purges.
         self.sandbox_control = SandboxControl(self.store, self.sandboxes)
+        purge_steps: dict[str, PurgeStep] = {
+            "resources": lambda user_id, _actor: self.resources.forget(user_id),
+            "template": lambda user_id, _actor: self.templates.forget_user(user_id),
+        }
+        if (egress := self.egress) is not None:
+            purge_steps["egress_rules"] = lambda user_id, _actor: egress.rules.forget(user_id)
+        if (credentials := self.credentials) is not None:
+            purge_steps["credentials"] = lambda user_id, actor: credentials.purge_user(user_id, actor=actor)
+        if (previews := self.previews) is not None:
+            purge_steps["previews"] = lambda user_id, actor: previews.revoke_all_of_user(user_id, actor=actor)
         self.purge = UserPurge(
             store=self.store,
             purged=self.users.purged,
@@ -324,16 +359,26 @@ class OrchestratorService:
             stop_sandbox=self._stop_sandbox_of,
             remove_volume=self.disk_quotas.remove_user_volume,
             delete_session=lambda session_id, actor: self.sessions.delete(session_id, actor=actor),
+            steps=purge_steps,
+            tombstone_steps=[PublishedUploads.forget_user_in, egress_rules.forget_in],
         )
-        self.user_listing = UserListing(self.store, self.users, self.identities, self.sandboxes, self.sandbox_control)
-        self.purge.steps["resources"] = lambda user_id, _actor: self.resources.forget(user_id)
-        self.purge.steps["template"] = lambda user_id, _actor: self.templates.forget_user(user_id)
-        if self.egress is not None:
-            self.purge.steps["egress_rules"] = lambda user_id, _actor: self.egress.rules.forget(user_id)  # type: ignore[union-attr]
-        if self.credentials is not None:
-            self.purge.steps["credentials"] = lambda user_id, actor: self.credentials.purge_user(user_id, actor=actor)  # type: ignore[union-attr]
-        if self.previews is not None:
-            self.purge.steps["previews"] = lambda user_id, actor: self.previews.revoke_all_of_user(user_id, actor=actor)  # type: ignore[union-attr]
+        self.user_listing = UserListing(
+            self.store, self.users, self.identities, self.sandboxes, self.sandbox_control,
+            last_call_at=self.run_repo.last_activity_of_user,
+        )  # fmt: skip
+        # What /healthz and the console's overview show of the host.
+        self.status = SystemStatus(
+            sandbox_network=settings.sandbox_network,
+            uid_block=UidBlock.of(settings.sandbox_uid_base, settings.max_user_id),
+            kernel_boundary=kernel_boundaries(settings, backends),
+            switch=self.switch,
+            backends=self.sandboxes.backends,
+            default_backend=self.backend_choice.default,
+            backend_reason=self.backend_choice.reason,
+            disk_quotas=self.disk_quotas,
+            egress=self.egress,
+            descriptors=self.descriptors,
+        )
         self.idle_runs = IdleRunSweeper(
             repo=self.run_repo, runs=self.runs, in_flight=self.calls_in_flight, max_idle_s=settings.run_max_idle_s
         )
@@ -343,6 +388,20 @@ class OrchestratorService:
 
     def _how_to_free_host_copies(self, user_id: int) -> str:
         return how_to_free(self.deliveries.next_expiry(user_id), self.settings.tool_call_result_ttl_s)
+
+    def _cancel_run(self, run_id: str) -> None:
+        self.runs.end(run_id, RunStatus.CANCELLED, actor="collaboration")
+
+    def _delegated_to(self, user_id: int, session_id: str) -> tuple[DelegatedCredential, ...]:
+        assert self.credentials is not None
+        return self.credentials.delegated_to(user_id, session_id, self._display_name)
+
+    def _display_name(self, user_id: int) -> str | None:
+        record = self.users.get(user_id)
+        return record.display_name if record is not None else None
+
+    def _sessions_in_flight(self, user_id: int) -> set[str]:
+        return self.sandboxes.in_flight.sessions_of(user_id)
 
     def _stop_sandbox_of(self, user_id: int) -> None:
         for backend in self.sandboxes.backends.values():

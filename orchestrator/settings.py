@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -576,6 +576,128 @@ class Settings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return self.api_token is not None or self.admin_token is not None
+
+
+# --- each package's own section -----------------------------------------------------------
+# A package receives its section, never the whole `Settings`: the few values it reads, named
+# without the package's prefix. `Settings` stays the one place that reads the `ORCH_`
+# variables (their names unchanged); a section field names the `Settings` field (or property)
+# it is read from as its `validation_alias`, and `of` builds the section from it.
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    @classmethod
+    def sources(cls) -> dict[str, str]:
+        """Pure: section field -> the `Settings` field or property it is read from."""
+        return {
+            name: field.validation_alias if isinstance(field.validation_alias, str) else name
+            for name, field in cls.model_fields.items()
+        }
+
+    @classmethod
+    def of(cls, settings: Settings) -> Self:
+        return cls.model_validate({source: getattr(settings, source) for source in cls.sources().values()})
+
+
+class EgressSettings(Section):
+    """orchestrator/egress/ (docs/egress.md)."""
+
+    mode: Literal["off", "allowlist"] = Field(validation_alias="egress")
+    allow: str = Field(validation_alias="egress_allow")
+    allow_loopback: bool = Field(validation_alias="egress_allow_loopback")
+    connect_timeout_s: float = Field(validation_alias="egress_connect_timeout_s")
+    max_connections: int = Field(validation_alias="egress_max_connections")
+    max_bytes_per_connection: int = Field(validation_alias="egress_max_bytes_per_connection")
+    max_bytes_per_day: int = Field(validation_alias="egress_max_bytes_per_day")
+    dns_servers: str = Field(validation_alias="egress_dns_servers")
+    dns_timeout_s: float = Field(validation_alias="egress_dns_timeout_s")
+    dns_lookups_per_user: int = Field(validation_alias="egress_dns_lookups_per_user")
+    dns_lookups: int = Field(validation_alias="egress_dns_lookups")
+
+
+class PreviewSettings(Section):
+    """orchestrator/previews/ (docs/previews.md)."""
+
+    listen: str = Field(validation_alias="preview_listen")
+    base_url: str | None = Field(validation_alias="preview_base_url")
+    ttl_s: int = Field(validation_alias="preview_ttl_s")
+    ttl_max_s: int = Field(validation_alias="preview_ttl_max_s")
+    max_bytes_per_day: int = Field(validation_alias="preview_max_bytes_per_day")
+    cookie_link_s: int | None = Field(validation_alias="preview_cookie_link_s")
+    head_timeout_s: float = Field(validation_alias="preview_head_timeout_s")
+    idle_timeout_s: float = Field(validation_alias="preview_idle_timeout_s")
+    layout: DataLayout  # the access-cookie key lives in its state dir
+
+
+class DiskQuotaSettings(Section):
+    """orchestrator/quotas/ (docs/disk-quotas.md)."""
+
+    mechanism: Literal["auto", "loop", "scan", "off"] = Field(validation_alias="disk_quota")
+    user_disk_quota_mb: int
+    user_inode_quota: int
+    shared_disk_quota_mb: int
+    shared_inode_quota: int
+    shared_member_share_pct: float
+    min_free_disk_pct: float
+    unmount_on_close: bool = Field(validation_alias="disk_unmount_on_close")
+    sandbox_uid_base: int
+    max_user_id: int
+    sandbox_id_ranges: tuple[IdRange, ...]
+    layout: DataLayout
+
+
+class TemplateSettings(Section):
+    """orchestrator/templates/ (docs/templates.md)."""
+
+    sandbox_image: str
+    repository: str = Field(validation_alias="template_repository")
+    fetch_network: str = Field(validation_alias="template_fetch_network")
+    build_timeout_s: float = Field(validation_alias="template_build_timeout_s")
+    image_registry: str | None
+    k8s_node_engines: str
+    egress_ca_bundle: Path  # what a template's fetch step trusts
+    layout: DataLayout
+
+
+class CredentialSettings(Section):
+    """orchestrator/credentials/ (docs/credentials.md)."""
+
+    key: SecretStr | None = Field(validation_alias="credentials_key")
+    key_file: Path | None = Field(validation_alias="credentials_key_file")
+    grant_max_s: int
+    egress: Literal["off", "allowlist"]
+    egress_ca_bundle: Path
+    sandbox_ca_bundle: Path
+    layout: DataLayout
+
+
+class DescriptorSettings(Section):
+    """orchestrator/descriptors/ (docs/operations.md): the split of the descriptor limit."""
+
+    reserve: int | None = Field(validation_alias="fd_reserve")
+    egress_pct: float = Field(validation_alias="fd_egress_pct")
+    streams_pct: float = Field(validation_alias="fd_streams_pct")
+    previews_pct: float = Field(validation_alias="fd_previews_pct")
+    user_pct: float = Field(validation_alias="fd_user_pct")
+
+
+class HostToolSettings(Section):
+    """orchestrator/tools/host_tools.py: the host tools' caps and the transfer slots."""
+
+    read_bytes_max: int
+    image_max_bytes: int
+    public_base_url: str
+    transfers_max: int
+    user_transfers_max: int
+    transfer_wait_s: float
+
+
+SECTIONS: tuple[type[Section], ...] = (
+    EgressSettings, PreviewSettings, DiskQuotaSettings, TemplateSettings, CredentialSettings, DescriptorSettings,
+    HostToolSettings,
+)  # fmt: skip
 
 
 def settings_error_lines(exc: ValidationError) -> list[str]:

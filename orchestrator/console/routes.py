@@ -39,11 +39,9 @@ from orchestrator.console.sessions import (
 from orchestrator.egress.policy import InvalidPattern, UserRules
 from orchestrator.errors import InvalidInput, OrchestratorError
 from orchestrator.http.auth import caller_for
-from orchestrator.http.routes_core import egress_status, process_isolation
 from orchestrator.identity import IdentityMode
 from orchestrator.quotas.model import group_volume
 from orchestrator.runs.listing import RunFilter, list_runs, run_filter, tool_calls_of
-from orchestrator.sandboxes.kernel_boundary import kernel_boundaries
 from orchestrator.service import OrchestratorService
 from orchestrator.users.listing import UserFilter, list_groups, parse_cursor
 from orchestrator.users.sandbox_control import SandboxAction
@@ -233,6 +231,7 @@ def _hour(service: OrchestratorService) -> Any:
 def overview(request: Request) -> HTMLResponse:
     session = _session(request)
     service = _service(request)
+    status = service.status
     statuses = service.sandboxes.status()
     by_state = Counter((s.backend, s.state) for s in statuses)
     hour = _hour(service)
@@ -244,14 +243,14 @@ def overview(request: Request) -> HTMLResponse:
         "overview.html",
         session=session,
         title="Overview",
-        identity=service.switch.state(),
-        backend=service.sandboxes.default_backend,
-        backends=sorted(service.sandboxes.backends),
-        backend_reason=service.backend_choice.reason,
-        kernel=kernel_boundaries(service.settings, service.sandboxes.backends),
-        isolation=process_isolation(service),
-        disk=service.disk_quotas.health(),
-        egress=egress_status(service),
+        identity=status.identity(),
+        backend=status.default_backend,
+        backends=status.backends,
+        backend_reason=status.backend_reason,
+        kernel=status.kernel_boundaries(),
+        isolation=status.process_isolation(),
+        disk=status.disk(),
+        egress=status.egress(),
         by_state=sorted(by_state.items()),
         hour=hour,
         charts=charts,

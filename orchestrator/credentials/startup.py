@@ -8,16 +8,16 @@ from cryptography.fernet import MultiFernet
 from orchestrator.credentials.ca import DeploymentCA
 from orchestrator.credentials.keys import CredentialsKeyRefused, load_keys
 from orchestrator.credentials.store import CredentialStore
-from orchestrator.settings import Settings
+from orchestrator.settings import CredentialSettings
 from orchestrator.state_store import StateStore
 
 
-def configured_keys(settings: Settings) -> MultiFernet | None:
-    key = settings.credentials_key.get_secret_value() if settings.credentials_key is not None else ""
-    return load_keys(key, settings.credentials_key_file, settings.layout.root)
+def configured_keys(settings: CredentialSettings) -> MultiFernet | None:
+    key = settings.key.get_secret_value() if settings.key is not None else ""
+    return load_keys(key, settings.key_file, settings.layout.root)
 
 
-def open_credentials(settings: Settings, store: StateStore) -> tuple[CredentialStore | None, DeploymentCA | None]:
+def open_credentials(settings: CredentialSettings, store: StateStore) -> tuple[CredentialStore | None, DeploymentCA | None]:
     keys = configured_keys(settings)
     if keys is None:
         with store.read() as tx:

@@ -26,7 +26,7 @@ from mounts import ids
 from mounts.layout import DataLayout
 from orchestrator.clock import now_iso
 from mounts.fs.nofollow import UnsafePath, closing_fd, open_below, open_regular_at
-from orchestrator.state_store import StateStore
+from orchestrator.state_store import StateStore, Transaction
 from orchestrator.users.dirs import UserDirectories
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -168,6 +168,11 @@ class PublishedUploads:
                 "INSERT OR IGNORE INTO published_uploads (owner_user_id, file_name, published_at) VALUES (?, ?, ?)",
                 (ref.owner_user_id, ref.file_name, now_iso()),
             )
+
+    @staticmethod
+    def forget_user_in(tx: Transaction, user_id: int) -> None:
+        """Drop the user's published names in the caller's transaction (a purge's tombstone)."""
+        tx.execute("DELETE FROM published_uploads WHERE owner_user_id = ?", (user_id,))
 
     def is_published(self, ref: UploadRef) -> bool:
         with self._store.read() as tx:

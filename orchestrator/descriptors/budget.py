@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from orchestrator.errors import OrchestratorError
 
 if TYPE_CHECKING:
-    from orchestrator.settings import Settings
+    from orchestrator.settings import DescriptorSettings
 
 
 class Feature(str, Enum):
@@ -100,17 +100,17 @@ def plan_budget(
     return BudgetPlan(limit=limit, reserve=reserve, pools=pools, user_shares=shares)
 
 
-def plan_for(limit: int, settings: Settings) -> BudgetPlan:
+def plan_for(limit: int, settings: DescriptorSettings) -> BudgetPlan:
     """The plan the ORCH_FD_* settings give for a process whose limit is `limit`."""
     return plan_budget(
         limit,
-        reserve=settings.fd_reserve,
+        reserve=settings.reserve,
         pool_pct={
-            Feature.EGRESS: settings.fd_egress_pct,
-            Feature.STREAMS: settings.fd_streams_pct,
-            Feature.PREVIEWS: settings.fd_previews_pct,
+            Feature.EGRESS: settings.egress_pct,
+            Feature.STREAMS: settings.streams_pct,
+            Feature.PREVIEWS: settings.previews_pct,
         },
-        user_pct=settings.fd_user_pct,
+        user_pct=settings.user_pct,
     )
 
 

@@ -8,12 +8,21 @@ import json
 import threading
 from collections.abc import Sequence
 
-from orchestrator import audit
+from orchestrator import audit, runtime_overrides
 from orchestrator.clock import now_iso
 from orchestrator.egress.policy import HostPattern, UserRules, effective_allow, parse_patterns
-from orchestrator.state_store import StateStore
+from orchestrator.state_store import StateStore, Transaction
 
 KEY_PREFIX = "egress_rules:"
+
+
+def rules_key(user_id: int) -> str:
+    return f"{KEY_PREFIX}{user_id}"
+
+
+def forget_in(tx: Transaction, user_id: int) -> None:
+    """Drop the user's row in the caller's transaction (a purge's tombstone)."""
+    runtime_overrides.delete(tx, rules_key(user_id))
 
 
 class EgressRules:
@@ -24,7 +33,7 @@ class EgressRules:
         self._rules: dict[int, UserRules] = {}
         self._effective: dict[int, tuple[HostPattern, ...]] = {}
         with store.read() as tx:
-            rows = tx.all("SELECT key, value FROM runtime_overrides WHERE key LIKE ?", (KEY_PREFIX + "%",))
+            rows = runtime_overrides.with_prefix(tx, KEY_PREFIX)
         for row in rows:
             user_id = int(row["key"][len(KEY_PREFIX) :])
             value = json.loads(row["value"])
@@ -56,12 +65,7 @@ class EgressRules:
         value = json.dumps({"allow": list(canonical.allow), "remove": list(canonical.remove)})
         with self._lock:
             with self._store.write() as tx:
-                tx.execute(
-                    "INSERT INTO runtime_overrides (key, value, actor, changed_at) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT(key) DO UPDATE SET value = excluded.value, actor = excluded.actor,"
-                    " changed_at = excluded.changed_at",
-                    (f"{KEY_PREFIX}{user_id}", value, actor, now_iso()),
-                )
+                runtime_overrides.put(tx, rules_key(user_id), value, actor=actor, at=now_iso())
                 audit.record(
                     tx, actor=actor, action="egress_rules_set", runtime_user_id=user_id,
                     allow=list(canonical.allow), remove=list(canonical.remove),

@@ -43,7 +43,7 @@ from orchestrator.egress.rules import EgressRules
 from orchestrator.clock import now_iso
 from orchestrator.log import kv
 from orchestrator.throttled_log import IntervalCounter, budget_loop_accept_errors
-from orchestrator.settings import Settings
+from orchestrator.settings import EgressSettings
 from orchestrator.state_store import StateStore
 from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.peer import ExpectedPeer, check_socket_peer, peer_credentials
@@ -68,7 +68,7 @@ class _Listener:
 class EgressService:
     def __init__(
         self,
-        settings: Settings,
+        settings: EgressSettings,
         directories: UserDirectories,
         store: StateStore,
         descriptors: DescriptorBudget,
@@ -83,11 +83,11 @@ class EgressService:
         self.layout: DataLayout = directories.layout
         self.directories = directories
         self.store = store
-        self.rules = EgressRules(store, parse_patterns(split_allow_setting(settings.egress_allow)))
+        self.rules = EgressRules(store, parse_patterns(split_allow_setting(settings.allow)))
         self.limits = CapLimits(
-            max_connections=settings.egress_max_connections,
-            bytes_per_connection=settings.egress_max_bytes_per_connection,
-            bytes_per_day=settings.egress_max_bytes_per_day,
+            max_connections=settings.max_connections,
+            bytes_per_connection=settings.max_bytes_per_connection,
+            bytes_per_day=settings.max_bytes_per_day,
         )
         self._caps: dict[int, UserCaps] = {}  # the loop's alone
         self._held: dict[int, int] = {}  # the loop's alone: the user's sockets being served
@@ -101,14 +101,14 @@ class EgressService:
         self._audit_queue: queue.Queue[ConnectionRecord | dict[str, object] | None] = queue.Queue(AUDIT_BACKLOG)
         self._audit_thread: threading.Thread | None = None
         self._dropped = 0
-        self._resolver = AresResolver(parse_dns_servers(settings.egress_dns_servers), timeout_s=settings.egress_dns_timeout_s)
-        self.lookups = LookupGate(per_user=settings.egress_dns_lookups_per_user, total=settings.egress_dns_lookups)
+        self._resolver = AresResolver(parse_dns_servers(settings.dns_servers), timeout_s=settings.dns_timeout_s)
+        self.lookups = LookupGate(per_user=settings.dns_lookups_per_user, total=settings.dns_lookups)
         self.proxy = EgressProxy(
             allow_for=self.rules.allow_for,
             caps_for=self._caps_of,
             report=self._report,
-            allow_loopback=settings.egress_allow_loopback,
-            timeouts=ProxyTimeouts(connect_s=settings.egress_connect_timeout_s, resolve_s=settings.egress_dns_timeout_s),
+            allow_loopback=settings.allow_loopback,
+            timeouts=ProxyTimeouts(connect_s=settings.connect_timeout_s, resolve_s=settings.dns_timeout_s),
             resolver=self._resolver,
             lookups=self.lookups,
             head_max_bytes=HEAD_MAX_BYTES,
@@ -395,7 +395,7 @@ class EgressService:
     # --- status and shutdown --------------------------------------------------------------
 
     def status(self) -> dict[str, object]:
-        return {"mode": self.settings.egress, "listeners": len(self._listeners), "allow_default": [str(p) for p in self.rules.defaults]}
+        return {"mode": self.settings.mode, "listeners": len(self._listeners), "allow_default": [str(p) for p in self.rules.defaults]}
 
     def close(self) -> None:
         loop = self._loop

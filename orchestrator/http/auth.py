@@ -21,7 +21,9 @@ from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
 from orchestrator.http.openapi import ABSOLUTE_CAP
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
+from orchestrator.system_status import SystemStatus
 from orchestrator.users.identities import PlatformIdentity, parse_platform_identity
+from orchestrator.users.listing import UserListing
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,14 @@ class Caller:
 
 async def service_of(request: Request) -> OrchestratorService:
     return request.app.state.service
+
+
+async def system_status_of(request: Request) -> SystemStatus:
+    return request.app.state.service.status
+
+
+async def user_listing_of(request: Request) -> UserListing:
+    return request.app.state.service.user_listing
 
 
 def _bearer(authorization: str | None) -> str | None:
@@ -77,6 +87,14 @@ def has_valid_token(settings: Settings, authorization: str | None) -> bool:
         return True
     token = _bearer(authorization)
     return token is not None and (_matches(token, settings.admin_token) or _matches(token, settings.api_token))
+
+
+async def optional_caller(
+    service: OrchestratorService = Depends(service_of),
+    authorization: str | None = Header(None, include_in_schema=False),
+) -> Caller | None:
+    """The caller's role, None without a right token (routes open to anyone)."""
+    return _caller(service, authorization)
 
 
 async def require_bot(

@@ -6,12 +6,11 @@ from datetime import datetime, timezone
 
 from fastapi import APIRouter, Depends, Header, Query
 
-from orchestrator import __version__, audit
+from orchestrator import audit
 from mounts.layout import GroupRef
 from orchestrator.errors import Forbidden, NotFound
 from orchestrator.http.acting import require_self
-from orchestrator.descriptors.process_limit import open_descriptors
-from orchestrator.http.auth import Caller, acting_user, caller_for, require_admin, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, optional_caller, require_admin, require_bot, service_of, system_status_of
 from orchestrator.http.models import (
     TemplateChoiceOut,
     GroupOut,
@@ -28,9 +27,7 @@ from orchestrator.clock import iso
 from orchestrator.http.params import SQLITE_INT_MAX, chat_id_param, group_channel_param, project_id_param, user_id_param
 from orchestrator.runs.identity_switch import IdentityModeState
 from orchestrator.service import OrchestratorService
-from orchestrator.sandboxes.kernel_boundary import kernel_boundaries
-from orchestrator.sandboxes.process import ProcessBackend
-from orchestrator.sandboxes.uid_blocks import UidBlock
+from orchestrator.system_status import SystemStatus
 from orchestrator.users.repository import KEEP, Keep
 
 router = APIRouter()
@@ -45,91 +42,16 @@ def _mode_out(state: IdentityModeState) -> IdentityModeOut:
 
 @router.get("/healthz", tags=["health"])
 async def healthz(
-    service: OrchestratorService = Depends(service_of),
-    authorization: str | None = Header(None, include_in_schema=False),
+    status: SystemStatus = Depends(system_status_of),
+    caller: Caller | None = Depends(optional_caller),
 ) -> dict:
     """Up, and the runtime identity mode, for anyone (a load balancer, a bot); what the host
     exposes (isolation, uid block, disk, egress list, descriptors) with the admin token only,
     or with authentication off (docs/operations.md)."""
     # In memory only: answered on the loop, never queued behind the thread pool.
-    state = service.switch.state()
-    caller = caller_for(service, authorization)
     if caller is None or caller.role not in ("admin", "local"):
-        return {
-            "status": "ok", "version": __version__,
-            "runtime_identity": state.mode.value, "runtime_identity_source": state.source,
-        }  # fmt: skip
-    return {
-        "status": "ok",
-        "version": __version__,
-        "backend": service.sandboxes.default_backend,
-        "backends_available": sorted(service.sandboxes.backends),
-        "backend_reason": service.backend_choice.reason,
-        "runtime_identity": state.mode.value,
-        "runtime_identity_source": state.source,
-        "runtime_identity_changed_at": state.changed_at,
-        "runtime_identity_invalid_value": state.invalid_value,
-        # Whether process-backend sandboxes are kept apart (own uids, own network namespace).
-        # uid_block: the sandbox uids this instance claims on the host (orchestrator/sandboxes/uid_blocks.py).
-        "isolation": {**process_isolation(service), "uid_block": _uid_block(service)},
-        # Which disk-quota mechanism is in force (docs/disk-quotas.md) and the host watermark.
-        "disk_quota": service.disk_quotas.health().__dict__,
-        "egress": egress_status(service),
-        # Per backend: the host's kernel, or gVisor's between the sandbox and it (docs/security.md).
-        "kernel_boundary": kernel_boundaries(service.settings, service.sandboxes.backends),
-        # The kubernetes backend's API server and namespace; null when it is not registered.
-        "kubernetes": _kubernetes_status(service),
-        "descriptors": _descriptor_status(service),
-    }
-
-
-def _descriptor_status(service: OrchestratorService) -> dict[str, object]:
-    """The process's descriptor limit, the reserve, each pool's size, share and use, its largest
-    users and refusals (docs/operations.md)."""
-    plan = service.descriptors.plan
-    usage = service.descriptors.usage()
-    pools = {
-        feature.value: {"size": size, "user_share": plan.user_shares[feature], **usage[feature.value]}  # type: ignore[dict-item]
-        for feature, size in plan.pools.items()
-    }
-    return {"limit": plan.limit, "reserve": plan.reserve, "open": open_descriptors(), "pools": pools, "refused": usage["refused"]}
-
-
-def _kubernetes_status(service: OrchestratorService) -> dict | None:
-    backend = service.sandboxes.backends.get("kubernetes")
-    if backend is None:
-        return None
-    return {"cluster": backend.cluster, "namespace": backend.namespace, "data_volume": backend.data.describe()}
-
-
-def egress_status(service: OrchestratorService) -> dict[str, object]:
-    """Whether each backend makes the egress proxy the only way out (docs/egress.md)."""
-    settings = service.settings
-    if service.egress is None:
-        return {"mode": "off"}
-    process = service.sandboxes.backend_named("process", ProcessBackend)
-    enforced: dict[str, bool] = {}
-    if process is not None:
-        enforced["process"] = process.isolation.process_network == "namespace"
-    if "docker" in service.sandboxes.backends:
-        enforced["docker"] = settings.sandbox_network == "none"
-    status: dict[str, object] = {**service.egress.status(), "enforced": enforced}
-    if not all(enforced.values()):
-        status["warning"] = (
-            "egress is not enforced for " + ", ".join(sorted(k for k, v in enforced.items() if not v))
-            + ": those sandboxes get the proxy settings but share a network with a way around it"
-        )
-    return status
-
-
-def process_isolation(service: OrchestratorService) -> dict[str, object]:
-    process = service.sandboxes.backend_named("process", ProcessBackend)
-    return process.isolation.as_json() if process is not None else {}
-
-
-def _uid_block(service: OrchestratorService) -> list[int]:
-    block = UidBlock.of(service.settings.sandbox_uid_base, service.settings.max_user_id)
-    return [block.first, block.last]
+        return status.public()
+    return status.host()
 
 
 def _user_out(service: OrchestratorService, user_id: int) -> UserOut:

@@ -23,6 +23,7 @@ from orchestrator.http.acting import require_self
 from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot, service_of
 from orchestrator.http.params import user_id_param
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import CredentialSettings
 
 router = APIRouter()
 
@@ -227,7 +228,7 @@ def rotate_credentials_key(
     it) and re-encrypt every credential with the first key; no restart, nothing refused."""
     store = _credentials(service)
     try:
-        keys = configured_keys(service.settings)
+        keys = configured_keys(CredentialSettings.of(service.settings))
     except CredentialsKeyRefused as exc:
         raise InvalidInput(str(exc), field="ORCH_CREDENTIALS_KEY_FILE") from None
     if keys is None:

@@ -10,12 +10,13 @@ from pydantic import BaseModel
 
 from orchestrator.errors import NotFound
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, require_bot, service_of, user_listing_of
 from orchestrator.http.models import RunOut
 from orchestrator.http.params import session_id_param, user_id_param
 from orchestrator.http.people import with_run_identities
 from orchestrator.runs.records import MAX_RUN_SEQ
 from orchestrator.service import OrchestratorService
+from orchestrator.users.listing import UserListing
 
 router = APIRouter()
 
@@ -56,21 +57,12 @@ def list_runs(
 def get_sandbox(
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    listing: UserListing = Depends(user_listing_of),
     _: Caller = Depends(require_bot),
 ) -> SandboxOut:
     """Never starts a sandbox. 404 for a user the server does not know."""
     require_self(acting, user_id)
-    if service.users.get(user_id) is None:
+    view = listing.sandbox_of(user_id)
+    if view is None:
         raise NotFound(f"user {user_id} not found")
-    backend = service.sandboxes.backend_name_for(user_id)
-    found = service.sandboxes.backends[backend].status() if backend in service.sandboxes.backends else []
-    status = next((s for s in found if s.user_id == user_id), None)
-    return SandboxOut(
-        user_id=user_id,
-        backend=backend,
-        state=status.state if status is not None else "none",
-        since=status.since if status is not None else None,
-        busy=status.busy if status is not None else 0,
-        last_call_at=service.run_repo.last_activity_of_user(user_id),
-    )
+    return SandboxOut.model_validate(view, from_attributes=True)

@@ -29,7 +29,7 @@ from orchestrator.previews.store import PreviewStore
 from orchestrator.runs.records import RunRecord, RunStatus
 from orchestrator.sandboxes.base import LiveAgent
 from orchestrator.sandboxes.router import SandboxRouter
-from orchestrator.settings import Settings
+from orchestrator.settings import PreviewSettings
 from orchestrator.state_store import StateStore
 from orchestrator.throttled_log import budget_loop_accept_errors, ThrottledLog
 
@@ -46,13 +46,12 @@ def listen_address(value: str) -> tuple[str, int]:
 
 
 class PreviewService:
-    def __init__(self, settings: Settings, store: StateStore, router: SandboxRouter, descriptors: DescriptorBudget) -> None:
-        assert settings.preview_listen is not None
+    def __init__(self, settings: PreviewSettings, store: StateStore, router: SandboxRouter, descriptors: DescriptorBudget) -> None:
         self.settings = settings
         self._store = store
         self.records = PreviewStore(store)
         self._router = router
-        host, port = listen_address(settings.preview_listen)
+        host, port = listen_address(settings.listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listening = socket.socket(family, socket.SOCK_STREAM)
         self._listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -60,7 +59,7 @@ class PreviewService:
         self._listening.listen(1024)
         bound = self._listening.getsockname()
         self.address = f"[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"{bound[0]}:{bound[1]}"
-        self.base_url = (settings.preview_base_url or f"http://{self.address}").rstrip("/")
+        self.base_url = (settings.base_url or f"http://{self.address}").rstrip("/")
         self._starts = ThreadPoolExecutor(START_THREADS, thread_name_prefix="preview-start")
         self.relay = PreviewRelay(
             lookup=self.records.by_token,
@@ -68,15 +67,15 @@ class PreviewService:
             forget=lambda user_id, agent: router.backend_for(user_id).forget(user_id, agent=agent),
             descriptors=descriptors,
             limits=PreviewLimits(
-                head_timeout_s=settings.preview_head_timeout_s,
-                idle_timeout_s=settings.preview_idle_timeout_s,
-                bytes_per_day=settings.preview_max_bytes_per_day,
+                head_timeout_s=settings.head_timeout_s,
+                idle_timeout_s=settings.idle_timeout_s,
+                bytes_per_day=settings.max_bytes_per_day,
                 scheme=urlsplit(self.base_url).scheme or "http",
                 host_suffix=host_suffix(self.base_url),
                 access=(
-                    None if settings.preview_cookie_link_s is None else AccessCookie(
+                    None if settings.cookie_link_s is None else AccessCookie(
                         key=load_or_create_key(settings.layout.state_dir / ACCESS_KEY_FILE),
-                        link_s=settings.preview_cookie_link_s, secure=urlsplit(self.base_url).scheme == "https",
+                        link_s=settings.cookie_link_s, secure=urlsplit(self.base_url).scheme == "https",
                     )
                 ),
             ),
@@ -94,7 +93,7 @@ class PreviewService:
         if run.status is not RunStatus.RUNNING:
             raise RunEnded(f"run {run.run_id} has ended ({run.status.value}): no preview is made for it")
         now = datetime.now(timezone.utc)
-        expires = expiry(now, ttl_s, default_s=self.settings.preview_ttl_s, max_s=self.settings.preview_ttl_max_s)
+        expires = expiry(now, ttl_s, default_s=self.settings.ttl_s, max_s=self.settings.ttl_max_s)
         with self._store.write() as tx:
             record = self.records.create(
                 tx, user_id=run.runtime_user_id, run_id=run.run_id, session_id=run.session_id, port=port,

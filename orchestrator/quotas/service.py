@@ -54,7 +54,7 @@ from orchestrator.quotas.model import (
 from orchestrator.quotas.member_files import Removal, remove_member_files
 from orchestrator.quotas.scan import scan_usage, usage_by_owner
 from orchestrator.quotas.volumes import LoopVolumes, VolumeRefused
-from orchestrator.settings import Settings
+from orchestrator.settings import DiskQuotaSettings
 from orchestrator.startup_checks import StartupRefused
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,10 @@ class SharedMembers:
 class DiskQuotas:
     def __init__(
         self,
-        settings: Settings,
+        settings: DiskQuotaSettings,
         *,
         sandbox_uid: Callable[[int], int],
+        stop_sandbox: Callable[[int], None] = lambda _user_id: None,
         loop_problem: Callable[[], str | None] = loopfs.loop_problem,
     ) -> None:
         self.settings = settings
@@ -119,7 +120,7 @@ class DiskQuotas:
         self.is_root = os.geteuid() == 0
         try:
             self.choice: MechanismChoice = choose_mechanism(
-                settings.disk_quota, is_root=self.is_root, loop_problem=loop_problem() if self.is_root else None
+                settings.mechanism, is_root=self.is_root, loop_problem=loop_problem() if self.is_root else None
             )
         except ValueError as exc:  # `loop` asked for where it cannot work: `serve` says so in one line
             raise StartupRefused(f"{exc}; use ORCH_DISK_QUOTA=scan or auto") from None
@@ -134,8 +135,8 @@ class DiskQuotas:
         self._members: dict[str, SharedMembers] = {}
         # Shared volume key -> member -> its usage when the round last stopped its sandbox.
         self._stopped_at: dict[str, dict[int, MemberUsage]] = {}
-        # Set by the composition root: stops a user's sandbox (scan mode, over quota).
-        self.stop_sandbox: Callable[[int], None] = lambda user_id: None
+        # Stops a user's sandbox: over quota (scan), before an offline grow (loop).
+        self.stop_sandbox = stop_sandbox
 
     @property
     def mechanism(self) -> QuotaMechanism:
@@ -170,7 +171,7 @@ class DiskQuotas:
     def close(self) -> None:
         # Kept mounted by default: sandboxes (containers) may outlive this process, and the next
         # start adopts the mounts (docs/disk-quotas.md).
-        if self.loop is not None and self.settings.disk_unmount_on_close:
+        if self.loop is not None and self.settings.unmount_on_close:
             count = self.loop.unmount_all()
             log.info("disk images unmounted %s", kv(mounts=count))
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from orchestrator import audit
+from orchestrator import audit, runtime_overrides
 from orchestrator.clock import now_iso
 from orchestrator.log import kv
 from orchestrator.identity import IdentityMode, parse_identity_mode
@@ -100,11 +100,11 @@ class RuntimeIdentitySwitch:
         configured = IdentityModeState(mode, source, now, invalid, mode, source)
         with self._store.write() as tx:
             override = self._load_override(tx, configured)
-            recorded = tx.one("SELECT value FROM runtime_overrides WHERE key = ?", (CONFIGURED_KEY,))
+            recorded = runtime_overrides.get(tx, CONFIGURED_KEY)
             decision = decide_at_start(configured, recorded["value"] if recorded else None, override)
             if decision.clears_override:
                 assert override is not None
-                tx.execute("DELETE FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
+                runtime_overrides.delete(tx, OVERRIDE_KEY)
                 audit.record(
                     tx,
                     actor=source,
@@ -114,7 +114,7 @@ class RuntimeIdentitySwitch:
                     **{"from": override.mode.value, "to": mode.value},
                 )
             if decision.record_configured:
-                _upsert(tx, CONFIGURED_KEY, mode.value, actor=source, at=now)
+                runtime_overrides.put(tx, CONFIGURED_KEY, mode.value, actor=source, at=now)
         self._state = decision.state
         if decision.clears_override:
             assert override is not None
@@ -132,7 +132,7 @@ class RuntimeIdentitySwitch:
 
     @staticmethod
     def _load_override(tx: Transaction, configured: IdentityModeState) -> IdentityModeState | None:
-        row = tx.one("SELECT * FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
+        row = runtime_overrides.get(tx, OVERRIDE_KEY)
         if row is None:
             return None
         mode, invalid = parse_identity_mode(row["value"])
@@ -153,12 +153,12 @@ class RuntimeIdentitySwitch:
             now = now_iso()
             with self._store.write() as tx:
                 if mode is None:
-                    tx.execute("DELETE FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
+                    runtime_overrides.delete(tx, OVERRIDE_KEY)
                     state = replace(
                         previous, mode=previous.configured_mode, source=previous.configured_source, changed_at=now
                     )
                 else:
-                    _upsert(tx, OVERRIDE_KEY, mode.value, actor=actor, at=now)
+                    runtime_overrides.put(tx, OVERRIDE_KEY, mode.value, actor=actor, at=now)
                     state = replace(previous, mode=mode, source="admin", changed_at=now, invalid_value=None)
                 audit.record(
                     tx,
@@ -202,8 +202,8 @@ class RuntimeIdentitySwitch:
             now = now_iso()
             with self._store.write() as tx:
                 # A file edit is the newer decision: it supersedes an admin override.
-                tx.execute("DELETE FROM runtime_overrides WHERE key = ?", (OVERRIDE_KEY,))
-                _upsert(tx, CONFIGURED_KEY, mode.value, actor=source, at=now)
+                runtime_overrides.delete(tx, OVERRIDE_KEY)
+                runtime_overrides.put(tx, CONFIGURED_KEY, mode.value, actor=source, at=now)
                 audit.record(
                     tx,
                     actor="settings_file",
@@ -220,11 +220,3 @@ class RuntimeIdentitySwitch:
         )
         return self._state
 
-
-def _upsert(tx: Transaction, key: str, value: str, *, actor: str, at: str) -> None:
-    tx.execute(
-        "INSERT INTO runtime_overrides (key, value, actor, changed_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (key) DO UPDATE SET value = excluded.value, actor = excluded.actor,"
-        " changed_at = excluded.changed_at",
-        (key, value, actor, at),
-    )

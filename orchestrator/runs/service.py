@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from mounts import ids
-from mounts.layout import OUTPUTS_SUBDIR
+from mounts.layout import OUTPUTS_SUBDIR, DataLayout
 from orchestrator import audit
 from orchestrator.clock import now_iso
 from orchestrator.errors import Conflict, InvalidInput, NotFound
@@ -33,7 +33,6 @@ from orchestrator.runs.start_access import run_start_access
 from orchestrator.sessions.cleanup import DeletedSession
 from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.sessions.visibility import read_visible
-from orchestrator.settings import Settings
 from orchestrator.skills.port import RunSkills, SkillProvider
 from orchestrator.state_store import StateStore, Transaction
 from orchestrator.templates.choice import RunTemplate
@@ -85,7 +84,8 @@ class RunService:
     def __init__(
         self,
         *,
-        settings: Settings,
+        layout: DataLayout,
+        public_base_url: str,
         store: StateStore,
         sessions: SessionRepository,
         users: UserRepository,
@@ -93,9 +93,17 @@ class RunService:
         switch: RuntimeIdentitySwitch,
         directories: UserDirectories,
         skills: SkillProvider,
+        templates: RunTemplates | None = None,
+        start_guards: Sequence[RunGuard] = (),
+        start_listeners: Sequence[RunListener] = (),
+        end_listeners: Sequence[RunListener] = (),
+        delegated_to: Callable[[int, str], tuple[DelegatedCredential, ...]] = lambda _user_id, _session_id: (),
     ) -> None:
-        self._settings = settings
-        self._layout = settings.layout
+        """`start_guards` run in a start's transaction (a refusal raises); `start_listeners` and
+        `end_listeners` after a run started or ended; `delegated_to`: the credentials delegated
+        to (runtime user, session) now (orchestrator/credentials/)."""
+        self._layout = layout
+        self._public_base_url = public_base_url
         self._store = store
         self._sessions = sessions
         self._users = users
@@ -103,12 +111,11 @@ class RunService:
         self._switch = switch
         self._directories = directories
         self._skills = skills
-        self.templates: RunTemplates | None = None
-        self.start_guards: list[RunGuard] = []
-        self.start_listeners: list[RunListener] = []
-        # The credentials delegated to (runtime user, session) now (orchestrator/credentials/).
-        self.delegated_to: Callable[[int, str], tuple[DelegatedCredential, ...]] = lambda user_id, session_id: ()
-        self.end_listeners: list[RunListener] = []
+        self.templates = templates
+        self.start_guards: list[RunGuard] = list(start_guards)
+        self.start_listeners: list[RunListener] = list(start_listeners)
+        self.delegated_to = delegated_to
+        self.end_listeners: list[RunListener] = list(end_listeners)
 
     def _persist_last_runtime_user(self, session: SessionRecord, user_id: int, *, reason: str) -> None:
         # A failure to persist must not block the run; the in-memory value is authoritative.
@@ -178,10 +185,7 @@ class RunService:
                 # A user who speaks in a group session joins the group (its workspace mounts).
                 assert session.group is not None
                 UserRepository.add_group_member(tx, session.group, joining)
-            tx.execute(
-                "INSERT OR IGNORE INTO session_runtime_users (session_id, user_id, first_at) VALUES (?, ?, ?)",
-                (session.session_id, runtime, run.started_at),
-            )
+            SessionRepository.add_runtime_user(tx, session.session_id, runtime, at=run.started_at)
             tx.execute(
                 "INSERT INTO runs (run_id, session_id, trigger, agent_id, identity_mode, owner_user_id,"
                 " execution_user_id, runtime_user_id, speaker_user_id, delivery_id, status, started_at)"
@@ -280,7 +284,7 @@ class RunService:
                 runtime_user_id=identity.runtime_user_id,
                 runtime_display_name=runtime.display_name if runtime else None,
                 uploads_root=str(self._layout.uploads_root),
-                public_base_url=self._settings.public_base_url,
+                public_base_url=self._public_base_url,
                 group_workspace=group_workspace,
                 share_dir=str(self._layout.share_dir),
                 speaker_user_id=identity.execution_user_id,

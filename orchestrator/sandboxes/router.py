@@ -9,7 +9,7 @@ import logging
 import threading
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Any, BinaryIO, TypeVar
@@ -148,6 +148,11 @@ class SandboxRouter:
         default_backend: str,
         *,
         process_sandbox: str = "none",
+        call_guards: Sequence[Callable[[int, str, dict[str, Any]], None]] = (),
+        call_hooks: Sequence[Callable[[int, CallContext | None], None]] = (),
+        explain_no_space: Callable[[int, ToolError], ToolError] | None = None,
+        resources_of: Callable[[int], tuple[float | None, int | None]] = lambda _user_id: (None, None),
+        template_of: Callable[[int, tuple[str | None, str | None]], SandboxTemplate | None] | None = None,
     ) -> None:
         self._layout = layout
         self._users = users
@@ -161,15 +166,15 @@ class SandboxRouter:
         # over-quota user's writes; none on the kernel path) and the rewording of a no_space
         # answer so it names the quota.
         # Run before every call with (user, tool, arguments): a refusal raises (disk quotas).
-        self.call_guards: list[Callable[[int, str, dict[str, Any]], None]] = []
-        self.explain_no_space: Callable[[int, ToolError], ToolError] | None = None
+        self.call_guards = list(call_guards)
+        self.explain_no_space = explain_no_space
         # A user's CPU and memory override (cpus, memory_mb), None each for the default.
-        self.resources_of: Callable[[int], tuple[float | None, int | None]] = lambda _user_id: (None, None)
+        self.resources_of = resources_of
         # Run before every call with (user, context): the egress proxy keeps its listener up.
-        self.call_hooks: list[Callable[[int, CallContext | None], None]] = []
+        self.call_hooks = list(call_hooks)
         # The template a user's sandbox runs for a call made for (session, run), both None
         # outside a run (orchestrator/templates/); None: the default image.
-        self.template_of: Callable[[int, tuple[str | None, str | None]], SandboxTemplate | None] | None = None
+        self.template_of = template_of
 
     def sandbox_user(self, user_id: int, context: CallContext | None = None) -> SandboxUser:
         return self._sandbox_user(user_id, context, self._users.get(user_id))

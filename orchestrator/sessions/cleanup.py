@@ -66,7 +66,9 @@ class SessionCleanup:
     """The ordered list of cleanup steps; other parts register theirs with `register`."""
 
     def __init__(self, builtin: Sequence[CleanupStep] = ()) -> None:
-        self._steps: list[CleanupStep] = list(builtin)
+        self._steps: list[CleanupStep] = []
+        for step in builtin:
+            self.register(step.name, step.action, phase=step.phase)
 
     def register(self, name: str, action: CleanupAction, *, phase: CleanupPhase = CleanupPhase.REMOVE) -> None:
         """Add a step; it runs after the steps already registered in the same phase.

@@ -162,6 +162,14 @@ class SessionRepository:
         return cursor.rowcount == 1
 
     @staticmethod
+    def add_runtime_user(tx: Transaction, session_id: str, user_id: int, *, at: str) -> None:
+        """Remember that `user_id` ran in the session (its runtime dirs go with the session)."""
+        tx.execute(
+            "INSERT OR IGNORE INTO session_runtime_users (session_id, user_id, first_at) VALUES (?, ?, ?)",
+            (session_id, user_id, at),
+        )
+
+    @staticmethod
     def runtime_user_ids(tx: Transaction, session_id: str) -> list[int]:
         rows = tx.all("SELECT user_id FROM session_runtime_users WHERE session_id = ? ORDER BY user_id", (session_id,))
         return [row["user_id"] for row in rows]

@@ -20,6 +20,7 @@ from orchestrator.log import kv
 from orchestrator.sessions.projects import ProjectRepository
 from orchestrator.sessions.cleanup import (
     CleanupAction,
+    CleanupStep,
     CleanupFailed,
     CleanupPhase,
     DeletedSession,
@@ -78,12 +79,15 @@ class SessionService:
         *,
         chat: ChatStore,
         layout: DataLayout,
+        cleanup_steps: Sequence[CleanupStep] = (),
     ) -> None:
+        """`cleanup_steps`: the other parts' steps of every session deletion, after the built-in
+        ones of their phase (see `register_cleanup_step`)."""
         self._store = store
         self._sessions = sessions
         self._users = users
         self._chat = chat
-        self.cleanup = SessionCleanup([chat_records_step(chat), runtime_dirs_step(layout)])
+        self.cleanup = SessionCleanup([chat_records_step(chat), runtime_dirs_step(layout), *cleanup_steps])
         self._cleanup_locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
         self._cleanup_locks_guard = threading.Lock()
 

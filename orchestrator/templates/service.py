@@ -15,7 +15,7 @@ from orchestrator.errors import Conflict, Forbidden, InvalidInput, NotFound
 from orchestrator.log import kv
 from orchestrator.runs.records import RunRecord
 from orchestrator.sandboxes.base import SandboxTemplate
-from orchestrator.settings import Settings
+from orchestrator.settings import TemplateSettings
 from orchestrator.skills.port import RunSkills
 from orchestrator.state_store import StateStore
 from orchestrator.templates.builder import (
@@ -52,8 +52,18 @@ CallFacts = tuple[str | None, str | None]
 
 
 class TemplateService:
-    def __init__(self, settings: Settings, store: StateStore, *, docker_client: Callable[[], docker.DockerClient],
-                 kubernetes: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: TemplateSettings,
+        store: StateStore,
+        *,
+        docker_client: Callable[[], docker.DockerClient],
+        kubernetes: bool = False,
+        skill_needs: Callable[[int, RunSkills], dict[str, str]] = lambda _user_id, _skills: {},
+        session_group: Callable[[str], GroupRef | None] = lambda _session_id: None,
+    ) -> None:
+        """`skill_needs`: the template each skill of a run declares, by skill name;
+        `session_group`: the group of a session (None: not a group chat's, or no such session)."""
         self.settings = settings
         self.repo = TemplateRepository(store)
         self._client_factory = docker_client
@@ -68,10 +78,8 @@ class TemplateService:
         self._last: dict[int, tuple[TemplateChoice, SandboxTemplate | None]] = {}  # each user's latest call's
         self._runs: dict[str, RunTemplate] = {}  # the wishes of the runs under way (memory only)
         self._session_groups: dict[str, GroupRef | None] = {}  # a session's group never changes
-        # The template each skill of a run declares, by skill name; set by the service.
-        self.skill_needs: Callable[[int, RunSkills], dict[str, str]] = lambda _user_id, _skills: {}
-        # The group of a session (None: not a group chat's, or no such session); set by the service.
-        self.session_group: Callable[[str], GroupRef | None] = lambda _session_id: None
+        self.skill_needs = skill_needs
+        self.session_group = session_group
         # A build cut short by a stop (the record still says building) runs again.
         for record in self.repo.all():
             if record.status == "building":
@@ -170,16 +178,16 @@ class TemplateService:
             parent_id = self._parent_image(recipe.parent)
             digest = recipe_hash(recipe, parent_id)
             self.repo.note_hash(name, digest)
-            tag = image_tag(self.settings.template_repository, digest)
+            tag = image_tag(self.settings.repository, digest)
             if image_exists(self._docker(), tag):
                 lines.append(f"== {tag} exists (same recipe over the same parent): nothing to build")
             else:
                 build_template_image(
                     self._docker(), recipe, name=name, recipe_hash=digest, parent_image=parent_id, tag=tag,
                     work_dir=self.settings.layout.state_dir / "template-builds" / name,
-                    fetch_network=self.settings.template_fetch_network,
+                    fetch_network=self.settings.fetch_network,
                     ca_bundle=self.settings.egress_ca_bundle if self.settings.egress_ca_bundle.is_file() else None,
-                    timeout_s=self.settings.template_build_timeout_s, log=lines.append,
+                    timeout_s=self.settings.build_timeout_s, log=lines.append,
                 )  # fmt: skip
             served = tag
             if self._kubernetes:

@@ -32,7 +32,6 @@ from orchestrator.sessions.cross_session import (
 from orchestrator.errors import ToolError
 from orchestrator.sessions.projects import ProjectRepository
 from orchestrator.sessions.records import SessionRecord, SessionRepository
-from orchestrator.settings import Settings
 from orchestrator.state_store import StateStore
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
 from orchestrator.sessions.transcript_view import find_hits, query_terms, render_conversation, render_search
@@ -292,11 +291,10 @@ def register_conversation_tools(
     sessions: SessionRepository,
     projects: ProjectRepository,
     chat: ChatStore,
-    settings: Settings,
+    *,
+    read_max_chars: int,
 ) -> ConversationTools:
-    tools = ConversationTools(
-        store=store, sessions=sessions, projects=projects, chat=chat, read_max_chars=settings.conversation_read_max_chars
-    )
+    tools = ConversationTools(store=store, sessions=sessions, projects=projects, chat=chat, read_max_chars=read_max_chars)
     for spec in tools.specs():
         registry.register(spec)
     return tools

@@ -27,7 +27,7 @@ from mounts.fs.nofollow import UnsafePath
 from mounts.fs.spool import FileSpool
 from orchestrator.deliveries.public_uploads import PublishedUploads, UploadRef, media_type_of
 from orchestrator.sessions.service import SessionService
-from orchestrator.settings import Settings
+from orchestrator.settings import HostToolSettings
 from orchestrator.tools.byte_sources import BytesResolver, is_url
 from orchestrator.tools.foreign_paths import public_upload_url
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
@@ -115,7 +115,7 @@ class HostTools:
     def __init__(
         self,
         *,
-        settings: Settings,
+        settings: HostToolSettings,
         layout: DataLayout,
         directories: UserDirectories,
         resolver: BytesResolver,

@@ -79,23 +79,36 @@ class VolumePreparer(Protocol):
     def ensure_socket_fs(self, user_id: int) -> None: ...
 
 
+def sandbox_uid(user_id: int, *, uid_base: int, max_user_id: int) -> int:
+    """The uid a user's sandbox runs as."""
+    # The backstop of ORCH_MAX_USER_ID: no uid outside this instance's registered block
+    # (`orchestrator.sandboxes.uid_blocks`) is ever handed out, whatever path a user id came in by.
+    check_user_id(user_id, max_user_id)
+    return uid_base + user_id
+
+
 class UserDirectories:
-    def __init__(self, layout: DataLayout, uid_base: int, max_user_id: int = MAX_USER_ID) -> None:
+    def __init__(
+        self,
+        layout: DataLayout,
+        uid_base: int,
+        max_user_id: int = MAX_USER_ID,
+        *,
+        volumes: VolumePreparer | None = None,
+        credential_env: Callable[[int], dict[str, str]] = lambda _user_id: {},
+    ) -> None:
+        """`volumes`: the disk quotas' preparer (None: plain directories); `credential_env`: the
+        placeholder variables of the user's credentials (`GITHUB_TOKEN=cred:github`), put into
+        the shells' environment when the sandbox starts; never a secret."""
         self.layout = layout
         self.uid_base = uid_base
         self.max_user_id = max_user_id
         self.chown = os.geteuid() == 0
-        # Set by the composition root when disk quotas are on (None: plain directories).
-        self.volumes: VolumePreparer | None = None
-        # Placeholder variables of the user's credentials (`GITHUB_TOKEN=cred:github`), put
-        # into the shells' environment when the sandbox starts; never a secret.
-        self.credential_env: Callable[[int], dict[str, str]] = lambda user_id: {}
+        self.volumes = volumes
+        self.credential_env = credential_env
 
     def sandbox_uid(self, user_id: int) -> int:
-        # The backstop of ORCH_MAX_USER_ID: no uid outside this instance's registered block
-        # (`orchestrator.sandboxes.uid_blocks`) is ever handed out, whatever path a user id came in by.
-        check_user_id(user_id, self.max_user_id)
-        return self.uid_base + user_id
+        return sandbox_uid(user_id, uid_base=self.uid_base, max_user_id=self.max_user_id)
 
     @property
     def shared_gid(self) -> int:

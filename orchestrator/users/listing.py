@@ -4,6 +4,7 @@ its groups; filtered by platform, backend and state, paged by user id."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mounts.layout import GroupRef
@@ -75,6 +76,18 @@ def parse_cursor(cursor: str | None) -> int | None:
     return int(cursor)
 
 
+@dataclass(frozen=True)
+class SandboxView:
+    """A user's sandbox as a bot sees it (GET /v1/users/{id}/sandbox); never starts one."""
+
+    user_id: int
+    backend: str  # its override, or the default
+    state: str  # running | paused | stopped | failed | none (it starts with the next call)
+    since: str | None
+    busy: int
+    last_call_at: str | None  # the user's last tool call as a run's runtime user
+
+
 class UserListing:
     def __init__(
         self,
@@ -83,12 +96,32 @@ class UserListing:
         identities: IdentityRepository,
         sandboxes: SandboxRouter,
         control: SandboxControl,
+        *,
+        last_call_at: Callable[[int], str | None] = lambda _user_id: None,
     ) -> None:
+        """`last_call_at`: a user's last tool call as a run's runtime user (the runs' records)."""
         self._store = store
         self._users = users
         self._identities = identities
         self._sandboxes = sandboxes
         self._control = control
+        self._last_call_at = last_call_at
+
+    def sandbox_of(self, user_id: int) -> SandboxView | None:
+        """None for a user the server does not know."""
+        if self._users.get(user_id) is None:
+            return None
+        backend = self._sandboxes.backend_name_for(user_id)
+        found = self._sandboxes.backends[backend].status() if backend in self._sandboxes.backends else []
+        status = next((s for s in found if s.user_id == user_id), None)
+        return SandboxView(
+            user_id=user_id,
+            backend=backend,
+            state=status.state if status is not None else "none",
+            since=status.since if status is not None else None,
+            busy=status.busy if status is not None else 0,
+            last_call_at=self._last_call_at(user_id),
+        )
 
     def summary(self, user_id: int, states: dict[int, str] | None = None) -> UserSummary | None:
         found = self._summaries([user_id], states if states is not None else self._control.states())

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mounts.fs.tree_removal import remove_tree
 from mounts.layout import DataLayout
 from orchestrator import audit
-from orchestrator.egress.rules import KEY_PREFIX as EGRESS_RULES_KEY
 from orchestrator.errors import InvalidInput
 from orchestrator.log import kv
 from orchestrator.quotas import loopfs
-from orchestrator.state_store import StateStore
+from orchestrator.state_store import StateStore, Transaction
 from orchestrator.users.tombstones import PurgedUsers
 
 log = logging.getLogger(__name__)
@@ -71,15 +70,20 @@ class UserPurge:
         stop_sandbox: Callable[[int], None],
         remove_volume: Callable[[int], bool],
         delete_session: Callable[[str, str], object],
+        steps: Mapping[str, PurgeStep] | None = None,
+        tombstone_steps: Sequence[Callable[[Transaction, int], None]] = (),
     ) -> None:
+        """`steps`: other parts' steps by name (previews, credentials, ...), run after the
+        sandbox stopped; `tombstone_steps`: other parts' deletions of what names the person or
+        gives it something (published uploads, egress rules), in the tombstone's transaction."""
         self._store = store
         self._purged = purged
         self._layout = layout
         self._stop_sandbox = stop_sandbox
         self._remove_volume = remove_volume
         self._delete_session = delete_session
-        # Other parts' steps by name (previews, credentials, ...), run after the sandbox stopped.
-        self.steps: dict[str, PurgeStep] = {}
+        self.steps: dict[str, PurgeStep] = dict(steps or {})
+        self._tombstone_steps = tuple(tombstone_steps)
 
     def purge(self, user_id: int, *, confirm_user_id: int | None, actor: str) -> PurgeReport:
         check_confirmation(user_id, confirm_user_id)
@@ -89,8 +93,8 @@ class UserPurge:
             tx.execute("DELETE FROM identities WHERE user_id = ?", (user_id,))
             tx.execute("DELETE FROM group_members WHERE user_id = ?", (user_id,))
             tx.execute("DELETE FROM user_resources WHERE user_id = ?", (user_id,))
-            tx.execute("DELETE FROM published_uploads WHERE owner_user_id = ?", (user_id,))
-            tx.execute("DELETE FROM runtime_overrides WHERE key = ?", (f"{EGRESS_RULES_KEY}{user_id}",))
+            for forget in self._tombstone_steps:  # other parts' rows, by their owners
+                forget(tx, user_id)
             # The row stays (ids are allocated past existing rows: never reused), emptied.
             tx.execute("UPDATE users SET display_name = NULL, backend = NULL WHERE user_id = ?", (user_id,))
             sessions = [

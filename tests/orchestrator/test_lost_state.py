@@ -20,7 +20,8 @@ from orchestrator.users.group_gids import GidRange, GroupGids
 from orchestrator.http.app import create_app
 from orchestrator.service import OrchestratorService
 from orchestrator.startup_checks import StartupRefused
-from orchestrator.state_store import MIGRATIONS, StateStore
+from orchestrator.state_schema import STATE_MIGRATIONS
+from orchestrator.state_store import StateStore
 from orchestrator.users.repository import UserRepository
 from tests.agent_env import agent_data_dir, traversable_tmp  # noqa: F401 - fixtures
 from tests.api_calls import tool
@@ -83,7 +84,7 @@ def test_item12_the_gid_allocator_skips_gids_found_on_disk(tmp_path: Path) -> No
         os.chown(old, 0, gid_range.first)
     else:
         gid_range = GidRange(os.stat(old).st_gid, 10)  # our own group stands in for it
-    store = StateStore(tmp_path / "state.sqlite3")  # a fresh DB: it knows no group
+    store = StateStore(tmp_path / "state.sqlite3", STATE_MIGRATIONS)  # a fresh DB: it knows no group
     store.open()
     with store.write() as tx:
         UserRepository.add_group_member(tx, NEW, 67)
@@ -96,6 +97,6 @@ def test_a_fresh_data_dir_still_starts(data_dir: Path) -> None:
     (data_dir / "skills").mkdir()  # operator-provided skills are not user state
     service = OrchestratorService(make_settings(data_dir))  # no StartupRefused
     try:
-        assert service.store.schema_version() == len(MIGRATIONS)  # a new database, fully migrated
+        assert service.store.schema_version() == len(STATE_MIGRATIONS)  # a new database, fully migrated
     finally:
         service.close()

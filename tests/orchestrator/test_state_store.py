@@ -6,16 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.state_store import MIGRATIONS, SchemaTooNewError, StateStore
+from orchestrator.state_schema import STATE_MIGRATIONS
+from orchestrator.state_store import SchemaTooNewError, StateStore
 
 
 def test_new_database_is_wal_and_fully_migrated(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state" / "db.sqlite3")
+    store = StateStore(tmp_path / "state" / "db.sqlite3", STATE_MIGRATIONS)
     store.open()
     conn = store.connection()
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA busy_timeout").fetchone()[0] >= 5000
-    assert store.schema_version() == len(MIGRATIONS)
+    assert store.schema_version() == len(STATE_MIGRATIONS)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"users", "group_members", "projects", "sessions", "runs", "audit_log"} <= tables
     assert (tmp_path / "state").stat().st_mode & 0o777 == 0o700
@@ -40,18 +41,18 @@ def test_forward_migration_applies_only_new_versions(tmp_path: Path) -> None:
 def test_newer_schema_refuses_to_open(tmp_path: Path) -> None:
     path = tmp_path / "db.sqlite3"
     conn = sqlite3.connect(path)
-    conn.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    conn.execute(f"PRAGMA user_version = {len(STATE_MIGRATIONS) + 1}")
     conn.close()
     with pytest.raises(SchemaTooNewError, match="newer orchestrator"):
-        StateStore(path).open()
+        StateStore(path, STATE_MIGRATIONS).open()
     # nothing was changed
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == len(STATE_MIGRATIONS) + 1
     assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0] == 0
 
 
 def test_failed_write_rolls_back(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "db.sqlite3")
+    store = StateStore(tmp_path / "db.sqlite3", STATE_MIGRATIONS)
     store.open()
     with pytest.raises(RuntimeError):
         with store.write() as tx:
@@ -63,7 +64,7 @@ def test_failed_write_rolls_back(tmp_path: Path) -> None:
 
 
 def test_concurrent_writers_from_threads_all_commit(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "db.sqlite3")
+    store = StateStore(tmp_path / "db.sqlite3", STATE_MIGRATIONS)
     store.open()
     errors: list[BaseException] = []
 

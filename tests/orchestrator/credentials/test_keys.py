@@ -16,6 +16,7 @@ from mounts.layout import DataLayout
 from orchestrator.credentials.keys import CredentialsKeyRefused, load_keys, parse_keys
 from orchestrator.credentials.model import validate_spec
 from orchestrator.credentials.store import CredentialStore
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore
 from tests.conftest import KEPT_ENV
 from tests.live_server import free_port
@@ -24,7 +25,7 @@ SECRET = "sk-live-ROTATEME-0123456789"
 
 
 def store_at(path: Path) -> StateStore:
-    store = StateStore(path)
+    store = StateStore(path, STATE_MIGRATIONS)
     store.open()
     return store
 

@@ -14,6 +14,7 @@ from orchestrator.credentials.keys import new_key, parse_keys
 from orchestrator.credentials.model import InvalidCredential, validate_spec
 from orchestrator.credentials.store import CredentialStore
 from orchestrator.errors import Forbidden, NotFound
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore
 
 SECRET = "purge-me-0123456789"
@@ -21,7 +22,7 @@ SECRET = "purge-me-0123456789"
 
 @pytest.fixture
 def store(tmp_path: Path) -> CredentialStore:
-    state = StateStore(tmp_path / "state.db")
+    state = StateStore(tmp_path / "state.db", STATE_MIGRATIONS)
     state.open()
     return CredentialStore(state, parse_keys(new_key(), source="test"), grant_max_s=600)
 

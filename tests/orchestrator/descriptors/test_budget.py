@@ -20,7 +20,7 @@ from orchestrator.descriptors.budget import (
     plan_budget,
     plan_for,
 )
-from orchestrator.settings import Settings
+from orchestrator.settings import DescriptorSettings, Settings
 
 PCT = {Feature.EGRESS: 60.0, Feature.STREAMS: 20.0}
 
@@ -117,7 +117,7 @@ def test_many_users_together_stop_at_the_pool_and_never_pass_it() -> None:
 
 def test_the_plan_follows_the_settings() -> None:
     settings = Settings(fd_reserve=300, fd_egress_pct=50, fd_streams_pct=10, fd_user_pct=50)
-    plan = plan_for(1300, settings)
+    plan = plan_for(1300, DescriptorSettings.of(settings))
     assert (plan.reserve, plan.pools[Feature.EGRESS], plan.user_shares[Feature.STREAMS]) == (300, 500, 50)
 
 

@@ -7,11 +7,12 @@ from pathlib import Path
 
 from orchestrator.egress.policy import UserRules, parse_patterns
 from orchestrator.egress.rules import EgressRules
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore
 
 
 def test_a_purged_users_egress_changes_are_forgotten(tmp_path: Path) -> None:
-    store = StateStore(tmp_path / "state.sqlite3")
+    store = StateStore(tmp_path / "state.sqlite3", STATE_MIGRATIONS)
     store.open()
     try:
         defaults = parse_patterns(["pypi.org"])

@@ -20,6 +20,7 @@ from mounts.layout import DataLayout
 from mounts.plan import plan_mounts
 from orchestrator.quotas.mountinfo import read_mounts
 from orchestrator.quotas.service import DiskQuotas
+from orchestrator.settings import DiskQuotaSettings
 from orchestrator.quotas.volumes import MIGRATED_MARKER
 from orchestrator.users.dirs import UserDirectories
 from tests.conftest import REPO
@@ -95,7 +96,7 @@ def migrate(data_dir: Path, crash_at: str | None = None, *, fd_limit: int | None
 def start_user(data_dir: Path, **overrides: object) -> None:
     settings = quota_settings(data_dir, **overrides)
     directories = UserDirectories(settings.layout, settings.sandbox_uid_base, settings.max_user_id)
-    quotas = DiskQuotas(settings, sandbox_uid=directories.sandbox_uid)
+    quotas = DiskQuotas(DiskQuotaSettings.of(settings), sandbox_uid=directories.sandbox_uid)
     directories.volumes = quotas
     quotas.start()
     directories.ensure_sandbox_dirs(plan_mounts(settings.layout, USER), sandbox_start=True)

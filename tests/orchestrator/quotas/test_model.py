@@ -135,21 +135,21 @@ def test_an_inode_quota_the_image_cannot_hold_is_a_settings_error_naming_both() 
 
 def test_loop_asked_for_without_loop_devices_refuses_the_start_in_one_line(tmp_path: Path) -> None:
     from orchestrator.quotas.service import DiskQuotas
-    from orchestrator.settings import Settings
+    from orchestrator.settings import DiskQuotaSettings, Settings
     from orchestrator.startup_checks import StartupRefused
 
     settings = Settings(data_dir=tmp_path, disk_quota="loop")
     with pytest.raises(StartupRefused, match="ORCH_DISK_QUOTA=loop, but"):
-        DiskQuotas(settings, sandbox_uid=lambda uid: uid, loop_problem=lambda: "/dev/loop-control is missing")
+        DiskQuotas(DiskQuotaSettings.of(settings), sandbox_uid=lambda uid: uid, loop_problem=lambda: "/dev/loop-control is missing")
 
 
 def test_the_start_up_log_says_which_mechanism_is_in_force(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
     from orchestrator.quotas.service import DiskQuotas
-    from orchestrator.settings import Settings
+    from orchestrator.settings import DiskQuotaSettings, Settings
 
-    quotas = DiskQuotas(Settings(data_dir=tmp_path, disk_quota="scan"), sandbox_uid=lambda uid: uid)
+    quotas = DiskQuotas(DiskQuotaSettings.of(Settings(data_dir=tmp_path, disk_quota="scan")), sandbox_uid=lambda uid: uid)
     with caplog.at_level(logging.INFO, logger="orchestrator.quotas.service"):
         quotas.start()
     assert any("disk quotas" in r.getMessage() and "mechanism=scan" in r.getMessage() for r in caplog.records)

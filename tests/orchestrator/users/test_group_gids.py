@@ -14,6 +14,7 @@ from mounts.layout import GroupRef
 from orchestrator.users.group_gids import GidRange, GroupGids, GroupGidsExhausted, next_gid
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import MAX_ID
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore
 from orchestrator.users.repository import UserRepository
 from tests.conftest import make_settings
@@ -30,7 +31,7 @@ def test_next_gid_counts_up_inside_the_range() -> None:
 
 
 def store_at(tmp_path: Path) -> StateStore:
-    store = StateStore(tmp_path / "state.sqlite3")
+    store = StateStore(tmp_path / "state.sqlite3", STATE_MIGRATIONS)
     store.open()
     return store
 

@@ -10,6 +10,7 @@ import pytest
 
 from mounts import ids
 from orchestrator.errors import Conflict, InvalidInput
+from orchestrator.state_schema import STATE_MIGRATIONS
 from orchestrator.state_store import StateStore
 from orchestrator.users.identities import (
     IdentityRecord,
@@ -25,7 +26,7 @@ SLACK_OWNER = PlatformIdentity("slack", "U0OWNER")
 
 
 def repository(path: Path, max_user_id: int = 1000) -> tuple[StateStore, IdentityRepository]:
-    store = StateStore(path)
+    store = StateStore(path, STATE_MIGRATIONS)
     store.open()
     return store, IdentityRepository(store, UserRepository(store, max_user_id=max_user_id))
 
