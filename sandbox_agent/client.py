@@ -325,6 +325,14 @@ class _Connection:
             if not isinstance(event, h11.InformationalResponse):
                 raise ValueError(f"an answer that does not start with a status line: {event!r}")
 
+    async def body(self) -> bytes:
+        """The rest of the answer's body (its length was checked against the bound first)."""
+        content = bytearray()
+        while not isinstance(event := await self.event(), h11.EndOfMessage):
+            if isinstance(event, h11.Data):
+                content += event.data
+        return bytes(content)
+
     def finished(self) -> bool:
         """After the answer's end: whether the connection may carry the next request."""
         if self.http.our_state is h11.DONE and self.http.their_state is h11.DONE:
@@ -347,11 +355,7 @@ async def _read_answer(
     if spool is not None and status == 200 and content_type == OCTET_STREAM and length >= spool.min_bytes:
         spooled, keep = await _spool_body(conn, length, spool, deadline)
         return _Answer(status, content_type, raw_header, b"", spooled), keep
-    content = bytearray()
-    while not isinstance(event := await conn.event(), h11.EndOfMessage):
-        if isinstance(event, h11.Data):
-            content += event.data
-    return _Answer(status, content_type, raw_header, bytes(content)), conn.finished()
+    return _Answer(status, content_type, raw_header, await conn.body()), conn.finished()
 
 
 async def _spool_body(conn: _Connection, length: int, spool: RawSpool, deadline: asyncio.Timeout | None) -> tuple[int, bool]:
@@ -393,13 +397,8 @@ async def _read_streamed(
     status, headers = await conn.head()
     content_type = _content_type(headers.get("content-type"))
     if "chunked" not in headers.get("transfer-encoding", "").lower() or content_type != NDJSON:
-        length = answer_length(headers.get("content-length"), False, limits.max_json_bytes, where)
-        del length  # bounded: h11 reads no more than it
-        content = bytearray()
-        while not isinstance(event := await conn.event(), h11.EndOfMessage):
-            if isinstance(event, h11.Data):
-                content += event.data
-        return _Answer(status, content_type, "", bytes(content)), conn.finished()
+        answer_length(headers.get("content-length"), False, limits.max_json_bytes, where)  # h11 reads no more
+        return _Answer(status, content_type, "", await conn.body()), conn.finished()
     budget = limits.max_json_bytes + limits.max_stream_bytes
     pending = bytearray()
     result: bytes | None = None
@@ -721,20 +720,13 @@ class AgentClient:
     def health(self, *, timeout_s: float | None = None) -> Health:
         return blocking(self.transport.health(timeout_s=timeout_s))
 
-    def call(
-        self,
-        tool: str,
-        arguments: dict[str, Any],
-        *,
-        cwd: str,
-        context: CallContext | None = None,
-        timeout_s: float | None = None,
-        sink: BinaryIO | None = None,
-    ) -> Any:
-        """As `AsyncAgentClient.call`; with a `sink`, read_bytes' raw bytes are written to it in
-        pieces as they arrive (never held whole) and the result's `data` is empty."""
+    def call(self, tool: str, arguments: dict[str, Any], *, sink: BinaryIO | None = None, **options: Any) -> Any:
+        """As `AsyncAgentClient.call` (`cwd`, `context`, `timeout_s`); with a `sink`,
+        read_bytes' raw bytes are written to it in pieces as they arrive (never held whole) and
+        the result's `data` is empty."""
         spool = SinkSpool(sink) if sink is not None else None
-        return blocking(self.transport.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout_s, spool=spool))
+        return blocking(self.transport.call(tool, arguments, spool=spool, **options))
 
-    def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
-        return blocking(self.transport.cancel(run_id=run_id, session_id=session_id, timeout_s=timeout_s))
+    def cancel(self, **options: Any) -> int:
+        """As `AsyncAgentClient.cancel` (`run_id`, `session_id`, `timeout_s`)."""
+        return blocking(self.transport.cancel(**options))
