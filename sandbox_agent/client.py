@@ -300,9 +300,9 @@ class _Connection:
             except RuntimeError:
                 pass
 
-    def send(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None) -> None:
+    def send(self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes | None) -> None:
         if body is not None:
-            headers = [*headers, ("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
+            headers = [*headers, (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
         data = self.http.send(h11.Request(method=method, target=target, headers=headers))
         if body:
             data += self.http.send(h11.Data(data=body))
@@ -327,11 +327,11 @@ class _Connection:
 
     async def body(self) -> bytes:
         """The rest of the answer's body (its length was checked against the bound first)."""
-        content = bytearray()
+        pieces = []
         while not isinstance(event := await self.event(), h11.EndOfMessage):
             if isinstance(event, h11.Data):
-                content += event.data
-        return bytes(content)
+                pieces.append(event.data)
+        return b"".join(pieces)
 
     def finished(self) -> bool:
         """After the answer's end: whether the connection may carry the next request."""
@@ -464,7 +464,7 @@ class AsyncAgentClient:
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._authorization = f"Bearer {token}"
-        self._headers = [("Host", "sandbox-agent"), ("Authorization", self._authorization)]
+        self._headers = [(b"host", b"sandbox-agent"), (b"authorization", self._authorization.encode("latin-1"))]
         self._idle: dict[asyncio.AbstractEventLoop, list[_Connection]] = {}
         self._lock = threading.Lock()  # the pool: the sync façade's loop and the server's share it
         self._closed = False
@@ -563,7 +563,7 @@ class AsyncAgentClient:
         streamed call's (`_read_streamed`); with `spool`, a large raw answer goes there."""
         timeout = self._timeout_s if timeout_s is None else timeout_s
         conn = await self._checkout(min(timeout, self._connect_timeout_s))
-        headers = self._headers if accept is None else [*self._headers, ("Accept", accept)]
+        headers = self._headers if accept is None else [*self._headers, (b"accept", accept.encode("latin-1"))]
         keep = False
         try:
             with map_agent_errors(self.socket_path, timeout):
