@@ -1,7 +1,9 @@
-"""The agent transport's cost, and the alternative it was chosen over: a warm `read_file`
+"""The agent transport's cost, and an alternative it was chosen over: a warm `read_file`
 straight to one live agent (a subprocess of this interpreter on a Unix socket), through
-`AsyncAgentClient` (h11 over asyncio streams, what the orchestrator uses) and through httpx's
-`AsyncHTTPTransport(uds=...)` on the same socket and loop, in alternating blocks.
+`AsyncAgentClient` (llhttp via `httptools` over asyncio streams, what the orchestrator uses)
+and through httpx's `AsyncHTTPTransport(uds=...)` on the same socket and loop, in
+alternating blocks. (h11 over the same streams, tried too, cost 0.25 ms of CPU a call here:
+docs/performance.md.)
 
 Run: .venv/bin/python bench/agent_transport.py [--calls N]
 (prints `name: value unit`: median wall time per call, and CPU per call of this process)
@@ -67,14 +69,14 @@ def main() -> None:
             headers={"Authorization": f"Bearer {agent.token}", "Content-Type": "application/json"},
         )
 
-        async def h11_call() -> object:
+        async def llhttp_call() -> object:
             return await ours.call("read_file", {"path": "hello.txt"}, cwd=cwd)
 
         async def httpx_call() -> object:
             return (await via_httpx.post("/v1/tools/read_file", content=body)).json()
 
         try:
-            await measure({"h11": h11_call, "httpx": httpx_call}, args.calls)
+            await measure({"llhttp": llhttp_call, "httpx": httpx_call}, args.calls)
         finally:
             ours.close()
             await via_httpx.aclose()

@@ -2,11 +2,12 @@
 stream socket a `Connector` hands out (the kubernetes backend's port-forward).
 
 One transport, `AsyncAgentClient`: asyncio streams with a small pool of keep-alive
-connections per event loop, the HTTP/1.1 framing done by `h11` (no hand-written parsing), so a
-call waiting for its sandbox holds no thread (one user's slow or stopped agent cannot fill the
-server's thread pool), and every call has one deadline for its whole answer. `h11` was chosen
-by measurement (docs/performance.md, "The agent transport"): a warm `read_file` to a live agent
-costs 0.51 ms with it against 1.39 ms with httpx over the same Unix socket.
+connections per event loop, answers parsed by llhttp (`httptools`, the parser uvicorn serves
+the API with: status line, headers, Content-Length and chunked framing, keep-alive; nothing
+parsed by hand), so a call waiting for its sandbox holds no thread (one user's slow or stopped
+agent cannot fill the server's thread pool), and every call has one deadline for its whole
+answer. Chosen by measurement (`bench/agent_transport.py`, docs/performance.md): CPU per warm
+`read_file` to a live agent 0.09 ms with llhttp, 0.25 ms with h11, 0.78 ms with httpx.
 
 `AgentClient` is the sync façade for code that runs in threads (host tools, agent starts
 waiting for `/health`, cancels from sync routes, tests): each method runs the transport's
@@ -29,13 +30,14 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol, TypeVar
 
-import h11
+import httptools
 from pydantic import ValidationError
 
 from sandbox_agent.answer_limits import DEFAULT_ANSWER_LIMITS, HEADER_MAX_BYTES, AnswerLimits, cap_text_fields
@@ -242,12 +244,12 @@ class SinkSpool:
 
 
 # What a broken connection or a protocol violation raises below `map_agent_errors`.
-_LOWER_ERRORS = (OSError, EOFError, ValueError, h11.ProtocolError, asyncio.IncompleteReadError)
+_LOWER_ERRORS = (OSError, EOFError, ValueError, asyncio.IncompleteReadError)
 
 
 @contextmanager
 def map_agent_errors(where: str, timeout_s: float, *, delivered: bool = True) -> Iterator[None]:
-    """The one place a lower layer's failure (a socket, h11, the deadline) becomes an agent
+    """The one place a lower layer's failure (a socket, the parser, the deadline) becomes an agent
     error: `AgentTimedOut` past the deadline, else `AgentUnavailable`, `delivered` unless
     nothing can have been sent. Once bytes may have left, the tool may have run: never
     "certainly not delivered". An `AgentToolError` (an answer refused unread) passes as it is."""
@@ -263,26 +265,60 @@ def map_agent_errors(where: str, timeout_s: float, *, delivered: bool = True) ->
         raise AgentUnavailable(f"agent socket {where} does not answer: {exc!r}", delivered=False) from exc
 
 
+class _Parsed:
+    """What llhttp (`httptools`) has parsed of one answer so far: its callbacks' target."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: dict[str, str] = {}
+        self.head_done = False
+        self.keep_alive = False
+        self.pieces: deque[bytes] = deque()  # body bytes not taken yet
+        self.done = False
+        self.extra = False  # bytes after the answer's end: the connection is not reused
+
+    def on_message_begin(self) -> None:
+        self.extra = self.extra or self.done
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it at the answer's end
+
+    def on_body(self, body: bytes) -> None:
+        self.pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+def _request(method: str, target: str, head: bytes, body: bytes | None) -> bytes:
+    """One request's bytes: `head` holds the fixed header lines (checked at construction)."""
+    lines = f"{method} {target} HTTP/1.1\r\n".encode("ascii") + head
+    if body is None:
+        return lines + b"\r\n"
+    return lines + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+
+
 class _Connection:
-    """One keep-alive connection to the agent: its asyncio stream, h11's state of it, and the
-    loop it belongs to (a connection is only ever used on that loop)."""
+    """One keep-alive connection to the agent: its asyncio stream, the parser of the answer
+    under way (llhttp through `httptools`, the API server's own parser), and the loop it
+    belongs to (a connection is only ever used on that loop)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop) -> None:
         self.reader = reader
         self.writer = writer
         self.loop = loop
-        self.http = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEADER_MAX_BYTES)
+        self.parsed = _Parsed()
+        self.head_bytes = 0
         self.since = 0.0
 
     def usable(self, now: float) -> bool:
         # An idle one the agent closed has seen its EOF (the loop ran since), so it is never
         # sent a request that would have to be reported as "may have run".
-        return (
-            now - self.since <= REUSE_IDLE_S
-            and self.http.our_state is h11.IDLE
-            and not self.reader.at_eof()
-            and not self.writer.is_closing()
-        )
+        return now - self.since <= REUSE_IDLE_S and not self.reader.at_eof() and not self.writer.is_closing()
 
     def close(self) -> None:
         """From any thread: closed on its own loop."""
@@ -300,45 +336,48 @@ class _Connection:
             except RuntimeError:
                 pass
 
-    def send(self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes | None) -> None:
-        if body is not None:
-            headers = [*headers, (b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-        data = self.http.send(h11.Request(method=method, target=target, headers=headers))
-        if body:
-            data += self.http.send(h11.Data(data=body))
-        self.writer.write(data + self.http.send(h11.EndOfMessage()))
+    def send(self, method: str, target: str, head: bytes, body: bytes | None) -> None:
+        self.parsed = _Parsed()
+        self.head_bytes = 0
+        self.writer.write(_request(method, target, head, body))
 
-    async def event(self) -> Any:
-        """The next h11 event of the answer, reading the socket as it needs."""
-        while True:
-            event = self.http.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            self.http.receive_data(await self.reader.read(SPOOL_CHUNK))
+    async def _feed(self) -> None:
+        data = await self.reader.read(SPOOL_CHUNK)
+        if not data:
+            raise EOFError("the agent closed the connection before the end of its answer")
+        if not self.parsed.head_done:
+            self.head_bytes += len(data)
+        try:
+            self.parsed.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if not self.parsed.done:
+                raise ValueError(f"not an HTTP/1.1 answer: {exc}") from None
+            self.parsed.extra = True  # garbage after a whole answer: used, never reused
+        if not self.parsed.head_done and self.head_bytes > HEADER_MAX_BYTES:
+            raise ValueError(f"the answer's head is longer than {HEADER_MAX_BYTES} bytes")
 
     async def head(self) -> tuple[int, dict[str, str]]:
         """The answer's status and (lower-cased) headers."""
+        while not self.parsed.head_done:
+            await self._feed()
+        return self.parsed.parser.get_status_code(), self.parsed.headers
+
+    async def pieces(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, one read's worth at most at a time."""
         while True:
-            event = await self.event()
-            if isinstance(event, h11.Response):
-                return event.status_code, {name.decode("latin-1"): value.decode("latin-1") for name, value in event.headers}
-            if not isinstance(event, h11.InformationalResponse):
-                raise ValueError(f"an answer that does not start with a status line: {event!r}")
+            while self.parsed.pieces:
+                yield self.parsed.pieces.popleft()
+            if self.parsed.done:
+                return
+            await self._feed()
 
     async def body(self) -> bytes:
         """The rest of the answer's body (its length was checked against the bound first)."""
-        pieces = []
-        while not isinstance(event := await self.event(), h11.EndOfMessage):
-            if isinstance(event, h11.Data):
-                pieces.append(event.data)
-        return b"".join(pieces)
+        return b"".join([piece async for piece in self.pieces()])
 
     def finished(self) -> bool:
         """After the answer's end: whether the connection may carry the next request."""
-        if self.http.our_state is h11.DONE and self.http.their_state is h11.DONE:
-            self.http.start_next_cycle()
-            return True
-        return False
+        return self.parsed.done and not self.parsed.extra and self.parsed.keep_alive
 
 
 async def _read_answer(
@@ -379,14 +418,11 @@ async def _spool_body(conn: _Connection, length: int, spool: RawSpool, deadline:
             deadline.reschedule(when + loop.time() - waited_from)
     copied = 0
     try:
-        while not isinstance(event := await conn.event(), h11.EndOfMessage):
-            if isinstance(event, h11.Data):
-                sink.write(event.data)  # page cache: a 256 KiB write costs tens of microseconds
-                copied += len(event.data)
-    except (OSError, ValueError, h11.ProtocolError) as exc:
-        if isinstance(exc, OSError) and not isinstance(exc, ConnectionError):
-            raise  # the sink failed (a full disk), not the agent
-        return copied, False  # cut short: refused by its size
+        async for piece in conn.pieces():
+            sink.write(piece)  # page cache: a 256 KiB write costs tens of microseconds
+            copied += len(piece)
+    except (EOFError, ValueError, ConnectionError):
+        return copied, False  # cut short: refused by its size (a failing sink raises on)
     return copied, conn.finished()
 
 
@@ -397,18 +433,16 @@ async def _read_streamed(
     status, headers = await conn.head()
     content_type = _content_type(headers.get("content-type"))
     if "chunked" not in headers.get("transfer-encoding", "").lower() or content_type != NDJSON:
-        answer_length(headers.get("content-length"), False, limits.max_json_bytes, where)  # h11 reads no more
+        answer_length(headers.get("content-length"), False, limits.max_json_bytes, where)  # llhttp reads no more
         return _Answer(status, content_type, "", await conn.body()), conn.finished()
     budget = limits.max_json_bytes + limits.max_stream_bytes
     pending = bytearray()
     result: bytes | None = None
-    while not isinstance(event := await conn.event(), h11.EndOfMessage):
-        if not isinstance(event, h11.Data):
-            continue
-        budget -= len(event.data)
+    async for piece in conn.pieces():
+        budget -= len(piece)
         if budget < 0:
             raise AgentToolError("output_too_large", f"The sandbox agent at {where} streamed more than it may; refused.")
-        pending += event.data
+        pending += piece
         while (end := pending.find(b"\n")) >= 0:
             line = bytes(pending[:end])
             del pending[: end + 1]
@@ -464,7 +498,9 @@ class AsyncAgentClient:
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._authorization = f"Bearer {token}"
-        self._headers = [(b"host", b"sandbox-agent"), (b"authorization", self._authorization.encode("latin-1"))]
+        if not token.isprintable() or not token.isascii():
+            raise ValueError("an agent token is printable ASCII")
+        self._head = f"host: sandbox-agent\r\nauthorization: {self._authorization}\r\n".encode("ascii")
         self._idle: dict[asyncio.AbstractEventLoop, list[_Connection]] = {}
         self._lock = threading.Lock()  # the pool: the sync façade's loop and the server's share it
         self._closed = False
@@ -533,7 +569,7 @@ class AsyncAgentClient:
             return True
         try:
             async with asyncio.timeout(VERIFY_TIMEOUT_S):
-                conn.send("GET", "/health", self._headers, None)
+                conn.send("GET", "/health", self._head, None)
                 answer, keep = await _read_answer(conn, self.answer_limits, None, self.socket_path, None, None)
         except (TimeoutError, AgentToolError, *_LOWER_ERRORS):
             return False
@@ -563,12 +599,12 @@ class AsyncAgentClient:
         streamed call's (`_read_streamed`); with `spool`, a large raw answer goes there."""
         timeout = self._timeout_s if timeout_s is None else timeout_s
         conn = await self._checkout(min(timeout, self._connect_timeout_s))
-        headers = self._headers if accept is None else [*self._headers, (b"accept", accept.encode("latin-1"))]
+        head = self._head if accept is None else self._head + f"accept: {accept}\r\n".encode("ascii")
         keep = False
         try:
             with map_agent_errors(self.socket_path, timeout):
                 async with asyncio.timeout(timeout) as deadline:
-                    conn.send(method, url, headers, body)
+                    conn.send(method, url, head, body)
                     if on_output is None:
                         answer, keep = await _read_answer(conn, self.answer_limits, accept, self.socket_path, spool, deadline)
                     else:
@@ -642,27 +678,36 @@ class AsyncAgentClient:
                 sock = await _connected_in_thread(self.connector, connect_timeout, self.socket_path)
             else:
                 sock = await self._unix_socket(loop, connect_timeout)
-        http = h11.Connection(h11.CLIENT, max_incomplete_event_size=HEADER_MAX_BYTES)
+        parsed = _Parsed()
         target = f"127.0.0.1:{port}"
         try:
             with map_agent_errors(self.socket_path, timeout_s):
                 async with asyncio.timeout(timeout_s):
-                    request = h11.Request(method="CONNECT", target=target, headers=[("Host", target), ("Authorization", self._authorization)])
-                    await loop.sock_sendall(sock, http.send(request) + http.send(h11.EndOfMessage()))
-                    while not isinstance(event := http.next_event(), h11.Response):
-                        if event is h11.NEED_DATA:
-                            http.receive_data(await loop.sock_recv(sock, 4096))
+                    await loop.sock_sendall(sock, _request("CONNECT", target, f"host: {target}\r\n".encode() + self._head[len(b"host: sandbox-agent\r\n"):], None))
+                    received = 0
+                    while not parsed.head_done:
+                        piece = await loop.sock_recv(sock, 4096)
+                        if not piece:
+                            raise EOFError("the agent closed the tunnel before answering")
+                        received += len(piece)
+                        try:
+                            parsed.parser.feed_data(piece)
+                        except httptools.HttpParserError as exc:
+                            raise ValueError(f"not an HTTP/1.1 answer to CONNECT: {exc}") from None
+                        if not parsed.head_done and received > HEADER_MAX_BYTES:
+                            raise ValueError("the agent's answer to CONNECT has no end of head")
         except BaseException:
             sock.close()
             raise
-        if event.status_code == 200:
-            return sock, http.trailing_data[0]
+        status = parsed.parser.get_status_code()
+        if status == 200:  # what came after the head is the port's (a body without a length, to llhttp)
+            return sock, b"".join(parsed.pieces)
         sock.close()
-        if event.status_code == 503:
+        if status == 503:
             raise AgentToolError("port_not_listening", f"Nothing accepts connections on port {port} in the sandbox.")
-        if event.status_code == 401:
+        if status == 401:
             raise AgentUnavailable("the agent rejected the token", delivered=False)
-        raise AgentToolError("agent_error", f"The sandbox agent answered {event.status_code} to a tunnel to port {port}.")
+        raise AgentToolError("agent_error", f"The sandbox agent answered {status} to a tunnel to port {port}.")
 
 
 def output_event(line: bytes) -> tuple[str, str] | None:
