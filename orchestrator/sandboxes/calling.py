@@ -59,7 +59,7 @@ def next_send(failure: Exception, *, resent_to_fresh: bool) -> Send:
 class SandboxCaller:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._start_threads = ThreadPoolExecutor(START_THREADS, thread_name_prefix="sandbox-start")
+        self._start_threads = _start_pool()
 
     async def call(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
@@ -99,6 +99,12 @@ class SandboxCaller:
                         failure = AgentUnavailable("its sandbox was paused", delivered=False)
                     raise call_failure(agent.user_id, failure) from None
 
+    def close(self) -> None:
+        """Let the idle start threads go (a start under way finishes); a caller used after
+        close() (tests do) gets new ones."""
+        threads, self._start_threads = self._start_threads, _start_pool()
+        threads.shutdown(wait=False)
+
     async def _started(self, start: Callable[..., LiveAgent], *args: Any) -> LiveAgent:
         return await asyncio.get_running_loop().run_in_executor(self._start_threads, start, *args)
 
@@ -110,6 +116,10 @@ class SandboxCaller:
                 started = self._settings.process_max_runtime_s if tool == "process_start" else None
                 agent.count.note_processes(count, started_for_s=started)
         return result
+
+
+def _start_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(START_THREADS, thread_name_prefix="sandbox-start")
 
 
 @contextmanager

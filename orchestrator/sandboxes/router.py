@@ -312,5 +312,6 @@ class SandboxRouter:
         return [status for backend in self.backends.values() for status in backend.status()]
 
     def close(self) -> None:
+        self.caller.close()
         for backend in self.backends.values():
             backend.close()
