@@ -32,6 +32,7 @@ from orchestrator.sandboxes.base import SandboxUser  # noqa: E402
 from orchestrator.sandboxes.calling import SandboxCaller  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
 from orchestrator.settings import load_settings  # noqa: E402
+from sandbox_agent.client import blocking  # noqa: E402
 
 USER = 17
 
@@ -53,11 +54,11 @@ def measure(backend_name: str, rounds: int) -> dict[str, list[float]]:
 
         def read() -> float:
             t0 = time.perf_counter()
-            answer = caller.call_blocking(backend, user, "read_file", {"path": "b.txt"}, cwd=cwd)
+            answer = blocking(caller.call(backend, user, "read_file", {"path": "b.txt"}, cwd=cwd))
             assert "bench" in str(answer), answer
             return (time.perf_counter() - t0) * 1000
 
-        caller.call_blocking(backend, user, "write_file", {"path": "b.txt", "content": "bench\n"}, cwd=cwd)
+        blocking(caller.call(backend, user, "write_file", {"path": "b.txt", "content": "bench\n"}, cwd=cwd))
         for _ in range(5):
             read()
         for _ in range(rounds):

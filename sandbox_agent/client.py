@@ -1,49 +1,52 @@
-"""The orchestrator's clients of one agent: HTTP/1.1 over the agent's Unix socket, or over
-any stream socket a `Connector` hands out (the kubernetes backend's port-forward).
+"""The orchestrator's client of one agent: HTTP/1.1 over the agent's Unix socket, or over any
+stream socket a `Connector` hands out (the kubernetes backend's port-forward).
 
-Two transports share one protocol (requests built and answers judged by the same functions):
+One transport, `AsyncAgentClient`: asyncio streams with a small pool of keep-alive
+connections per event loop, answers parsed by llhttp (`httptools`, the parser uvicorn serves
+the API with: status line, headers, Content-Length and chunked framing, keep-alive; nothing
+parsed by hand), so a call waiting for its sandbox holds no thread (one user's slow or stopped
+agent cannot fill the server's thread pool), and every call has one deadline for its whole
+answer. Chosen by measurement (`bench/agent_transport.py`, docs/performance.md): CPU per warm
+`read_file` to a live agent 0.09 ms with llhttp, 0.25 ms with h11, 0.78 ms with httpx.
 
-- `AsyncAgentClient`, on the hot path of every tool call: asyncio streams with a small pool
-  of keep-alive connections, so a call waiting for its sandbox holds no thread (one user's
-  slow or stopped agent cannot fill the server's thread pool), and every call has a deadline.
-  Its own header parsing is cheaper than `http.client`'s (which goes through `email.parser`).
-- `AgentClient`, blocking, for code that runs in threads (host tools, agent starts waiting for
-  `/health`, cancels from sync routes, tests): the standard library's `http.client` on a
-  keep-alive pool (an httpx client spent 0.70 ms of CPU per small call, httpcore 0.39 ms,
-  `http.client` 0.22 ms: docs/performance.md). Thread-safe.
+`AgentClient` is the sync façade for code that runs in threads (host tools, agent starts
+waiting for `/health`, cancels from sync routes, tests): each method runs the transport's
+coroutine on one shared event loop of its own (`blocking`) and waits for it. Thread-safe.
 
 Both distrust the agent: with `expected_peer` every new connection's peer must show that
-sandbox's uid or container (`sandbox_agent.peer`), and an answer is read only up to a bound derived from the agent's limits
-(`AnswerLimits`): its Content-Length is read first and a larger (or unannounced) body is
-refused without being read; text fields longer than the output cap are cut again here.
+sandbox's uid or container (`sandbox_agent.peer`), and an answer is read only up to a bound
+derived from the agent's limits (`AnswerLimits`): its Content-Length is read first and a larger
+(or unannounced) body is refused without being read; text fields longer than the output cap
+are cut again here. Lower-layer failures become agent errors in one place (`map_agent_errors`).
 
-`read_bytes` answers arrive as raw bytes (`Accept: application/octet-stream`; the other
-fields in the `X-Tool-Result` header), not as base64 in JSON.
+`read_bytes` answers arrive as raw bytes (`Accept: application/octet-stream`; the other fields
+in the `X-Tool-Result` header), not as base64 in JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import http.client
-import io
 import json
-import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, TypeVar
 
+import httptools
 from pydantic import ValidationError
 
 from sandbox_agent.answer_limits import DEFAULT_ANSWER_LIMITS, HEADER_MAX_BYTES, AnswerLimits, cap_text_fields
-from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable, ContextRefused
 from sandbox_agent.peer import ExpectedPeer, check_socket_peer
 from sandbox_agent.unix_path import reachable
 from sandbox_agent.wire import RAW_RESULT_HEADER, CallContext, Health, ReadBytesResult
+
+T = TypeVar("T")
 
 OCTET_STREAM = "application/octet-stream"
 NDJSON = "application/x-ndjson"
@@ -56,7 +59,7 @@ REUSE_IDLE_S = 3.0
 # gone: the API server keeps the websocket of a deleted pod's forward. One idle for longer
 # than this is asked `/health` before it carries a call, so a call is never sent into a dead
 # forward and reported "may have run"; a dead one is dropped and a new one opened (which
-# then fails as "not delivered", and the protocol recreates the sandbox).
+# then fails as "not delivered", and the caller recreates the sandbox).
 VERIFY_IDLE_S = 0.25
 VERIFY_TIMEOUT_S = 2.0
 # A new forwarded connection is asked too: the API server opens a forward to a pod whose agent
@@ -64,19 +67,20 @@ VERIFY_TIMEOUT_S = 2.0
 NEW_CONNECTION = float("inf")
 MAX_IDLE_CONNECTIONS = 8
 CANCEL_PATH = "/v1/calls/cancel"
-HEALTH_MAX_BYTES = 64 * 1024  # a /health answer is some 200 bytes
 # The asyncio stream's buffer: its reading pauses at twice this, and a smaller one made a
-# 1 MiB read_bytes 45 % slower than http.client (a pause and resume every 128 KiB).
+# 1 MiB read_bytes 45 % slower (a pause and resume every 128 KiB).
 STREAM_BUFFER_BYTES = 2 * 1024 * 1024
+SPOOL_CHUNK = 256 * 1024  # bytes read off the socket at a time, so written to a spool at most
 
-
-# --- what both transports share -------------------------------------------------------------
 
 # Opens one new connection to the agent within the timeout (seconds) and returns the connected
 # stream socket; a failure is `AgentUnavailable(delivered=False)` (nothing was sent). Used
 # instead of the Unix socket path when the agent is reached another way (a port-forward
 # through the Kubernetes API): the connector, not SO_PEERCRED, vouches for the peer.
 Connector = Callable[[float], socket.socket]
+
+
+# --- the protocol: requests built and answers judged ------------------------------------------
 
 
 def check_peer(sock: socket.socket, expected: ExpectedPeer | None, socket_path: str) -> None:
@@ -136,7 +140,7 @@ def tool_request(arguments: dict[str, Any], cwd: str, context: CallContext | Non
 
 def refused_context(answer: _Answer, context: CallContext | None) -> bool:
     """An agent of an earlier BUILD (it serves until idle) refuses the `context` field with a
-    422 before running anything: the call is then sent as that agent knows it."""
+    422 before running anything: the caller sends the call again as that agent knows it."""
     return context is not None and answer.status == 422
 
 
@@ -167,9 +171,12 @@ def cancelled_of(answer: _Answer) -> int:
     return count
 
 
-def tool_result(tool: str, answer: _Answer, limits: AnswerLimits) -> Any:
+def tool_result(tool: str, answer: _Answer, limits: AnswerLimits, context: CallContext | None = None) -> Any:
     """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
-    tool-level failure and `AgentUnavailable` for an answer that is not the protocol."""
+    tool-level failure, `ContextRefused` when an agent of an earlier BUILD refused the call's
+    `context`, and `AgentUnavailable` for an answer that is not the protocol."""
+    if refused_context(answer, context):
+        raise ContextRefused("the sandbox agent does not know the call's context; nothing ran")
     raw_bytes = tool == "read_bytes"
     if answer.status == 200 and answer.content_type == OCTET_STREAM and raw_bytes:
         try:
@@ -207,104 +214,271 @@ def tool_result(tool: str, answer: _Answer, limits: AnswerLimits) -> Any:
     raise AgentToolError("agent_error", f"The sandbox agent answered {answer.status}: {message}")
 
 
-# --- the blocking client (http.client) ------------------------------------------------------
-
-SPOOL_CHUNK = 256 * 1024  # bytes of a raw answer read and written at a time
+# --- the transport ---------------------------------------------------------------------------
 
 
-def _copy_body(raw: http.client.HTTPResponse, length: int, sink: BinaryIO) -> int:
-    """Copy `length` bytes of the body to `sink` in pieces; how many arrived (fewer: the agent
-    closed early, and the caller refuses the answer as the size disagrees)."""
-    copied = 0
-    while copied < length:
-        piece = raw.read(min(SPOOL_CHUNK, length - copied))
-        if not piece:
-            break
-        sink.write(piece)
-        copied += len(piece)
-    if copied == length:
-        raw.read()  # nothing left: marks the answer complete, so its connection can be reused
-    return copied
+class RawSpool(Protocol):
+    """Where the client writes a large raw `read_bytes` answer instead of holding it: answers
+    of at least `min_bytes` go to the file `open` gives once their length is known (it may
+    wait, e.g. for a transfer slot; reading the socket is paused meanwhile); smaller ones are
+    read whole. `open` is called once per attempt and must hand back an empty file each time."""
+
+    min_bytes: int
+
+    async def open(self, length: int) -> BinaryIO: ...
 
 
+class SinkSpool:
+    """A `RawSpool` of one seekable file for every raw answer, emptied before each attempt
+    (the sync callers' `sink`)."""
 
-class _DeadlineReader(io.RawIOBase):
-    """An answer's bytes off the socket, each read waiting only for what is left of the call's
-    deadline: a socket timeout alone bounds the wait between two bytes, which an agent that
-    sends one now and then never reaches (it would hold the caller's thread for good)."""
+    min_bytes = 0
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self._sock = sock
-        self._deadline = deadline
+    def __init__(self, sink: BinaryIO) -> None:
+        self.sink = sink
 
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the answer did not arrive before the call's deadline")
-        self._sock.settimeout(left)
-        return self._sock.recv_into(buffer)
+    async def open(self, length: int) -> BinaryIO:
+        self.sink.seek(0)
+        self.sink.truncate()  # nothing of a failed attempt stays in it
+        return self.sink
 
 
-class _DeadlineResponse(http.client.HTTPResponse):
-    """http.client's answer, read through a `_DeadlineReader`."""
-
-    def __init__(self, sock: socket.socket, *args: Any, deadline: float, **kwargs: Any) -> None:
-        super().__init__(sock, *args, **kwargs)
-        self.fp.close()  # the plain file it made of the socket (the socket stays open)
-        self.fp = io.BufferedReader(_DeadlineReader(sock, deadline))
+# What a broken connection or a protocol violation raises below `map_agent_errors`.
+_LOWER_ERRORS = (OSError, EOFError, ValueError, asyncio.IncompleteReadError)
 
 
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(
-        self,
-        socket_path: str,
-        connect_timeout_s: float,
-        expected_peer: ExpectedPeer | None,
-        connector: Connector | None = None,
-    ) -> None:
-        super().__init__("sandbox-agent", timeout=connect_timeout_s)
-        self._socket_path = socket_path
-        self._expected_peer = expected_peer
-        self._connector = connector
+@contextmanager
+def map_agent_errors(where: str, timeout_s: float, *, delivered: bool = True) -> Iterator[None]:
+    """The one place a lower layer's failure (a socket, the parser, the deadline) becomes an agent
+    error: `AgentTimedOut` past the deadline, else `AgentUnavailable`, `delivered` unless
+    nothing can have been sent. Once bytes may have left, the tool may have run: never
+    "certainly not delivered". An `AgentToolError` (an answer refused unread) passes as it is."""
+    try:
+        yield
+    except TimeoutError as exc:
+        if not delivered:
+            raise AgentUnavailable(f"the agent at {where} did not answer within {timeout_s:g} s", delivered=False) from exc
+        raise AgentTimedOut(f"agent at {where} did not answer within {timeout_s:g} s") from exc
+    except _LOWER_ERRORS as exc:
+        if delivered:
+            raise AgentUnavailable(f"agent at {where} failed mid-request: {exc!r}", delivered=True) from exc
+        raise AgentUnavailable(f"agent socket {where} does not answer: {exc!r}", delivered=False) from exc
 
-    def connect(self) -> None:
-        if self._connector is not None:
-            self.sock = self._connector(self.timeout)
+
+class _Parsed:
+    """What llhttp (`httptools`) has parsed of one answer so far: its callbacks' target."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: dict[str, str] = {}
+        self.head_done = False
+        self.keep_alive = False
+        self.pieces: deque[bytes] = deque()  # body bytes not taken yet
+        self.done = False
+        self.extra = False  # bytes after the answer's end: the connection is not reused
+
+    def on_message_begin(self) -> None:
+        self.extra = self.extra or self.done
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.head_done = True
+        self.keep_alive = self.parser.should_keep_alive()  # llhttp forgets it at the answer's end
+
+    def on_body(self, body: bytes) -> None:
+        self.pieces.append(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+def _request(method: str, target: str, head: bytes, body: bytes | None) -> bytes:
+    """One request's bytes: `head` holds the fixed header lines (checked at construction)."""
+    lines = f"{method} {target} HTTP/1.1\r\n".encode("ascii") + head
+    if body is None:
+        return lines + b"\r\n"
+    return lines + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body
+
+
+class _Connection:
+    """One keep-alive connection to the agent: its asyncio stream, the parser of the answer
+    under way (llhttp through `httptools`, the API server's own parser), and the loop it
+    belongs to (a connection is only ever used on that loop)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, loop: asyncio.AbstractEventLoop) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.loop = loop
+        self.parsed = _Parsed()
+        self.head_bytes = 0
+        self.since = 0.0
+
+    def usable(self, now: float) -> bool:
+        # An idle one the agent closed has seen its EOF (the loop ran since), so it is never
+        # sent a request that would have to be reported as "may have run".
+        return now - self.since <= REUSE_IDLE_S and not self.reader.at_eof() and not self.writer.is_closing()
+
+    def close(self) -> None:
+        """From any thread: closed on its own loop."""
+        if self.loop.is_closed():
             return
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(self.timeout)
-            with reachable(self._socket_path) as short:
-                sock.connect(short)
-            check_peer(sock, self._expected_peer, self._socket_path)
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            self.writer.close()
+        else:
+            try:
+                self.loop.call_soon_threadsafe(self.writer.close)
+            except RuntimeError:
+                pass
 
-    def within(self, timeout_s: float) -> None:
-        """The next request and its whole answer take at most `timeout_s` (sendall's timeout
-        is the whole send's; each read waits only for what is left)."""
-        assert self.sock is not None
-        self.sock.settimeout(timeout_s)
-        self.response_class = functools.partial(_DeadlineResponse, deadline=time.monotonic() + timeout_s)
+    def send(self, method: str, target: str, head: bytes, body: bytes | None) -> None:
+        self.parsed = _Parsed()
+        self.head_bytes = 0
+        self.writer.write(_request(method, target, head, body))
 
-    def closed_by_peer(self) -> bool:
-        """An idle connection that is readable has been closed (or broken) by the agent."""
-        if self.sock is None:
-            return True
+    async def _feed(self) -> None:
+        data = await self.reader.read(SPOOL_CHUNK)
+        if not data:
+            raise EOFError("the agent closed the connection before the end of its answer")
+        if not self.parsed.head_done:
+            self.head_bytes += len(data)
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
-        except (OSError, ValueError):
-            return True
-        return bool(readable)
+            self.parsed.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if not self.parsed.done:
+                raise ValueError(f"not an HTTP/1.1 answer: {exc}") from None
+            self.parsed.extra = True  # garbage after a whole answer: used, never reused
+        if not self.parsed.head_done and self.head_bytes > HEADER_MAX_BYTES:
+            raise ValueError(f"the answer's head is longer than {HEADER_MAX_BYTES} bytes")
+
+    async def head(self) -> tuple[int, dict[str, str]]:
+        """The answer's status and (lower-cased) headers."""
+        while not self.parsed.head_done:
+            await self._feed()
+        return self.parsed.parser.get_status_code(), self.parsed.headers
+
+    async def pieces(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, one read's worth at most at a time."""
+        while True:
+            while self.parsed.pieces:
+                yield self.parsed.pieces.popleft()
+            if self.parsed.done:
+                return
+            await self._feed()
+
+    async def body(self) -> bytes:
+        """The rest of the answer's body (its length was checked against the bound first)."""
+        return b"".join([piece async for piece in self.pieces()])
+
+    def finished(self) -> bool:
+        """After the answer's end: whether the connection may carry the next request."""
+        return self.parsed.done and not self.parsed.extra and self.parsed.keep_alive
 
 
-class _AgentClientBase:
-    """What both clients are configured with."""
+async def _read_answer(
+    conn: _Connection, limits: AnswerLimits, accept: str | None, where: str, spool: RawSpool | None,
+    deadline: asyncio.Timeout | None,
+) -> tuple[_Answer, bool]:  # fmt: skip
+    """One answer, read to its announced length at most; and whether the connection may be
+    reused. A large raw answer goes to `spool` when one is given (`RawSpool`)."""
+    status, headers = await conn.head()
+    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+    length = answer_length(headers.get("content-length"), chunked, body_limit(limits, accept), where)
+    content_type = _content_type(headers.get("content-type"))
+    raw_header = headers.get(RAW_RESULT_HEADER.lower(), "")
+    if spool is not None and status == 200 and content_type == OCTET_STREAM and length >= spool.min_bytes:
+        spooled, keep = await _spool_body(conn, length, spool, deadline)
+        return _Answer(status, content_type, raw_header, b"", spooled), keep
+    return _Answer(status, content_type, raw_header, await conn.body()), conn.finished()
+
+
+async def _spool_body(conn: _Connection, length: int, spool: RawSpool, deadline: asyncio.Timeout | None) -> tuple[int, bool]:
+    """Copy the body into the spool's file in pieces; how many bytes arrived (fewer: the agent
+    hung up early, and the caller refuses the answer as the size disagrees) and whether the
+    connection may be reused. The call's `deadline` stops while `open` waits (the spool
+    bounds its own wait) and goes on after it: the agent has answered, and a wait for a slot
+    must not pass for an agent that missed its deadline (which would replace the sandbox)."""
+    transport = conn.writer.transport
+    transport.pause_reading()  # while `open` waits, the socket's bytes stay in the kernel
+    when = deadline.when() if deadline is not None else None
+    if deadline is not None:
+        deadline.reschedule(None)
+    loop = asyncio.get_running_loop()
+    waited_from = loop.time()
+    try:
+        sink = await spool.open(length)
+    finally:
+        transport.resume_reading()
+        if deadline is not None and when is not None:
+            deadline.reschedule(when + loop.time() - waited_from)
+    copied = 0
+    try:
+        async for piece in conn.pieces():
+            sink.write(piece)  # page cache: a 256 KiB write costs tens of microseconds
+            copied += len(piece)
+    except (EOFError, ValueError, ConnectionError):
+        return copied, False  # cut short: refused by its size (a failing sink raises on)
+    return copied, conn.finished()
+
+
+async def _read_streamed(
+    conn: _Connection, limits: AnswerLimits, where: str, on_output: Callable[[str, str], None]
+) -> tuple[_Answer, bool]:
+    """A chunked NDJSON answer: output lines to `on_output`, the result line as the answer."""
+    status, headers = await conn.head()
+    content_type = _content_type(headers.get("content-type"))
+    if "chunked" not in headers.get("transfer-encoding", "").lower() or content_type != NDJSON:
+        answer_length(headers.get("content-length"), False, limits.max_json_bytes, where)  # llhttp reads no more
+        return _Answer(status, content_type, "", await conn.body()), conn.finished()
+    budget = limits.max_json_bytes + limits.max_stream_bytes
+    pending = bytearray()
+    result: bytes | None = None
+    async for piece in conn.pieces():
+        budget -= len(piece)
+        if budget < 0:
+            raise AgentToolError("output_too_large", f"The sandbox agent at {where} streamed more than it may; refused.")
+        pending += piece
+        while (end := pending.find(b"\n")) >= 0:
+            line = bytes(pending[:end])
+            del pending[: end + 1]
+            if result is not None:
+                raise ValueError("a line after the result")
+            event = output_event(line)
+            if event is None:
+                result = line
+            else:
+                on_output(*event)
+        if len(pending) > max(STREAM_LINE_MAX, limits.max_json_bytes):
+            raise ValueError("a streamed line without its end")
+    if result is None:
+        raise ValueError("the stream ended without a result")
+    return _Answer(status, "application/json", "", result), conn.finished()
+
+
+async def _connected_in_thread(connector: Connector, timeout_s: float, where: str) -> socket.socket:
+    """A connector's socket, opened in a worker thread (it blocks: a TLS and websocket
+    handshake). One that arrives after the timeout is closed, not leaked."""
+    future = asyncio.get_running_loop().run_in_executor(None, connector, timeout_s)
+    try:
+        async with asyncio.timeout(timeout_s + 1.0):
+            sock = await asyncio.shield(future)
+    except TimeoutError:
+        future.add_done_callback(lambda done: done.exception() is None and done.result().close())
+        raise AgentUnavailable(f"the agent at {where} did not answer within {timeout_s:g} s", delivered=False) from None
+    except OSError as exc:
+        raise AgentUnavailable(f"the agent at {where} does not answer: {exc!r}", delivered=False) from exc
+    sock.setblocking(False)
+    return sock
+
+
+class AsyncAgentClient:
+    """The transport to one agent. Its methods run on any event loop (each loop keeps its own
+    idle connections); `close` is safe from any thread."""
 
     def __init__(
         self,
@@ -324,368 +498,91 @@ class _AgentClientBase:
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._authorization = f"Bearer {token}"
-        self._head = f"Host: sandbox-agent\r\nAuthorization: {self._authorization}\r\n"  # asyncio: raw HTTP
-        self._idle: list[Any] = []
-        self._lock = threading.Lock()  # the blocking client's pool; the asyncio one stays on its loop
+        if not token.isprintable() or not token.isascii():
+            raise ValueError("an agent token is printable ASCII")
+        self._head = f"host: sandbox-agent\r\nauthorization: {self._authorization}\r\n".encode("ascii")
+        self._idle: dict[asyncio.AbstractEventLoop, list[_Connection]] = {}
+        self._lock = threading.Lock()  # the pool: the sync façade's loop and the server's share it
         self._closed = False
 
-
-class AgentClient(_AgentClientBase):
-    """The blocking client (thread-safe)."""
-
-    def __enter__(self) -> AgentClient:
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.close()
-
     def close(self) -> None:
+        """Safe from any thread; calls under way end with AgentUnavailable."""
         with self._lock:
             self._closed = True
-            idle, self._idle = self._idle, []
-        for conn, _ in idle:
-            conn.close()
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
+
+    def idle_connections(self) -> list[_Connection]:
+        """The connections kept open for the next calls, on every loop."""
+        with self._lock:
+            return [conn for conns in self._idle.values() for conn in conns]
 
     # --- the connection pool --------------------------------------------------------------
 
-    def _checkout(self, connect_timeout_s: float) -> tuple[_UnixConnection, bool]:
-        """An open connection and whether it was reused. Connecting failures are
+    async def _checkout(self, connect_timeout_s: float) -> _Connection:
+        """An open connection (reused when one is idle). Connecting failures are
         `AgentUnavailable(delivered=False)`: nothing was sent."""
+        loop = asyncio.get_running_loop()
         now = time.monotonic()
         while True:
             with self._lock:
                 if self._closed:
                     raise AgentUnavailable(f"the client of {self.socket_path} is closed", delivered=False)
-                if not self._idle:
+                idle = self._idle.get(loop)
+                if not idle:
                     break
-                conn, since = self._idle.pop()
-            if now - since <= REUSE_IDLE_S and not conn.closed_by_peer() and self._still_answers(conn, now - since):
-                return conn, True
+                conn = idle.pop()
+            if conn.usable(now) and await self._still_answers(conn, now - conn.since):
+                return conn
             conn.close()
-        conn = _UnixConnection(self.socket_path, connect_timeout_s, self.expected_peer, self.connector)
-        try:
-            conn.connect()
-        except OSError as exc:  # refused, no socket, timeout, permission
-            conn.close()
-            raise AgentUnavailable(f"agent socket {self.socket_path} does not answer: {exc!r}", delivered=False) from exc
-        except AgentUnavailable:
-            conn.close()
-            raise
-        if not self._still_answers(conn, NEW_CONNECTION):
+        with map_agent_errors(self.socket_path, connect_timeout_s, delivered=False):
+            if self.connector is not None:
+                sock = await _connected_in_thread(self.connector, connect_timeout_s, self.socket_path)
+            else:
+                sock = await self._unix_socket(loop, connect_timeout_s)
+            reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_BUFFER_BYTES)
+        conn = _Connection(reader, writer, loop)
+        if not await self._still_answers(conn, NEW_CONNECTION):
             conn.close()
             raise AgentUnavailable(f"nothing answers behind the new connection to {self.socket_path}", delivered=False)
-        return conn, False
+        return conn
 
-    def _still_answers(self, conn: _UnixConnection, idle_s: float) -> bool:
-        """A forwarded connection idle for a while answers `/health` before it is reused."""
-        if self.connector is None or idle_s < VERIFY_IDLE_S:
-            return True
+    async def _unix_socket(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> socket.socket:
+        """A connected socket to the agent's Unix socket whose peer is the sandbox's."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            assert conn.sock is not None
-            conn.within(VERIFY_TIMEOUT_S)
-            conn.request("GET", "/health", headers={"Authorization": self._authorization})
-            raw = conn.getresponse()
-            length = raw.getheader("Content-Length") or ""
-            if not length.isdigit() or int(length) > HEALTH_MAX_BYTES:
-                return False  # the caller closes it: nothing unread is left for the next call
-            raw.read(int(length))
-            return raw.status == 200 and not raw.will_close
-        except (OSError, http.client.HTTPException, AssertionError):
-            return False
-
-    def _checkin(self, conn: _UnixConnection) -> None:
-        with self._lock:
-            if not self._closed and len(self._idle) < MAX_IDLE_CONNECTIONS:
-                self._idle.append((conn, time.monotonic()))
-                return
-        conn.close()
-
-    def _send(
-        self,
-        method: str,
-        url: str,
-        *,
-        body: bytes | None = None,
-        accept: str | None = None,
-        timeout_s: float | None = None,
-        sink: BinaryIO | None = None,
-    ) -> _Answer:
-        timeout = self._timeout_s if timeout_s is None else timeout_s
-        conn, reused = self._checkout(min(timeout, self._connect_timeout_s))
-        headers = {"Authorization": self._authorization}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        if accept is not None:
-            headers["Accept"] = accept
-        try:
-            assert conn.sock is not None
-            conn.within(timeout)
-            conn.request(method, url, body=body, headers=headers)
-            raw = conn.getresponse()
-            length = answer_length(
-                raw.getheader("Content-Length"), raw.chunked, body_limit(self.answer_limits, accept), self.socket_path
-            )
-            spooled = None
-            if sink is not None and raw.status == 200 and _content_type(raw.getheader("Content-Type")) == OCTET_STREAM:
-                content, spooled = b"", _copy_body(raw, length, sink)
-            else:
-                content = raw.read(length)
-        except AgentToolError:
-            conn.close()  # the rest of the answer stays unread
-            raise
-        except TimeoutError as exc:
-            conn.close()
-            raise AgentTimedOut(f"agent at {self.socket_path} did not answer within {timeout:g} s") from exc
-        except (OSError, http.client.HTTPException) as exc:
-            conn.close()
-            # Once bytes may have left, the tool may have run: never "certainly not delivered".
-            kind = "a reused" if reused else "a new"
-            raise AgentUnavailable(
-                f"agent at {self.socket_path} failed mid-request on {kind} connection: {exc!r}", delivered=True
-            ) from exc
-        except BaseException:  # the sink failed (a full disk): the rest of the answer stays unread
-            conn.close()
-            raise
-        if raw.will_close or (len(content) if spooled is None else spooled) != length:
-            conn.close()
-        else:
-            self._checkin(conn)
-        return _Answer(
-            raw.status, _content_type(raw.getheader("Content-Type")), raw.getheader(RAW_RESULT_HEADER) or "", content,
-            spooled,
-        )  # fmt: skip
-
-    # --- the API ----------------------------------------------------------------------------
-
-    def health(self, *, timeout_s: float | None = None) -> Health:
-        return health_of(self._send("GET", "/health", timeout_s=timeout_s))
-
-    def call(
-        self,
-        tool: str,
-        arguments: dict[str, Any],
-        *,
-        cwd: str,
-        context: CallContext | None = None,
-        timeout_s: float | None = None,
-        sink: BinaryIO | None = None,
-    ) -> Any:
-        """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
-        tool-level failure and `AgentUnavailable` when the agent could not be reached. With a
-        `sink`, read_bytes' raw bytes are written to it in pieces as they arrive (never held
-        whole) and the result's `data` is empty."""
-        accept = OCTET_STREAM if tool == "read_bytes" else None
-        sink = sink if tool == "read_bytes" else None
-        url = f"/v1/tools/{tool}"
-        body = tool_request(arguments, cwd, context)
-        answer = self._send("POST", url, body=body, accept=accept, timeout_s=timeout_s, sink=sink)
-        if refused_context(answer, context):
-            body = tool_request(arguments, cwd, None)
-            answer = self._send("POST", url, body=body, accept=accept, timeout_s=timeout_s, sink=sink)
-        return tool_result(tool, answer, self.answer_limits)
-
-    def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
-        """Kill the matching in-flight calls' process trees; how many calls were cancelled."""
-        body = cancel_request(run_id, session_id)
-        return cancelled_of(self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
-
-
-# --- the asyncio client ---------------------------------------------------------------------
-
-
-class RawSpool(Protocol):
-    """Where the asyncio client writes a large raw `read_bytes` answer instead of holding it:
-    answers of at least `min_bytes` go to the file `open` gives once their length is known
-    (it may wait, e.g. for a transfer slot; reading the socket is paused meanwhile); smaller
-    ones are read whole as before. `open` is called once per attempt and must hand back an
-    empty file each time."""
-
-    min_bytes: int
-
-    async def open(self, length: int) -> BinaryIO: ...
-
-
-@dataclass
-class _Stream:
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    loop: asyncio.AbstractEventLoop
-    since: float = 0.0
-
-    def usable(self, loop: asyncio.AbstractEventLoop, now: float) -> bool:
-        # A connection belongs to the loop it was opened on; an idle one the agent closed has
-        # seen its EOF (the loop ran since), so it is never sent a request that would have to
-        # be reported as "may have run".
-        return (
-            self.loop is loop
-            and now - self.since <= REUSE_IDLE_S
-            and not self.reader.at_eof()
-            and not self.writer.is_closing()
-        )
-
-    def close(self) -> None:
-        if self.loop.is_closed():
-            return
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is self.loop:
-            self.writer.close()
-        else:  # from another thread (an agent stopped by a worker): on its own loop
-            try:
-                self.loop.call_soon_threadsafe(self.writer.close)
-            except RuntimeError:
-                pass
-
-
-async def _read_head(stream: _Stream) -> tuple[str, int, dict[str, str]]:
-    """The status line and headers of one answer: (HTTP version, status, lower-cased headers)."""
-    head = await stream.reader.readuntil(b"\r\n\r\n")  # LimitOverrunError past the stream's buffer
-    if len(head) > HEADER_MAX_BYTES:
-        raise ValueError(f"the answer's headers are {len(head)} bytes, more than {HEADER_MAX_BYTES}")
-    lines = head[:-4].decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    if not version.startswith("HTTP/1."):
-        raise ValueError(f"not an HTTP/1 status line: {lines[0][:80]!r}")
-    status = int(rest[:3])
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise ValueError(f"not a header line: {line[:80]!r}")
-        headers[name.strip().lower()] = value.strip()
-    return version, status, headers
-
-
-async def _read_answer(
-    stream: _Stream, limits: AnswerLimits, accept: str | None, socket_path: str, spool: RawSpool | None = None,
-    deadline: asyncio.Timeout | None = None,
-) -> tuple[_Answer, bool]:  # fmt: skip
-    """One answer, read to its announced length at most; and whether the agent keeps the
-    connection open. A large raw answer goes to `spool` when one is given (`RawSpool`)."""
-    version, status, headers = await _read_head(stream)
-    chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    length = answer_length(headers.get("content-length"), chunked, body_limit(limits, accept), socket_path)
-    content_type = _content_type(headers.get("content-type"))
-    keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
-    spooled = None
-    if spool is not None and status == 200 and content_type == OCTET_STREAM and length >= spool.min_bytes:
-        content, spooled = b"", await _spool_body(stream, length, spool, deadline)
-        keep = keep and spooled == length
-    else:
-        content = await stream.reader.readexactly(length) if length else b""
-    answer = _Answer(status, content_type, headers.get(RAW_RESULT_HEADER.lower(), ""), content, spooled)
-    return answer, keep
-
-
-async def _spool_body(stream: _Stream, length: int, spool: RawSpool, deadline: asyncio.Timeout | None) -> int:
-    """Copy `length` bytes of the body into the spool's file in pieces; how many arrived
-    (fewer: the agent hung up early, and the caller refuses the answer as the size disagrees).
-    The call's `deadline` stops while `open` waits (the spool bounds its own wait) and goes
-    on after it: the agent has answered, and a wait for a slot must not pass for an agent
-    that missed its deadline (which would replace the user's sandbox)."""
-    transport = stream.writer.transport
-    transport.pause_reading()  # while `open` waits, the socket's bytes stay in the kernel
-    when = deadline.when() if deadline is not None else None
-    if deadline is not None:
-        deadline.reschedule(None)
-    loop = asyncio.get_running_loop()
-    waited_from = loop.time()
-    try:
-        sink = await spool.open(length)
-    finally:
-        transport.resume_reading()
-        if deadline is not None and when is not None:
-            deadline.reschedule(when + loop.time() - waited_from)
-    copied = 0
-    while copied < length:
-        piece = await stream.reader.read(min(SPOOL_CHUNK, length - copied))
-        if not piece:
-            break
-        sink.write(piece)  # page cache: a 256 KiB write costs tens of microseconds
-        copied += len(piece)
-    return copied
-
-
-async def _connected_in_thread(connector: Connector, timeout_s: float, where: str) -> socket.socket:
-    """A connector's socket, opened in a worker thread (it blocks: a TLS and websocket
-    handshake). One that arrives after the timeout is closed, not leaked."""
-    future = asyncio.get_running_loop().run_in_executor(None, connector, timeout_s)
-    try:
-        async with asyncio.timeout(timeout_s + 1.0):
-            sock = await asyncio.shield(future)
-    except TimeoutError:
-        future.add_done_callback(lambda done: done.exception() is None and done.result().close())
-        raise AgentUnavailable(f"the agent at {where} did not answer within {timeout_s:g} s", delivered=False) from None
-    except OSError as exc:
-        raise AgentUnavailable(f"the agent at {where} does not answer: {exc!r}", delivered=False) from exc
-    sock.setblocking(False)
-    return sock
-
-
-class AsyncAgentClient(_AgentClientBase):
-    """The agent client for the event loop. Not thread-safe: use it from the loop that runs
-    the calls (a connection opened on one loop is never reused on another)."""
-
-
-    def close(self) -> None:
-        """Safe from any thread; calls under way end with AgentUnavailable."""
-        self._closed = True
-        idle, self._idle = self._idle, []
-        for stream in idle:
-            stream.close()
-
-    async def _checkout(self) -> tuple[_Stream, bool]:
-        if self._closed:
-            raise AgentUnavailable(f"the client of {self.socket_path} is closed", delivered=False)
-        loop = asyncio.get_running_loop()
-        now = time.monotonic()
-        while self._idle:
-            stream = self._idle.pop()
-            if stream.usable(loop, now) and await self._still_answers(stream, now - stream.since):
-                return stream, True
-            stream.close()
-        if self.connector is not None:
-            sock = await _connected_in_thread(self.connector, self._connect_timeout_s, self.socket_path)
-            reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_BUFFER_BYTES)
-            stream = _Stream(reader, writer, loop)
-            if not await self._still_answers(stream, NEW_CONNECTION):
-                stream.close()
-                raise AgentUnavailable(f"nothing answers behind the new connection to {self.socket_path}", delivered=False)
-            return stream, False
-        try:
-            async with asyncio.timeout(self._connect_timeout_s):
-                with reachable(self.socket_path) as short:
-                    reader, writer = await asyncio.open_unix_connection(short, limit=STREAM_BUFFER_BYTES)
-        except (OSError, TimeoutError) as exc:  # refused, no socket, permission, backlog full
-            raise AgentUnavailable(f"agent socket {self.socket_path} does not answer: {exc!r}", delivered=False) from exc
-        stream = _Stream(reader, writer, loop)
-        try:
-            check_peer(writer.get_extra_info("socket"), self.expected_peer, self.socket_path)
+            sock.setblocking(False)
+            async with asyncio.timeout(timeout_s):
+                with reachable(self.socket_path) as short:  # refused, no socket, permission, backlog full
+                    await loop.sock_connect(sock, short)
+            check_peer(sock, self.expected_peer, self.socket_path)
         except BaseException:
-            writer.close()
+            sock.close()
             raise
-        return stream, False
+        return sock
 
-    async def _still_answers(self, stream: _Stream, idle_s: float) -> bool:
+    async def _still_answers(self, conn: _Connection, idle_s: float) -> bool:
         """A forwarded connection idle for a while answers `/health` before it is reused."""
         if self.connector is None or idle_s < VERIFY_IDLE_S:
             return True
         try:
-            async with asyncio.timeout(VERIFY_TIMEOUT_S) as deadline:
-                stream.writer.write(f"GET /health HTTP/1.1\r\n{self._head}\r\n".encode("latin-1"))
-                answer, keep = await _read_answer(stream, self.answer_limits, None, self.socket_path, None, deadline)
-        except (OSError, EOFError, ValueError, TimeoutError, AgentToolError, asyncio.LimitOverrunError, asyncio.IncompleteReadError):
+            async with asyncio.timeout(VERIFY_TIMEOUT_S):
+                conn.send("GET", "/health", self._head, None)
+                answer, keep = await _read_answer(conn, self.answer_limits, None, self.socket_path, None, None)
+        except (TimeoutError, AgentToolError, *_LOWER_ERRORS):
             return False
         return answer.status == 200 and keep
 
-    def _checkin(self, stream: _Stream) -> None:
-        if self._closed or len(self._idle) >= MAX_IDLE_CONNECTIONS:
-            stream.close()
-            return
-        stream.since = time.monotonic()
-        self._idle.append(stream)
+    def _checkin(self, conn: _Connection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(conn.loop, [])
+            if not self._closed and len(idle) < MAX_IDLE_CONNECTIONS:
+                conn.since = time.monotonic()
+                idle.append(conn)
+                return
+        conn.close()
 
     async def _send(
         self,
@@ -698,39 +595,25 @@ class AsyncAgentClient(_AgentClientBase):
         on_output: Callable[[str, str], None] | None = None,
         spool: RawSpool | None = None,
     ) -> _Answer:
-        """One request and its answer; with `on_output`, the answer is a streamed call's
-        (`_read_streamed`); with `spool`, a large raw answer goes there (`RawSpool`)."""
+        """One request and its answer within the deadline; with `on_output`, the answer is a
+        streamed call's (`_read_streamed`); with `spool`, a large raw answer goes there."""
         timeout = self._timeout_s if timeout_s is None else timeout_s
-        stream, reused = await self._checkout()
-        head = f"{method} {url} HTTP/1.1\r\n{self._head}"
-        if accept is not None:
-            head += f"Accept: {accept}\r\n"
-        if body is not None:
-            head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        conn = await self._checkout(min(timeout, self._connect_timeout_s))
+        head = self._head if accept is None else self._head + f"accept: {accept}\r\n".encode("ascii")
         keep = False
         try:
-            async with asyncio.timeout(timeout) as deadline:
-                stream.writer.write(head.encode("latin-1") + b"\r\n" + (body or b""))
-                if on_output is None:
-                    limits = self.answer_limits
-                    answer, keep = await _read_answer(stream, limits, accept, self.socket_path, spool, deadline)
-                else:
-                    answer, keep = await _read_streamed(stream, self.answer_limits, self.socket_path, on_output)
-        except AgentToolError:
-            raise  # an answer refused unread: the connection is closed below
-        except TimeoutError as exc:
-            raise AgentTimedOut(f"agent at {self.socket_path} did not answer within {timeout:g} s") from exc
-        except (OSError, EOFError, ValueError, asyncio.LimitOverrunError, asyncio.IncompleteReadError) as exc:
-            # Once bytes may have left, the tool may have run: never "certainly not delivered".
-            kind = "a reused" if reused else "a new"
-            raise AgentUnavailable(
-                f"agent at {self.socket_path} failed mid-request on {kind} connection: {exc!r}", delivered=True
-            ) from exc
+            with map_agent_errors(self.socket_path, timeout):
+                async with asyncio.timeout(timeout) as deadline:
+                    conn.send(method, url, head, body)
+                    if on_output is None:
+                        answer, keep = await _read_answer(conn, self.answer_limits, accept, self.socket_path, spool, deadline)
+                    else:
+                        answer, keep = await _read_streamed(conn, self.answer_limits, self.socket_path, on_output)
         finally:
             if keep:
-                self._checkin(stream)
+                self._checkin(conn)
             else:  # also on cancellation: a half-read answer must never meet the next request
-                stream.close()
+                conn.close()
         return answer
 
     # --- the API ----------------------------------------------------------------------------
@@ -748,74 +631,15 @@ class AsyncAgentClient(_AgentClientBase):
         timeout_s: float | None = None,
         spool: RawSpool | None = None,
     ) -> Any:
-        """As `AgentClient.call`, without holding a thread while the agent works. With a
-        `spool`, a large raw read_bytes answer goes to its file (`RawSpool`) and the result's
-        `data` is empty."""
+        """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
+        tool-level failure, `ContextRefused` for an agent that does not know `context`, and
+        `AgentUnavailable` when the agent could not be reached. With a `spool`, a large raw
+        read_bytes answer goes to its file (`RawSpool`) and the result's `data` is empty."""
         accept = OCTET_STREAM if tool == "read_bytes" else None
         spool = spool if tool == "read_bytes" else None
-        url = f"/v1/tools/{tool}"
         body = tool_request(arguments, cwd, context)
-        answer = await self._send("POST", url, body=body, accept=accept, timeout_s=timeout_s, spool=spool)
-        if refused_context(answer, context):
-            body = tool_request(arguments, cwd, None)
-            answer = await self._send("POST", url, body=body, accept=accept, timeout_s=timeout_s, spool=spool)
-        return tool_result(tool, answer, self.answer_limits)
-
-    async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
-        body = cancel_request(run_id, session_id)
-        return cancelled_of(await self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
-
-    async def open_port(self, port: int, *, timeout_s: float) -> tuple[socket.socket, bytes]:
-        """A stream to 127.0.0.1:`port` inside the sandbox (`sandbox_agent.port_tunnel`), on a
-        connection of its own (never pooled): the connected socket, non-blocking, and any bytes
-        of the port's that already came with the agent's answer. Raises `AgentToolError`
-        `port_not_listening` when nothing accepts there, `AgentUnavailable` when the agent
-        cannot be reached or refuses."""
-        loop = asyncio.get_running_loop()
-        if self.connector is not None:
-            sock = await _connected_in_thread(self.connector, min(timeout_s, self._connect_timeout_s), self.socket_path)
-        else:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            try:
-                async with asyncio.timeout(min(timeout_s, self._connect_timeout_s)):
-                    with reachable(self.socket_path) as short:
-                        await loop.sock_connect(sock, short)
-                check_peer(sock, self.expected_peer, self.socket_path)
-            except (OSError, TimeoutError) as exc:
-                sock.close()
-                raise AgentUnavailable(f"agent socket {self.socket_path} does not answer: {exc!r}", delivered=False) from exc
-            except BaseException:
-                sock.close()
-                raise
-        try:
-            async with asyncio.timeout(timeout_s):
-                request = f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: {self._authorization}\r\n\r\n"
-                await loop.sock_sendall(sock, request.encode("latin-1"))
-                received = b""
-                while (end := received.find(b"\r\n\r\n")) < 0:
-                    if len(received) > HEADER_MAX_BYTES:
-                        raise ValueError("the agent's answer to CONNECT has no end of head")
-                    piece = await loop.sock_recv(sock, 4096)
-                    if not piece:
-                        raise EOFError("the agent closed the tunnel before answering")
-                    received += piece
-            status_line = received[:end].split(b"\r\n", 1)[0].decode("latin-1")
-            status = int(status_line.split(" ", 2)[1]) if status_line.startswith("HTTP/1.") else 0
-        except BaseException as exc:
-            sock.close()
-            if isinstance(exc, (OSError, EOFError, ValueError, TimeoutError, IndexError)):
-                raise AgentUnavailable(f"agent at {self.socket_path} failed to open port {port}: {exc!r}", delivered=True) from exc
-            raise
-        if status == 200:
-            return sock, received[end + 4 :]
-        sock.close()
-        body = received[end + 4 :]
-        if status == 503:
-            raise AgentToolError("port_not_listening", f"Nothing accepts connections on port {port} in the sandbox.")
-        if status == 401:
-            raise AgentUnavailable("the agent rejected the token", delivered=False)
-        raise AgentToolError("agent_error", f"The sandbox agent answered {status} to a tunnel to port {port}: {body[:200]!r}")
+        answer = await self._send("POST", f"/v1/tools/{tool}", body=body, accept=accept, timeout_s=timeout_s, spool=spool)
+        return tool_result(tool, answer, self.answer_limits, context)
 
     async def stream(
         self,
@@ -834,7 +658,56 @@ class AsyncAgentClient(_AgentClientBase):
         answer = await self._send(
             "POST", f"/v1/tools/{tool}", body=body, accept=NDJSON, timeout_s=timeout_s, on_output=on_output
         )
-        return tool_result(tool, answer, self.answer_limits)
+        return tool_result(tool, answer, self.answer_limits, context)
+
+    async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
+        """Kill the matching in-flight calls' process trees; how many calls were cancelled."""
+        body = cancel_request(run_id, session_id)
+        return cancelled_of(await self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
+
+    async def open_port(self, port: int, *, timeout_s: float) -> tuple[socket.socket, bytes]:
+        """A stream to 127.0.0.1:`port` inside the sandbox (`sandbox_agent.port_tunnel`), on a
+        connection of its own (never pooled): the connected socket, non-blocking, and any bytes
+        of the port's that already came with the agent's answer. Raises `AgentToolError`
+        `port_not_listening` when nothing accepts there, `AgentUnavailable` when the agent
+        cannot be reached or refuses."""
+        loop = asyncio.get_running_loop()
+        connect_timeout = min(timeout_s, self._connect_timeout_s)
+        with map_agent_errors(self.socket_path, connect_timeout, delivered=False):
+            if self.connector is not None:
+                sock = await _connected_in_thread(self.connector, connect_timeout, self.socket_path)
+            else:
+                sock = await self._unix_socket(loop, connect_timeout)
+        parsed = _Parsed()
+        target = f"127.0.0.1:{port}"
+        try:
+            with map_agent_errors(self.socket_path, timeout_s):
+                async with asyncio.timeout(timeout_s):
+                    await loop.sock_sendall(sock, _request("CONNECT", target, f"host: {target}\r\n".encode() + self._head[len(b"host: sandbox-agent\r\n"):], None))
+                    received = 0
+                    while not parsed.head_done:
+                        piece = await loop.sock_recv(sock, 4096)
+                        if not piece:
+                            raise EOFError("the agent closed the tunnel before answering")
+                        received += len(piece)
+                        try:
+                            parsed.parser.feed_data(piece)
+                        except httptools.HttpParserError as exc:
+                            raise ValueError(f"not an HTTP/1.1 answer to CONNECT: {exc}") from None
+                        if not parsed.head_done and received > HEADER_MAX_BYTES:
+                            raise ValueError("the agent's answer to CONNECT has no end of head")
+        except BaseException:
+            sock.close()
+            raise
+        status = parsed.parser.get_status_code()
+        if status == 200:  # what came after the head is the port's (a body without a length, to llhttp)
+            return sock, b"".join(parsed.pieces)
+        sock.close()
+        if status == 503:
+            raise AgentToolError("port_not_listening", f"Nothing accepts connections on port {port} in the sandbox.")
+        if status == 401:
+            raise AgentUnavailable("the agent rejected the token", delivered=False)
+        raise AgentToolError("agent_error", f"The sandbox agent answered {status} to a tunnel to port {port}.")
 
 
 def output_event(line: bytes) -> tuple[str, str] | None:
@@ -849,45 +722,56 @@ def output_event(line: bytes) -> tuple[str, str] | None:
     return stream, text
 
 
-async def _read_streamed(
-    stream: _Stream, limits: AnswerLimits, socket_path: str, on_output: Callable[[str, str], None]
-) -> tuple[_Answer, bool]:
-    """A chunked NDJSON answer: output lines to `on_output`, the result line as the answer."""
-    version, status, headers = await _read_head(stream)
-    keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
-    content_type = _content_type(headers.get("content-type"))
-    if "chunked" not in headers.get("transfer-encoding", "").lower() or content_type != NDJSON:
-        length = answer_length(headers.get("content-length"), False, limits.max_json_bytes, socket_path)
-        content = await stream.reader.readexactly(length) if length else b""
-        return _Answer(status, content_type, "", content), keep
-    budget = limits.max_json_bytes + limits.max_stream_bytes
-    pending = bytearray()
-    result: bytes | None = None
-    while True:
-        size_line = await stream.reader.readuntil(b"\r\n")
-        size = int(size_line.split(b";", 1)[0].strip(), 16)
-        if size == 0:
-            await stream.reader.readuntil(b"\r\n")  # no trailers: the empty line
-            break
-        budget -= size
-        if budget < 0:
-            raise AgentToolError("output_too_large", f"The sandbox agent at {socket_path} streamed more than it may; refused.")
-        pending += await stream.reader.readexactly(size)
-        if await stream.reader.readexactly(2) != b"\r\n":
-            raise ValueError("a chunk without its CRLF")
-        while (end := pending.find(b"\n")) >= 0:
-            line = bytes(pending[:end])
-            del pending[: end + 1]
-            if result is not None:
-                raise ValueError("a line after the result")
-            event = output_event(line)
-            if event is None:
-                result = line
-            else:
-                on_output(*event)
-        if len(pending) > max(STREAM_LINE_MAX, limits.max_json_bytes):
-            raise ValueError("a streamed line without its end")
-    if result is None:
-        raise ValueError("the stream ended without a result")
-    return _Answer(status, "application/json", "", result), keep
+# --- the sync façade ---------------------------------------------------------------------------
 
+_facade_loop: asyncio.AbstractEventLoop | None = None
+_facade_lock = threading.Lock()
+
+
+def blocking(work: Coroutine[Any, Any, T]) -> T:
+    """Run `work` on the sync callers' event loop (one daemon thread for the process) and wait
+    for its outcome: how code in a worker thread uses the transport. Never call it from that
+    loop itself."""
+    global _facade_loop
+    with _facade_lock:
+        if _facade_loop is None or _facade_loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="agent-client", daemon=True).start()
+            _facade_loop = loop
+        loop = _facade_loop
+    return asyncio.run_coroutine_threadsafe(work, loop).result()
+
+
+class AgentClient:
+    """The sync façade of `AsyncAgentClient` (thread-safe): the same arguments, the same
+    answers and errors; read_bytes' raw bytes go to a `sink` file as they arrive."""
+
+    def __init__(self, socket_path: str | Path, token: str, **options: Any) -> None:
+        self.transport = AsyncAgentClient(socket_path, token, **options)
+        self.socket_path = self.transport.socket_path
+        self.connector = self.transport.connector
+        self.expected_peer = self.transport.expected_peer
+        self.answer_limits = self.transport.answer_limits
+
+    def __enter__(self) -> AgentClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def health(self, *, timeout_s: float | None = None) -> Health:
+        return blocking(self.transport.health(timeout_s=timeout_s))
+
+    def call(self, tool: str, arguments: dict[str, Any], *, sink: BinaryIO | None = None, **options: Any) -> Any:
+        """As `AsyncAgentClient.call` (`cwd`, `context`, `timeout_s`); with a `sink`,
+        read_bytes' raw bytes are written to it in pieces as they arrive (never held whole) and
+        the result's `data` is empty."""
+        spool = SinkSpool(sink) if sink is not None else None
+        return blocking(self.transport.call(tool, arguments, spool=spool, **options))
+
+    def cancel(self, **options: Any) -> int:
+        """As `AsyncAgentClient.cancel` (`run_id`, `session_id`, `timeout_s`)."""
+        return blocking(self.transport.cancel(**options))

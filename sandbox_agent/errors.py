@@ -44,3 +44,8 @@ class AgentTimedOut(AgentUnavailable):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, delivered=True)
+
+
+class ContextRefused(Exception):
+    """An agent of an earlier BUILD (it serves until idle) refused the call's `context` field
+    before running anything: the call may be sent again without it, to the same agent."""

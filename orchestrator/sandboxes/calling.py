@@ -1,17 +1,19 @@
 """The one way a tool call goes to a sandbox, whatever its backend: ensure the user's agent,
-count the call on it, send it within its deadline; when the request certainly never reached
-the agent, forget that agent and send it once more to a fresh one; map the agent's failures
-to tool errors in one place (docs/backends.md)."""
+count the call on it, send it within its deadline, and decide in one loop what a failure
+means (`next_send`): a request that certainly never reached the agent is sent once more to a
+fresh one; one that may have reached it is reported as "may have run", never sent again. The
+agent's failures are worded as tool errors in one place (`agent_calls`, docs/backends.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, BinaryIO
-
-from anyio import CapacityLimiter, to_thread
+from enum import Enum
+from typing import Any
 
 from orchestrator import metrics
 from orchestrator.errors import ToolError
@@ -20,7 +22,7 @@ from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s, too
 from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxPaused, SandboxUser
 from orchestrator.settings import Settings
 from sandbox_agent.client import RawSpool
-from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable, ContextRefused
 from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
@@ -28,33 +30,83 @@ log = logging.getLogger(__name__)
 # A streamed call's output as it comes: (stream, text), on the event loop.
 OutputSink = Callable[[str, str], None]
 
-# Worker threads in which event-loop callers wait for a sandbox start (`ensure`), apart from
-# the server's own pool: a burst of cold starts must not starve the host tools.
+# Worker threads in which callers wait for a sandbox start (`ensure`), apart from the server's
+# own pool: a burst of cold starts must not starve the host tools.
 START_THREADS = 16
+
+
+class Send(Enum):
+    """What the caller does after a failed send."""
+
+    AGAIN_WITHOUT_CONTEXT = "again_without_context"  # same agent: it refused only the context
+    AGAIN_TO_FRESH_AGENT = "again_to_fresh_agent"  # it certainly never ran: once more, elsewhere
+    FAIL = "fail"  # it may have run, or the one resend is spent
+
+
+def next_send(failure: Exception, *, resent_to_fresh: bool) -> Send:
+    """Pure: the one decision on a failed send. Only a request that certainly never reached
+    the agent (not delivered, or handed to an agent the reaper had just paused) is sent once
+    more, to a fresh agent; an agent of an earlier BUILD that refused only the call's context
+    is asked again without it (nothing ran)."""
+    if isinstance(failure, ContextRefused):
+        return Send.AGAIN_WITHOUT_CONTEXT
+    not_delivered = isinstance(failure, SandboxPaused) or (isinstance(failure, AgentUnavailable) and not failure.delivered)
+    if not_delivered and not resent_to_fresh:
+        return Send.AGAIN_TO_FRESH_AGENT
+    return Send.FAIL
 
 
 class SandboxCaller:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._start_threads = CapacityLimiter(START_THREADS)
+        self._start_threads = _start_pool()
 
     async def call(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
         context: CallContext | None = None, on_output: OutputSink | None = None, spool: RawSpool | None = None,
     ) -> Any:  # fmt: skip
-        """On the event loop: no thread is held while the agent works, only a start waits in
-        a worker thread; the warm path hops no thread at all. `spool`: where a large raw
-        read_bytes answer goes (`RawSpool`; it hands out an empty file for each attempt)."""
-        streams = (on_output, spool)
+        """On any event loop: no thread is held while the agent works, only a start waits in a
+        worker thread; the warm path hops no thread at all. `spool`: where a large raw
+        read_bytes answer goes (`RawSpool`; it hands out an empty file for each send)."""
         with _recorded(backend, tool):
             timeout = call_timeout_s(self._settings, tool, arguments)
-            agent = backend.warm(user) or await to_thread.run_sync(_resumed_or_ready, backend, user, limiter=self._start_threads)
-            with _attempt(backend, agent, tool, may_retry=True):
-                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, *streams))
-            agent = await to_thread.run_sync(backend.ensure, user, limiter=self._start_threads)
-            with _attempt(backend, agent, tool, may_retry=False):
-                return self._noted(agent, tool, await self._send(agent, tool, arguments, cwd, context, timeout, *streams))
-            raise AssertionError("unreachable: a last attempt answers or raises")
+            agent = backend.warm(user) or await self._started(_resumed_or_ready, backend, user)
+            resent_to_fresh = False
+            while True:
+                try:
+                    with agent.count.calling():
+                        if on_output is not None:
+                            result = await agent.calls.stream(
+                                tool, arguments, cwd=cwd, context=context, timeout_s=timeout, on_output=on_output
+                            )
+                        else:
+                            result = await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, spool=spool)
+                    return self._noted(agent, tool, result)
+                except AgentToolError as exc:
+                    raise tool_error(exc) from None
+                except (AgentUnavailable, SandboxPaused, ContextRefused) as exc:
+                    failure = exc
+                if isinstance(failure, AgentUnavailable):
+                    _forgotten(backend, agent, tool, failure)
+                step = next_send(failure, resent_to_fresh=resent_to_fresh)
+                if step is Send.AGAIN_WITHOUT_CONTEXT:
+                    context = None
+                elif step is Send.AGAIN_TO_FRESH_AGENT:
+                    resent_to_fresh = True
+                    agent = await self._started(backend.ensure, user)  # `ensure` thaws a paused sandbox
+                else:
+                    if isinstance(failure, SandboxPaused):
+                        failure = AgentUnavailable("its sandbox was paused", delivered=False)
+                    raise call_failure(agent.user_id, failure) from None
+
+    def close(self) -> None:
+        """Let the idle start threads go (a start under way finishes); a caller used after
+        close() (tests do) gets new ones."""
+        threads, self._start_threads = self._start_threads, _start_pool()
+        threads.shutdown(wait=False)
+
+    async def _started(self, start: Callable[..., LiveAgent], *args: Any) -> LiveAgent:
+        return await asyncio.get_running_loop().run_in_executor(self._start_threads, start, *args)
 
     def _noted(self, agent: LiveAgent, tool: str, result: Any) -> Any:
         """Keep the count of background processes a process_* answer carries on the agent."""
@@ -65,38 +117,9 @@ class SandboxCaller:
                 agent.count.note_processes(count, started_for_s=started)
         return result
 
-    @staticmethod
-    async def _send(
-        agent: LiveAgent, tool: str, arguments: dict[str, Any], cwd: str, context: CallContext | None, timeout: float,
-        on_output: OutputSink | None, spool: RawSpool | None,
-    ) -> Any:  # fmt: skip
-        if on_output is not None:
-            return await agent.calls.stream(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, on_output=on_output)
-        return await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, spool=spool)
 
-    def call_blocking(
-        self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
-        context: CallContext | None = None, sink: BinaryIO | None = None,
-    ) -> Any:  # fmt: skip
-        """`call` for a worker thread, on the agent's blocking client: the same deadline, retry
-        and errors. `sink`: read_bytes' bytes are written there as they arrive (a seekable
-        file, emptied before each attempt)."""
-        with _recorded(backend, tool):
-            timeout = call_timeout_s(self._settings, tool, arguments)
-            agent = backend.warm(user) or _resumed_or_ready(backend, user)
-            with _attempt(backend, agent, tool, may_retry=True):
-                return self._noted(agent, tool, agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink)))
-            agent = backend.ensure(user)
-            with _attempt(backend, agent, tool, may_retry=False):
-                return self._noted(agent, tool, agent.blocking.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, sink=_emptied(sink)))
-            raise AssertionError("unreachable: a last attempt answers or raises")
-
-
-def _emptied(sink: BinaryIO | None) -> BinaryIO | None:
-    if sink is not None:  # nothing of a failed attempt stays in it
-        sink.seek(0)
-        sink.truncate()
-    return sink
+def _start_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(START_THREADS, thread_name_prefix="sandbox-start")
 
 
 @contextmanager
@@ -119,29 +142,13 @@ def _resumed_or_ready(backend: SandboxBackend, user: SandboxUser) -> LiveAgent:
     return backend.resume(user) or backend.ensure(user)
 
 
-@contextmanager
-def _attempt(backend: SandboxBackend, agent: LiveAgent, tool: str, *, may_retry: bool) -> Iterator[None]:
-    """One attempt of a call on `agent`: counted on it while it runs, its failures mapped to
-    tool errors. When the agent stopped answering it is never handed out again; a request that
-    certainly never reached it is let through (the caller sends it once more, to a fresh
-    agent: it cannot run twice) when `may_retry`."""
-    try:
-        with agent.count.calling():
-            yield
-    except SandboxPaused:
-        if not may_retry:
-            raise call_failure(agent.user_id, AgentUnavailable("its sandbox was paused", delivered=False)) from None
-        return  # the caller's next attempt resumes it (`ensure` thaws a paused sandbox)
-    except AgentToolError as exc:
-        raise tool_error(exc) from None
-    except AgentUnavailable as exc:
-        stalled = isinstance(exc, AgentTimedOut)
-        backend.forget(agent.user_id, agent=agent, stalled=stalled)
-        what = "missed a deadline" if stalled else "failed during a call" if exc.delivered else "was unreachable"
-        log.warning(
-            "sandbox agent %s; it is replaced %s",
-            what,
-            kv(user=agent.user_id, backend=backend.name, tool=tool, delivered=exc.delivered, error=exc.message),
-        )
-        if exc.delivered or not may_retry:
-            raise call_failure(agent.user_id, exc) from None
+def _forgotten(backend: SandboxBackend, agent: LiveAgent, tool: str, exc: AgentUnavailable) -> None:
+    """An agent that stopped answering is never handed out again."""
+    stalled = isinstance(exc, AgentTimedOut)
+    backend.forget(agent.user_id, agent=agent, stalled=stalled)
+    what = "missed a deadline" if stalled else "failed during a call" if exc.delivered else "was unreachable"
+    log.warning(
+        "sandbox agent %s; it is replaced %s",
+        what,
+        kv(user=agent.user_id, backend=backend.name, tool=tool, delivered=exc.delivered, error=exc.message),
+    )

@@ -57,11 +57,11 @@ def test_calls_reuse_one_connection(live: LiveAgent) -> None:
     cwd = str(live.tree.workdir)
     with AgentClient(live.config.socket_path, live.token) as client:
         assert client.call("read_file", {"path": "hello.txt"}, cwd=cwd)["content"].startswith("hello")
-        [(first, _)] = client._idle
+        [first] = client.transport.idle_connections()
         for _ in range(4):
             assert client.call("read_file", {"path": "hello.txt"}, cwd=cwd)["content"].startswith("hello")
-        [(last, _)] = client._idle
-        assert last is first and last.sock is not None  # the same socket carried every call
+        [last] = client.transport.idle_connections()
+        assert last is first and not last.writer.is_closing()  # the same socket carried every call
 
 
 def test_threads_share_one_client(live: LiveAgent) -> None:
@@ -69,14 +69,14 @@ def test_threads_share_one_client(live: LiveAgent) -> None:
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         answers = list(pool.map(lambda _: live.client.call("read_file", {"path": "hello.txt"}, cwd=cwd), range(40)))
     assert all(answer["content"].startswith("hello") for answer in answers)
-    assert 1 <= len(live.client._idle) <= 4  # each connection went back once its answer was read
+    assert 1 <= len(live.client.transport.idle_connections()) <= 4  # each connection went back once its answer was read
 
 
 def test_a_pooled_connection_to_a_restarted_agent_is_not_used(live: LiveAgent) -> None:
     cwd = str(live.tree.workdir)
     client = live.client
     assert client.call("list_dir", {"path": "."}, cwd=cwd)["entries"]
-    assert len(client._idle) == 1  # kept alive, now pointing at the agent about to go
+    assert len(client.transport.idle_connections()) == 1  # kept alive, now pointing at the agent about to go
     restart_same_agent(live)
     # Not "failed mid-request (may have run)": the dead connection is dropped before sending.
     assert client.call("read_file", {"path": "hello.txt"}, cwd=cwd)["content"].startswith("hello")
