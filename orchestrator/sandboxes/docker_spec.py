@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mounts.plan import Access, MountPlan
-from orchestrator.sandboxes.lifecycle_decision import Fit, LifecycleAction, fit_of
+from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, fit_of
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
 from orchestrator.sandboxes.seccomp import seccomp_security_opt
@@ -232,29 +232,32 @@ class Desired:
     limits: tuple[float, int] | None = None  # the user's (cpus, memory_mb): an admin's change makes it outdated
 
 
-def observe(observed: Observed | None, desired: Desired, *, running_build: str | None) -> tuple[SandboxState, Fit]:
+def container_state(observed: Observed) -> SandboxState:
     """Pure: a container as the lifecycle table sees it. A stop by SIGTERM is our own idle stop
     (`docker stop`): it starts again; any other exit is a kill (137), an OOM kill or a crash,
     and a fresh container is the safe answer."""
-    if observed is None:
-        return SandboxState.ABSENT, Fit.CURRENT
-    outdated = (
+    if observed.running:
+        return SandboxState.RUNNING
+    return SandboxState.STOPPED if observed.exit_code in CLEAN_EXIT_CODES else SandboxState.ENDED
+
+
+def container_outdated(observed: Observed, desired: Desired) -> bool:
+    """Pure: another plan, image, runtime or limits than wanted: only a new container fits."""
+    return (
         observed.plan_hash != desired.plan_hash
         or observed.image_id != desired.image_id
         or observed.runtime != desired.runtime
         or (None not in (observed.limits, desired.limits) and observed.limits != desired.limits)
     )
-    if observed.running:
-        state = SandboxState.RUNNING
-    else:
-        state = SandboxState.STOPPED if observed.exit_code in CLEAN_EXIT_CODES else SandboxState.ENDED
-    return state, fit_of(outdated=outdated, running_build=running_build, wanted_build=desired.agent_build)
 
 
 def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
     """`running_build` is the BUILD the agent reported (None when unknown); `busy` means tool
     calls are in flight, which an outdated container finishes before it is replaced."""
-    return decide_action(*observe(observed, desired, running_build=running_build), busy=busy, restarts_in_place=True)
+    if observed is None:
+        return Action.CREATE
+    fit = fit_of(outdated=container_outdated(observed, desired), running_build=running_build, wanted_build=desired.agent_build)
+    return decide_action(container_state(observed), fit, busy=busy, restarts_in_place=True)
 
 
 def observed_from_attrs(attrs: Mapping[str, object]) -> Observed:

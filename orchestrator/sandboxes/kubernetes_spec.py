@@ -13,7 +13,7 @@ from typing import Any
 
 from mounts.plan import Access, MountPlan
 from orchestrator.sandboxes.docker_spec import Limits, container_name
-from orchestrator.sandboxes.lifecycle_decision import Fit, LifecycleAction, fit_of
+from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, fit_of
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
 
@@ -250,28 +250,31 @@ class DesiredPod:
     runtime_class: str | None = None  # ORCH_K8S_RUNTIME_CLASS: a pod of another class is outdated
 
 
-def observe_pod(observed: ObservedPod | None, desired: DesiredPod, *, running_build: str | None) -> tuple[SandboxState, Fit]:
+def pod_state(observed: ObservedPod) -> SandboxState:
     """Pure: a pod as the lifecycle table sees it. There is no stopped pod to start again (an
     idle stop deletes it; the data stays on the data volume): one that ended, failed or is
     being deleted is replaced."""
-    if observed is None:
-        return SandboxState.ABSENT, Fit.CURRENT
-    outdated = (
+    if observed.deleting or observed.phase in ("Succeeded", "Failed", "Unknown"):
+        return SandboxState.ENDED
+    return SandboxState.RUNNING if observed.container_running else SandboxState.STARTING
+
+
+def pod_outdated(observed: ObservedPod, desired: DesiredPod) -> bool:
+    return (
         observed.plan_hash != desired.plan_hash
         or observed.image != desired.image
         or observed.runtime_class != desired.runtime_class
     )
-    fit = fit_of(outdated=outdated, running_build=running_build, wanted_build=desired.agent_build)
-    if observed.deleting or observed.phase in ("Succeeded", "Failed", "Unknown"):
-        return SandboxState.ENDED, fit
-    return (SandboxState.RUNNING if observed.container_running else SandboxState.STARTING), fit
 
 
 def decide_pod(observed: ObservedPod | None, desired: DesiredPod, *, running_build: str | None, busy: bool) -> PodAction:
     """`running_build` is the BUILD the agent reported (None when unknown); `busy` means calls or
     background processes run there, which an outdated pod finishes before it is replaced. A
     pod is never restarted in place: a drifted idle one is created again."""
-    return decide_action(*observe_pod(observed, desired, running_build=running_build), busy=busy, restarts_in_place=False)
+    if observed is None:
+        return PodAction.CREATE
+    fit = fit_of(outdated=pod_outdated(observed, desired), running_build=running_build, wanted_build=desired.agent_build)
+    return decide_action(pod_state(observed), fit, busy=busy, restarts_in_place=False)
 
 
 def observed_pod(pod: Mapping[str, Any]) -> ObservedPod:
