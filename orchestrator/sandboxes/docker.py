@@ -17,9 +17,9 @@ per user, built from the mount plan (`docker_spec.py`), its agent reached over i
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -56,7 +56,7 @@ from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, i
 from orchestrator.sandboxes.lease import LeaseRenewer
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
-from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, Wanted
+from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxIdentity, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.settings import Settings
@@ -100,6 +100,14 @@ def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
 class _Slot(AgentSlot):
     """One user's container as this orchestrator knows it (`AgentSlot`: its agent, its calls;
     `sandbox_id` is the container's id, `image` its image id)."""
+
+
+@contextmanager
+def _refusals(user_id: int) -> Iterator[None]:
+    try:
+        yield
+    except APIError as exc:
+        raise sandbox_unavailable(user_id, f"docker refused: {exc.explanation}") from None
 
 
 def sandbox_peer(runtime: str, sandbox_uid: int, container_id: str) -> ExpectedPeer:
@@ -154,6 +162,7 @@ class DockerDriver:
         self._leases = LeaseRenewer(
             directories, settings.idle_timeout_s + settings.dead_man_margin_s, lambda: self.slot_ids()
         )  # fmt: skip
+        self._leases.start()  # renews the leases of the managed ones (started or adopted) periodically
 
     def new_slot(self, user_id: int) -> _Slot:
         return _Slot(user_id)
@@ -227,7 +236,6 @@ class DockerDriver:
             # stops itself if idle too long) and calls reach it as usual.
             self._unpause(container)
         slot.sandbox_id = container.id
-        self._leases.start()  # renews the leases of the managed ones periodically
 
     def discard(self, found: Found) -> None:
         self._remove(found.handle)
@@ -248,28 +256,20 @@ class DockerDriver:
 
     def create(self, slot: _Slot, user: SandboxUser, launch: AgentLaunch, release: AgentRelease) -> None:
         self._leases.renew(user.user_id)  # before the start: its supervisor reads it first
-        try:
+        with _refusals(user.user_id):
             container = self._create(user, self._image_id(user), release.build)
             container.start()
-        except APIError as exc:
-            raise sandbox_unavailable(user.user_id, f"docker refused: {exc.explanation}") from None
         slot.sandbox_id = container.id
 
     def start(self, slot: _Slot, seen: Inspection) -> None:
         self._leases.renew(slot.user_id)
-        try:
+        with _refusals(slot.user_id):
             seen.handle.start()
-        except APIError as exc:
-            raise sandbox_unavailable(slot.user_id, f"docker refused: {exc.explanation}") from None
-        slot.sandbox_id = seen.sandbox_id
 
     def restart(self, slot: _Slot, seen: Inspection) -> None:
         self._leases.renew(slot.user_id)
-        try:
+        with _refusals(slot.user_id):
             seen.handle.restart(timeout=STOP_TIMEOUT_S)
-        except APIError as exc:
-            raise sandbox_unavailable(slot.user_id, f"docker refused: {exc.explanation}") from None
-        slot.sandbox_id = seen.sandbox_id
 
     def remove(self, slot: _Slot, seen: Inspection | None, *, kill: bool) -> None:
         """`docker rm -f`: it also takes a paused container."""
@@ -327,21 +327,16 @@ class DockerDriver:
 
     # --- Docker helpers -----------------------------------------------------------------------
     def _create(self, user: SandboxUser, image_id: str, build: str) -> Container:
-        if self.directories.chown:
-            uid = gid = self.directories.sandbox_uid(user.user_id)
-            # share/'s common gid, and each group workspace's own gid: exactly the plan's groups.
-            extra: tuple[int, ...] = (self.directories.shared_gid, *user.plan.group_gids)
-        else:  # not root: the directories belong to us, so the sandbox runs as us
-            uid, gid, extra = os.geteuid(), os.getegid(), ()
+        identity = SandboxIdentity.of(self.directories, user)
         spec = container_spec(
             instance=self.instance,
             plan=user.plan,
             image=self._image_of(user),
             image_id=image_id,
             agent_build=build,
-            sandbox_uid=uid,
-            sandbox_gid=gid,
-            extra_gids=extra,
+            sandbox_uid=identity.uid,
+            sandbox_gid=identity.gid,
+            extra_gids=identity.extra_gids,
             network=self.settings.sandbox_network,
             limits=self.limits.for_user(user.cpus, user.memory_mb),
             agent_dir=self.layout.agent_current,
@@ -431,24 +426,17 @@ class DockerDriver:
         return image.id
 
 
-
 class DockerBackend(LifecycleEngine[_Slot]):
     """The docker backend: the lifecycle engine on `DockerDriver`."""
 
     def __init__(
-        self,
-        settings: Settings,
-        directories: UserDirectories,
-        deployment: AgentDeployment,
-        *,
-        known_user: Callable[[int], bool],
-        client: docker.DockerClient | None = None,
-    ) -> None:
-        engine = client or docker.from_env(timeout=60, max_pool_size=32)
-        self.driver: DockerDriver = DockerDriver(settings, directories, deployment, engine)
+        self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment, *,
+        known_user: Callable[[int], bool], client: docker.DockerClient | None = None,
+    ) -> None:  # fmt: skip
+        self.client = client or docker.from_env(timeout=60, max_pool_size=32)
+        self.driver: DockerDriver = DockerDriver(settings, directories, deployment, self.client)
         self.driver.slot_ids = lambda: [s.user_id for s in self._slots.all() if s.sandbox_id is not None]
         super().__init__(self.driver, settings, directories, deployment, known_user=known_user)
-        self.client = engine
         self.instance = self.driver.instance
 
     def peer_container(self, user_id: int) -> str | None:

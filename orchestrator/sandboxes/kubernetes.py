@@ -53,7 +53,7 @@ from orchestrator.sandboxes.kubernetes_spec import (
 )
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
-from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, Wanted
+from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxIdentity, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UserDirectories
@@ -321,11 +321,7 @@ class KubernetesDriver:
             )
 
     def _manifest(self, user: SandboxUser, build: str) -> dict[str, Any]:
-        if self.directories.chown:
-            uid = gid = self.directories.sandbox_uid(user.user_id)
-            extra: tuple[int, ...] = (self.directories.shared_gid, *user.plan.group_gids)
-        else:  # not root: the directories belong to us, so the sandbox runs as us
-            uid, gid, extra = os.geteuid(), os.getegid(), ()
+        identity = SandboxIdentity.of(self.directories, user)
         return pod_manifest(
             instance=self.instance,
             plan=user.plan,
@@ -333,9 +329,9 @@ class KubernetesDriver:
             pull_policy=self.settings.k8s_image_pull_policy,
             agent_build=build,
             data=self.data,
-            sandbox_uid=uid,
-            sandbox_gid=gid,
-            extra_gids=extra,
+            sandbox_uid=identity.uid,
+            sandbox_gid=identity.gid,
+            extra_gids=identity.extra_gids,
             limits=(limits := self.limits.for_user(user.cpus, user.memory_mb)),
             # Never more reserved than the user's limit (a lowered override).
             requests=Requests(min(self.requests.cpus, limits.cpus), min(self.requests.memory_mb, limits.memory_mb)),
@@ -409,17 +405,11 @@ class KubernetesBackend(LifecycleEngine[_Slot]):
     """The kubernetes backend: the lifecycle engine on `KubernetesDriver`."""
 
     def __init__(
-        self,
-        settings: Settings,
-        directories: UserDirectories,
-        deployment: AgentDeployment,
-        *,
-        known_user: Callable[[int], bool],
-        configuration: k8s.Configuration | None = None,
-    ) -> None:
-        self.driver: KubernetesDriver = KubernetesDriver(
-            settings, directories, deployment, configuration or kube_configuration(settings)
-        )
+        self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment, *,
+        known_user: Callable[[int], bool], configuration: k8s.Configuration | None = None,
+    ) -> None:  # fmt: skip
+        configuration = configuration or kube_configuration(settings)
+        self.driver: KubernetesDriver = KubernetesDriver(settings, directories, deployment, configuration)
         super().__init__(self.driver, settings, directories, deployment, known_user=known_user)
         self.namespace, self.data, self.configuration = self.driver.namespace, self.driver.data, self.driver.configuration
         self.instance = self.driver.instance

@@ -25,6 +25,7 @@ carries a group the plan no longer gives (`loses_group_access`): that one never 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import Enum
 
 
@@ -80,3 +81,46 @@ def decide(observed: Observed, fit: Fit, *, busy: bool, restarts_in_place: bool 
     if fit is Fit.DRIFT and restarts_in_place:
         return LifecycleAction.RESTART_AGENT
     return LifecycleAction.RECREATE
+
+
+def loses_group_access(running_gids: Iterable[int], planned_gids: Iterable[int]) -> bool:
+    """Pure: whether the sandbox now running carries a group gid (and so a workspace) the plan
+    no longer gives it: a revoked membership. Such a sandbox is replaced before the next call
+    even while it is busy; other plan changes wait until it is idle."""
+    return not set(running_gids) <= set(planned_gids)
+
+
+def reap_interval_s(idle_timeout_s: float, pause_after_s: float = 0.0) -> float:
+    """How often a backend's idle sandboxes are looked for: a quarter of the shorter of the
+    idle timeout and the pause time (when pausing is on), so one is paused or stopped at most
+    a quarter late, within [0.05, 5] s."""
+    shortest = pause_after_s if 0 < pause_after_s < idle_timeout_s else idle_timeout_s
+    return min(max(shortest / 4, 0.05), 5.0)
+
+
+class IdleAction(Enum):
+    NOTHING = "nothing"
+    PAUSE = "pause"
+    STOP = "stop"
+
+
+def idle_action(
+    *,
+    idle_s: float,
+    in_flight: int,
+    paused: bool,
+    has_running_processes: bool,
+    pause_after_s: float,
+    idle_timeout_s: float,
+) -> IdleAction:
+    """Pure: what the reaper does with one sandbox. A call in flight or a process of the
+    agent's still running (`runs_processes`, docs/processes.md) is activity: nothing.
+    Idle for the idle timeout: stop (a paused one too). Idle for the pause time: pause, unless
+    pausing is off (0) or would not come before the stop. The one decision every backend's reaper uses (`lifecycle_engine.reap_idle`)."""
+    if in_flight > 0 or has_running_processes:
+        return IdleAction.NOTHING
+    if idle_s >= idle_timeout_s:
+        return IdleAction.STOP
+    if not paused and 0 < pause_after_s < idle_timeout_s and idle_s >= pause_after_s:
+        return IdleAction.PAUSE
+    return IdleAction.NOTHING

@@ -26,17 +26,16 @@ from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch
-from orchestrator.sandboxes.base import (
-    CallCount,
+from orchestrator.sandboxes.base import CallCount, LiveAgent, SandboxStatus, SandboxUser, runs_processes
+from orchestrator.sandboxes.lifecycle_decision import (
     IdleAction,
-    LiveAgent,
-    SandboxStatus,
-    SandboxUser,
+    LifecycleAction,
+    Observed,
+    decide,
+    fit_of,
     idle_action,
     loses_group_access,
-    runs_processes,
 )
-from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, Observed, decide, fit_of
 from orchestrator.sandboxes.sandbox_driver import Inspection, SandboxDriver, S
 from orchestrator.sandboxes.slots import SlotTable, live_agent, reconnect
 from orchestrator.settings import Settings
@@ -248,8 +247,8 @@ class LifecycleEngine(Generic[S]):
             # start this orchestrator did not see through): started afresh, as its token may be
             # older than the one on disk.
             action = LifecycleAction.RECREATE
-        release = self.deployment.ensure()
         try:
+            release = self.deployment.ensure()
             options = {"in_sandbox": True, "parent_pid": None} | self.driver.launch_options()
             launch = prepare_agent_launch(self.settings, self.directories, user, **options)
         except (OSError, RuntimeError, UnsafeDirectory) as exc:
@@ -260,8 +259,10 @@ class LifecycleEngine(Generic[S]):
             self.driver.create(slot, user, launch, release)
         elif action is LifecycleAction.START:
             self.driver.start(slot, seen)
+            slot.sandbox_id = seen.sandbox_id
         else:  # RESTART_AGENT: same sandbox, same mounts; the agent code is mounted read-only,
             self.driver.restart(slot, seen)  # so the restart runs the new BUILD
+            slot.sandbox_id = seen.sandbox_id
         slot.plan_hash, slot.image, slot.stopped = plan_hash, image, False
         self._wait_ready(slot, self.driver.client(slot, launch.token), launch.config.instance_id, launch.token)
 
@@ -358,7 +359,11 @@ class LifecycleEngine(Generic[S]):
             try:
                 if slot.stopped:
                     continue
-                action = self._idle_action_locked(slot, now)
+                try:
+                    action = self._idle_action_locked(slot, now)
+                except self.driver.api_errors as exc:
+                    log.warning("inspecting an idle sandbox failed %s", kv(user=slot.user_id, error=self.driver.api_error(exc)))
+                    continue
                 if action is IdleAction.STOP:
                     try:
                         self._stop_locked(slot, reason="idle")

@@ -554,14 +554,9 @@ class ProcessBackend(LifecycleEngine[AgentSlot]):
     """The process backend: the lifecycle engine on `ProcessDriver`."""
 
     def __init__(
-        self,
-        settings: Settings,
-        layout: DataLayout,
-        directories: UserDirectories,
-        deployment: AgentDeployment,
-        *,
+        self, settings: Settings, layout: DataLayout, directories: UserDirectories, deployment: AgentDeployment, *,
         start_timeout_s: float = START_TIMEOUT_S,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.driver: ProcessDriver = ProcessDriver(settings, layout, directories, deployment, start_timeout_s=start_timeout_s)
         super().__init__(
             self.driver, settings, directories, deployment, known_user=lambda _: True,

@@ -6,6 +6,7 @@ reaping, cancels) is the engine's, once for all drivers."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -15,10 +16,28 @@ from orchestrator.sandboxes.agent_launch import AgentLaunch
 from orchestrator.sandboxes.base import SandboxStatus, SandboxUser
 from orchestrator.sandboxes.lifecycle_decision import Observed
 from orchestrator.sandboxes.slots import AgentSlot
+from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
 
 S = TypeVar("S", bound=AgentSlot)
+
+
+@dataclass(frozen=True)
+class SandboxIdentity:
+    uid: int
+    gid: int
+    extra_gids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, directories: UserDirectories, user: SandboxUser) -> SandboxIdentity:
+        """As root: the user's own sandbox uid and gid, with share/'s common gid and each group
+        workspace's own gid (exactly the plan's groups). Not root: the directories belong to
+        us, so the sandbox runs as us."""
+        if not directories.chown:
+            return cls(os.geteuid(), os.getegid(), ())
+        uid = directories.sandbox_uid(user.user_id)
+        return cls(uid, uid, (directories.shared_gid, *user.plan.group_gids))
 
 
 @dataclass(frozen=True)

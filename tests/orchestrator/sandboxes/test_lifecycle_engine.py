@@ -103,6 +103,7 @@ class FakeDriver:
         self.build = "b1"  # what a newly started agent reports
         self.starts_fail: str | None = None
         self.listing_fails = False
+        self.inspection_fails = False
 
     def _note(self, verb: str, user_id: int) -> None:
         self.platform.verbs.append((verb, user_id))
@@ -130,6 +131,8 @@ class FakeDriver:
 
     def inspect(self, slot: AgentSlot, wanted: Wanted | None) -> Inspection:
         self._note("inspect", slot.user_id)
+        if self.inspection_fails:
+            raise ConnectionError("the fake platform is down")
         sandbox = self.platform.sandboxes.get(slot.user_id)
         if sandbox is None:
             return Inspection(Observed.ABSENT)
@@ -460,3 +463,19 @@ def test_cancel_asks_the_live_agent_and_stops_one_that_does_not_answer(world: Wo
     world.driver.platform.sandboxes[USER].answers = False
     assert world.engine.cancel_calls(USER, run_id="r") == 0
     assert world.driver.verbs()[-1] == "stop"
+
+
+def test_an_adopted_sandbox_s_agent_is_asked_for_its_processes_before_an_idle_stop(world: World) -> None:
+    world.engine.ensure(world.user())  # a predecessor started it: its token is on disk
+    successor: LifecycleEngine[AgentSlot] = LifecycleEngine(
+        world.driver, world.engine.settings, world.engine.directories, world.deployment,  # type: ignore[arg-type]
+        known_user=lambda _: True,
+    )  # fmt: skip
+    assert successor.adopt() == [USER]
+    slot = successor._slot(USER)
+    assert slot.live is None and slot.count.processes is None  # not known: its agent is asked
+    world.driver.inspection_fails = True
+    assert successor.reap_idle(now=slot.count.last_used + 601) == []  # the platform did not answer: kept
+    world.driver.inspection_fails = False
+    assert successor.reap_idle(now=slot.count.last_used + 601) == [USER]  # its agent says none run
+    assert world.driver.verbs()[-3:] == ["inspect", "inspect", "stop"]
