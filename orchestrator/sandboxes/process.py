@@ -1,15 +1,12 @@
-"""The `process` backend: one sandbox agent subprocess per runtime user, on
-`sockets/{uid}/agent.sock`, enforcing that user's mount plan with the PathSandbox.
+"""The process driver of the lifecycle engine (`lifecycle_engine.py`): one sandbox agent
+subprocess per runtime user, on `sockets/{uid}/agent.sock`, enforcing that user's mount plan
+with the PathSandbox. When to start, replace, pause or stop an agent is the engine's.
 
-- Concurrent first calls for one user start exactly one agent (a lock per user).
-- Readiness is the agent's own `/health` answering with the instance id we gave it.
-- A dead agent, or one the router forgot (it failed a call), is replaced by the next `ensure`;
-  one that missed a deadline (stopped, hung) is killed without asking. The calls themselves,
-  their one retry and their errors are the router's (docs/backends.md).
-- An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
-- Idle agents are paused and later stopped by `reap_idle` (a periodic task of the composition
-  root, deciding with `idle_action`); the next call resumes a paused one. All agents are
-  stopped at `close()`.
+- Nothing is adopted: a server ends whatever an earlier one of its instance left, and all
+  agents are stopped at `close()`.
+- An agent a call could not reach is replaced, not reconnected (its socket is in a directory
+  the user can write), unless other calls still run on it through open connections: that call
+  is refused instead. An outdated agent is started again, never restarted in place.
 - As root, each sandbox lives in a cgroup of its own (orchestrator/sandboxes/cgroups.py),
   joined by its launcher before the agent runs: stop is `cgroup.kill` (nothing it forked
   survives), pause is `cgroup.freeze`, and ORCH_SANDBOX_CPUS / _MEMORY_MB / _PIDS are its
