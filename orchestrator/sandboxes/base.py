@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, Protocol
 
 from mounts.plan import MountPlan
+from orchestrator.sandboxes.lifecycle_decision import (  # noqa: F401 - the pure lifecycle decisions, re-exported
+    IdleAction,
+    idle_action,
+    loses_group_access,
+    reap_interval_s,
+)
 from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentUnavailable
 
@@ -60,49 +65,6 @@ class SandboxStatus:
     busy: int = 0
     detail: dict[str, Any] | None = None
     since: str | None = None  # when the sandbox (agent or container) started, ISO 8601 UTC
-
-
-def loses_group_access(running_gids: Iterable[int], planned_gids: Iterable[int]) -> bool:
-    """Pure: whether the sandbox now running carries a group gid (and so a workspace) the plan
-    no longer gives it: a revoked membership. Such a sandbox is replaced before the next call
-    even while it is busy; other plan changes wait until it is idle."""
-    return not set(running_gids) <= set(planned_gids)
-
-
-def reap_interval_s(idle_timeout_s: float, pause_after_s: float = 0.0) -> float:
-    """How often a backend's idle sandboxes are looked for: a quarter of the shorter of the
-    idle timeout and the pause time (when pausing is on), so one is paused or stopped at most
-    a quarter late, within [0.05, 5] s."""
-    shortest = pause_after_s if 0 < pause_after_s < idle_timeout_s else idle_timeout_s
-    return min(max(shortest / 4, 0.05), 5.0)
-
-
-class IdleAction(Enum):
-    NOTHING = "nothing"
-    PAUSE = "pause"
-    STOP = "stop"
-
-
-def idle_action(
-    *,
-    idle_s: float,
-    in_flight: int,
-    paused: bool,
-    has_running_processes: bool,
-    pause_after_s: float,
-    idle_timeout_s: float,
-) -> IdleAction:
-    """Pure: what the reaper does with one sandbox. A call in flight or a process of the
-    agent's still running (`runs_processes`, docs/processes.md) is activity: nothing.
-    Idle for the idle timeout: stop (a paused one too). Idle for the pause time: pause, unless
-    pausing is off (0) or would not come before the stop. The one decision both backends use."""
-    if in_flight > 0 or has_running_processes:
-        return IdleAction.NOTHING
-    if idle_s >= idle_timeout_s:
-        return IdleAction.STOP
-    if not paused and 0 < pause_after_s < idle_timeout_s and idle_s >= pause_after_s:
-        return IdleAction.PAUSE
-    return IdleAction.NOTHING
 
 
 class CallCount:

@@ -7,10 +7,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 
 from mounts.plan import Access, MountPlan
+from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, fit_of
+from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
+from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
 from orchestrator.sandboxes.seccomp import seccomp_security_opt
 
 LABEL_PREFIX = "org.sandbox-orchestrator."
@@ -205,12 +207,7 @@ def container_spec(
 CLEAN_EXIT_CODES = (0, 143)
 
 
-class Action(str, Enum):
-    USE = "use"  # running and current: call it
-    CREATE = "create"  # none exists
-    START = "start"  # cleanly stopped (idle) and still current: start the same container
-    RECREATE = "recreate"  # outdated, crashed or killed: remove and create
-    RESTART_AGENT = "restart_agent"  # current, but the host's agent BUILD moved on
+Action = LifecycleAction  # docker's actions are the lifecycle table's (lifecycle_decision.py)
 
 
 @dataclass(frozen=True)
@@ -235,28 +232,32 @@ class Desired:
     limits: tuple[float, int] | None = None  # the user's (cpus, memory_mb): an admin's change makes it outdated
 
 
-def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
-    """`running_build` is the BUILD the agent reported (None when unknown); `busy` means tool
-    calls are in flight, which an outdated container finishes before it is replaced."""
-    if observed is None:
-        return Action.CREATE
-    outdated = (
+def container_state(observed: Observed) -> SandboxState:
+    """Pure: a container as the lifecycle table sees it. A stop by SIGTERM is our own idle stop
+    (`docker stop`): it starts again; any other exit is a kill (137), an OOM kill or a crash,
+    and a fresh container is the safe answer."""
+    if observed.running:
+        return SandboxState.RUNNING
+    return SandboxState.STOPPED if observed.exit_code in CLEAN_EXIT_CODES else SandboxState.ENDED
+
+
+def container_outdated(observed: Observed, desired: Desired) -> bool:
+    """Pure: another plan, image, runtime or limits than wanted: only a new container fits."""
+    return (
         observed.plan_hash != desired.plan_hash
         or observed.image_id != desired.image_id
         or observed.runtime != desired.runtime
         or (None not in (observed.limits, desired.limits) and observed.limits != desired.limits)
     )
-    if not observed.running:
-        # A SIGTERM exit is our own idle stop (`docker stop`); anything else is a kill (137),
-        # an OOM kill or a crash, and a fresh container is the safe answer.
-        if outdated or observed.exit_code not in CLEAN_EXIT_CODES:
-            return Action.RECREATE
-        return Action.START
-    if outdated:
-        return Action.USE if busy else Action.RECREATE
-    if running_build is not None and running_build != desired.agent_build:
-        return Action.USE if busy else Action.RESTART_AGENT
-    return Action.USE
+
+
+def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
+    """`running_build` is the BUILD the agent reported (None when unknown); `busy` means tool
+    calls are in flight, which an outdated container finishes before it is replaced."""
+    if observed is None:
+        return Action.CREATE
+    fit = fit_of(outdated=container_outdated(observed, desired), running_build=running_build, wanted_build=desired.agent_build)
+    return decide_action(container_state(observed), fit, busy=busy, restarts_in_place=True)
 
 
 def observed_from_attrs(attrs: Mapping[str, object]) -> Observed:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from mounts.plan import Access, MountPlan
 from orchestrator.sandboxes.docker_spec import Limits, container_name
+from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, fit_of
+from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
+from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
 
 # Label keys (selectable: which pods are ours, whose) and annotation keys (values too long or
 # with characters a label value may not hold: a plan hash is 64 hex digits, an image a reference).
@@ -223,11 +225,7 @@ def network_policy(instance: str) -> dict[str, Any]:
 # --- what to do with the pod that exists ---------------------------------------------------
 
 
-class PodAction(str, Enum):
-    USE = "use"  # running and current: call it
-    CREATE = "create"  # none exists
-    WAIT = "wait"  # current and on its way (pending, or running but not answering yet)
-    RECREATE = "recreate"  # outdated (when idle), ended, failed, evicted, being deleted
+PodAction = LifecycleAction  # a pod's actions are the lifecycle table's: use, create, wait, recreate
 
 
 @dataclass(frozen=True)
@@ -252,24 +250,31 @@ class DesiredPod:
     runtime_class: str | None = None  # ORCH_K8S_RUNTIME_CLASS: a pod of another class is outdated
 
 
-def decide_pod(observed: ObservedPod | None, desired: DesiredPod, *, running_build: str | None, busy: bool) -> PodAction:
-    """`running_build` is the BUILD the agent reported (None when unknown); `busy` means calls or
-    background processes run there, which an outdated pod finishes before it is replaced. A
-    pod is never restarted in place: there is no stopped pod to start again (an idle stop
-    deletes it; the data stays on the data volume)."""
-    if observed is None:
-        return PodAction.CREATE
+def pod_state(observed: ObservedPod) -> SandboxState:
+    """Pure: a pod as the lifecycle table sees it. There is no stopped pod to start again (an
+    idle stop deletes it; the data stays on the data volume): one that ended, failed or is
+    being deleted is replaced."""
     if observed.deleting or observed.phase in ("Succeeded", "Failed", "Unknown"):
-        return PodAction.RECREATE
-    outdated = (
+        return SandboxState.ENDED
+    return SandboxState.RUNNING if observed.container_running else SandboxState.STARTING
+
+
+def pod_outdated(observed: ObservedPod, desired: DesiredPod) -> bool:
+    return (
         observed.plan_hash != desired.plan_hash
         or observed.image != desired.image
         or observed.runtime_class != desired.runtime_class
     )
-    drifted = running_build is not None and running_build != desired.agent_build
-    if outdated or drifted:
-        return PodAction.USE if busy and observed.container_running else PodAction.RECREATE
-    return PodAction.USE if observed.container_running else PodAction.WAIT
+
+
+def decide_pod(observed: ObservedPod | None, desired: DesiredPod, *, running_build: str | None, busy: bool) -> PodAction:
+    """`running_build` is the BUILD the agent reported (None when unknown); `busy` means calls or
+    background processes run there, which an outdated pod finishes before it is replaced. A
+    pod is never restarted in place: a drifted idle one is created again."""
+    if observed is None:
+        return PodAction.CREATE
+    fit = fit_of(outdated=pod_outdated(observed, desired), running_build=running_build, wanted_build=desired.agent_build)
+    return decide_action(pod_state(observed), fit, busy=busy, restarts_in_place=False)
 
 
 def observed_pod(pod: Mapping[str, Any]) -> ObservedPod:

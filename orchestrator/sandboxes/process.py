@@ -1,15 +1,12 @@
-"""The `process` backend: one sandbox agent subprocess per runtime user, on
-`sockets/{uid}/agent.sock`, enforcing that user's mount plan with the PathSandbox.
+"""The process driver of the lifecycle engine (`lifecycle_engine.py`): one sandbox agent
+subprocess per runtime user, on `sockets/{uid}/agent.sock`, enforcing that user's mount plan
+with the PathSandbox. When to start, replace, pause or stop an agent is the engine's.
 
-- Concurrent first calls for one user start exactly one agent (a lock per user).
-- Readiness is the agent's own `/health` answering with the instance id we gave it.
-- A dead agent, or one the router forgot (it failed a call), is replaced by the next `ensure`;
-  one that missed a deadline (stopped, hung) is killed without asking. The calls themselves,
-  their one retry and their errors are the router's (docs/backends.md).
-- An agent whose plan (or agent BUILD) is outdated is restarted once it is idle.
-- Idle agents are paused and later stopped by `reap_idle` (a periodic task of the composition
-  root, deciding with `idle_action`); the next call resumes a paused one. All agents are
-  stopped at `close()`.
+- Nothing is adopted: a server ends whatever an earlier one of its instance left, and all
+  agents are stopped at `close()`.
+- An agent a call could not reach is replaced, not reconnected (its socket is in a directory
+  the user can write), unless other calls still run on it through open connections: that call
+  is refused instead. An outdated agent is started again, never restarted in place.
 - As root, each sandbox lives in a cgroup of its own (orchestrator/sandboxes/cgroups.py),
   joined by its launcher before the agent runs: stop is `cgroup.kill` (nothing it forked
   survives), pause is `cgroup.freeze`, and ORCH_SANDBOX_CPUS / _MEMORY_MB / _PIDS are its
@@ -45,28 +42,23 @@ import psutil
 from mounts.fs.tree_removal import remove_tree
 from mounts.layout import DataLayout
 from orchestrator.clock import iso
-from orchestrator.sandboxes.agent_deploy import AgentDeployment
-from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, answer_limits, sandbox_unavailable
-from orchestrator.sandboxes.agent_launch import prepare_agent_launch
-from orchestrator import metrics
-from orchestrator.sandboxes.base import (
-    IdleAction,
-    LiveAgent,
-    SandboxStatus,
-    SandboxUser,
-    idle_action,
-    loses_group_access,
-    runs_processes,
-)
-from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
-from orchestrator.sandboxes.cgroups import CgroupError, CgroupPlan, SandboxCgroups, SandboxLimits
-from orchestrator.sandboxes.warden import Warden
-from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
+from orchestrator.sandboxes.agent_calls import answer_limits, sandbox_unavailable
+from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
+from orchestrator.sandboxes.agent_launch import AgentLaunch
+from orchestrator.sandboxes.base import LiveAgent, SandboxStatus, SandboxUser, runs_processes
+from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
+from orchestrator.sandboxes.cgroups import CgroupError, CgroupPlan, SandboxCgroups, SandboxLimits
+from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
+from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
+from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
+from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, Wanted
+from orchestrator.sandboxes.slots import AgentSlot
+from orchestrator.sandboxes.warden import Warden
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
-from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
 from sandbox_agent.peer import ExpectedPeer
 
@@ -80,9 +72,12 @@ _AGENT_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 @dataclass
 class _Agent:
+    """One running agent process: the process backend's only record of a sandbox (its call
+    count and clients are the engine's slot)."""
+
     user_id: int
     proc: subprocess.Popen[bytes]
-    live: LiveAgent  # its clients (the blocking one also for health and cancels) and call count
+    live: LiveAgent | None  # unused by the driver: the engine's slot holds the agent's clients
     plan_hash: str
     build: str
     instance_id: str
@@ -90,25 +85,12 @@ class _Agent:
     started_at: float = field(default_factory=time.time)
     group_gids: tuple[int, ...] = ()  # of the plan it was started with
     cgroup: CgroupPlan | None = None  # as root: the sandbox's cgroup, which the agent joined before it ran
-    stalled: bool = False  # missed a call's deadline: killed before the next call
-    forgotten: bool = False  # failed a call: replaced before the next call
+    stalled: bool = False  # missed a call's deadline: killed, not asked to stop
     stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
 
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-    @property
-    def in_flight(self) -> int:
-        return self.live.count.in_flight
-
-    @property
-    def last_used(self) -> float:
-        return self.live.count.last_used
-
-    @property
-    def paused(self) -> bool:  # frozen by the reaper: thawed before the next call
-        return self.live.count.paused
 
 
 class SpawnThread:
@@ -148,8 +130,19 @@ class SpawnThread:
                 self._queue.put(None)
 
 
-class ProcessBackend:
+class ProcessDriver:
+    """The verbs of the lifecycle engine on host processes (`sandbox_driver.SandboxDriver`):
+    an agent is started, frozen, thawed and ended, never adopted (a restart ends them all)."""
+
     name = "process"
+    pauses = True  # `cgroup.freeze`, or SIGSTOP of the agent's tree
+    restarts_in_place = False  # an agent is started again from scratch
+    api_name = "the process backend"
+    api_errors: tuple[type[BaseException], ...] = ()
+    reconnects = False  # an agent a call could not reach is replaced: its socket is in the user's dir
+    spares_calls_in_flight = True
+    ready_poll_s = (0.005, 0.1)
+    progress_every_s = 0.0  # `poll()` of our own child: free
 
     def __init__(
         self,
@@ -164,10 +157,9 @@ class ProcessBackend:
         self.layout = layout
         self.directories = directories
         self.deployment = deployment
-        self.start_timeout_s = start_timeout_s
-        self._agents: dict[int, _Agent] = {}
-        self._user_locks: dict[int, threading.Lock] = {}
-        self._lock = threading.Lock()  # guards the two dicts and the agents' flags
+        self.ready_timeout_s = start_timeout_s
+        self._agents: dict[int, _Agent] = {}  # the running agents: this platform's only record
+        self._lock = threading.Lock()  # guards `_agents`
         self._bwrap = BwrapProbe() if settings.process_sandbox == "bwrap" else None
         netns = netns_usable() if directories.chown and self._bwrap is None else (False, "not needed")
         self._netns = netns[0]
@@ -199,44 +191,142 @@ class ProcessBackend:
         self._spawner = SpawnThread()
         self._warden = Warden(None)  # thaws our SIGSTOPped agents, kills our cgroups, should we vanish
 
-    # --- lifecycle ------------------------------------------------------------------------
+    def new_slot(self, user_id: int) -> AgentSlot:
+        return AgentSlot(user_id)
 
-    def _user_lock(self, user_id: int) -> threading.Lock:
-        with self._lock:
-            return self._user_locks.setdefault(user_id, threading.Lock())
+    def launch_options(self) -> dict[str, Any]:
+        namespaced = self._bwrap is not None
+        return {
+            "in_sandbox": namespaced,
+            # In its own PID namespace the agent cannot see our pid: bwrap --die-with-parent
+            # ends the sandbox with us instead.
+            "parent_pid": None if namespaced else os.getpid(),
+            "private_network": self.isolation.process_network == "namespace",
+        }
 
-    def ensure(self, user: SandboxUser) -> LiveAgent:
+    def api_error(self, exc: BaseException) -> str:
+        return repr(exc)
+
+    # --- facts ------------------------------------------------------------------------------
+    def wanted(self, user: SandboxUser) -> Wanted:
         if user.template is not None:
             raise template_unsupported(user)
-        return self._ready(user).live
+        return Wanted(user.plan.plan_hash, None, self.deployment.build)
 
-    def warm(self, user: SandboxUser) -> LiveAgent | None:
-        """The user's agent when it can take the call as it is (no start, no lock to wait for)."""
-        if user.template is not None:
-            return None  # `ensure` refuses it
-        with self._lock:
-            agent = self._agents.get(user.user_id)
-        if agent is None or agent.paused or agent.stalled or agent.forgotten or not agent.alive:
-            return None
-        if self._staleness(agent, user) is not None and (
-            not agent.live.count.busy or loses_group_access(agent.group_gids, user.plan.group_gids)
-        ):
-            return None  # outdated and idle, or carrying a gid its plan lost: `ensure` replaces it
-        return agent.live
+    def wanted_now(self, user: SandboxUser) -> tuple[str, str | None] | None:
+        return None if user.template is not None else (user.plan.plan_hash, None)  # a template: `ensure` refuses it
 
-    def resume(self, user: SandboxUser) -> LiveAgent | None:
+    def _agent(self, user_id: int) -> _Agent | None:
         with self._lock:
-            agent = self._agents.get(user.user_id)
-        if agent is None or not agent.paused:
-            return None
-        with self._user_lock(user.user_id):
-            if self._agents.get(user.user_id) is not agent or not agent.paused:
-                return None  # resumed or replaced meanwhile: `ensure` decides
-            started = time.monotonic()
-            self._thaw(agent)
-            metrics.observe_start(self.name, "resume", time.monotonic() - started)
-            log.info("agent resumed %s", kv(user=user.user_id, pid=agent.proc.pid))
-        return self.warm(user)  # None when it is outdated after all: `ensure` replaces it
+            return self._agents.get(user_id)
+
+    def usable(self, slot: AgentSlot) -> bool:
+        agent = self._agent(slot.user_id)
+        return agent is not None and agent.alive
+
+    def inspect(self, slot: AgentSlot, wanted: Wanted | None) -> Inspection:
+        agent = self._agent(slot.user_id)
+        if agent is None:
+            return Inspection(SandboxState.ABSENT)
+        if not agent.alive:
+            log.warning(
+                "agent died; starting a new one %s",
+                kv(user=agent.user_id, exit_code=agent.proc.returncode, stderr=" | ".join(agent.stderr_tail)[-300:]),
+            )
+        return Inspection(
+            SandboxState.RUNNING if agent.alive else SandboxState.ENDED,
+            wanted is not None and agent.plan_hash != wanted.plan_hash,
+            agent.plan_hash, None, str(agent.proc.pid), frozenset(agent.group_gids), agent,
+        )  # fmt: skip
+
+    def listed(self) -> list[Found]:
+        with self._lock:
+            agents = sorted(self._agents.values(), key=lambda a: a.user_id)
+        return [Found(a.user_id, f"pid {a.proc.pid}", a.alive, a) for a in agents]
+
+    def status(self, found: Found, slot: AgentSlot) -> SandboxStatus:
+        agent: _Agent = found.handle
+        return SandboxStatus(
+            user_id=agent.user_id,
+            backend=self.name,
+            state=("paused" if slot.count.paused else "running") if agent.alive else "failed",
+            plan_hash=agent.plan_hash,
+            agent_build=agent.build,
+            busy=slot.count.in_flight,
+            detail={
+                "pid": agent.proc.pid,
+                "uid": agent.run_as_uid if agent.run_as_uid is not None else os.geteuid(),
+                "socket": str(self.layout.socket_path(agent.user_id)),
+                "namespace": "bwrap" if self._bwrap is not None else "none",
+                "cgroup": str(agent.cgroup.v2_dir) if agent.cgroup is not None else None,
+                "network": self.isolation.process_network,
+                "started_at": agent.started_at,
+                "idle_s": round(time.monotonic() - slot.count.last_used, 3),
+            },
+            since=iso(datetime.fromtimestamp(agent.started_at, timezone.utc)),
+        )
+
+    def sandbox_name(self, user_id: int) -> str:
+        agent = self._agent(user_id)
+        return f"agent {user_id}" + (f" (pid {agent.proc.pid})" if agent is not None else "")
+
+    def cgroup_of(self, user_id: int) -> CgroupPlan | None:
+        agent = self._agent(user_id)
+        return agent.cgroup if agent is not None else None
+
+    # --- verbs ------------------------------------------------------------------------------
+    def adopt(self, slot: AgentSlot, found: Found) -> None:
+        pass  # nothing outlives a restart: `kill_leftovers` ended it
+
+    def discard(self, found: Found) -> None:
+        self._terminate(found.handle)
+
+    def client(self, slot: AgentSlot, token: str) -> AgentClient:
+        """As root, only a socket served by the user's own uid is spoken to (SO_PEERCRED): the
+        socket dir is the user's, and a link there could lead anywhere."""
+        run_as = self.directories.sandbox_uid(slot.user_id) if self.directories.chown else None
+        peer = ExpectedPeer(uid=run_as) if run_as is not None else None
+        return AgentClient(
+            self.layout.socket_path(slot.user_id), token, expected_peer=peer, answer_limits=self._answer_limits
+        )  # fmt: skip
+
+    def start(self, slot: AgentSlot, seen: Inspection) -> None:
+        raise AssertionError("an agent is never stopped to start again: the table says recreate")
+
+    def restart(self, slot: AgentSlot, seen: Inspection) -> None:
+        raise AssertionError("an agent is never restarted in place: the table says recreate")
+
+    def remove(self, slot: AgentSlot, seen: Inspection | None, *, kill: bool) -> None:
+        agent = self._agent(slot.user_id)
+        if agent is not None:
+            agent.stalled = kill  # a stalled agent is killed without asking
+            self._terminate(agent, paused=slot.count.paused)
+
+    def stop(self, slot: AgentSlot, reason: str) -> None:
+        agent = self._agent(slot.user_id)
+        if agent is not None:
+            agent.stalled = slot.stalled  # a stalled agent is killed without asking
+            self._terminate(agent, paused=slot.count.paused)
+            log.info("agent stopped %s", kv(user=slot.user_id, reason=reason))
+
+    def progress(self, slot: AgentSlot) -> Progress:
+        agent = self._agent(slot.user_id)
+        if agent is None:
+            return Progress(failed="the agent is gone")
+        if not agent.alive:
+            time.sleep(0.05)  # let the stderr forwarder catch the last lines
+            return Progress(failed=f"the agent exited with code {agent.proc.returncode}: {' | '.join(agent.stderr_tail)[-500:]}")
+        return Progress()
+
+    def refused_for_good(self, error: AgentUnavailable) -> bool:
+        return False
+
+    def start_failed(self, slot: AgentSlot) -> dict[str, str]:
+        agent = self._agent(slot.user_id)
+        if agent is None:
+            return {}
+        self._terminate(agent)
+        return {"logs": " | ".join(agent.stderr_tail)}
 
     def _tree(self, agent: _Agent) -> list[psutil.Process]:
         # The agent and everything it started: with bwrap the agent is the launcher's child,
@@ -247,9 +337,12 @@ class ProcessBackend:
         except psutil.Error:
             return []
 
-    def _freeze(self, agent: _Agent) -> bool:
-        if not agent.live.count.pause_if_idle():
-            return False  # a call came first
+    def pause(self, slot: AgentSlot) -> bool:
+        """Freeze the agent's cgroup (or SIGSTOP its tree); False when it is not running or the
+        freeze did not take."""
+        agent = self._agent(slot.user_id)
+        if agent is None or not agent.alive:
+            return False
         if agent.cgroup is not None and self._cgroups is not None:
             try:
                 if self._cgroups.freeze(agent.cgroup):
@@ -258,12 +351,10 @@ class ProcessBackend:
             except OSError as exc:
                 log.warning("freezing a sandbox cgroup failed %s", kv(user=agent.user_id, error=exc))
             self._cgroups.thaw(agent.cgroup)
-            agent.live.count.unpause()
             return False
         try:
             self._warden.frozen(agent.proc.pid, psutil.Process(agent.proc.pid).create_time())
         except psutil.Error:  # it just exited: nothing to freeze
-            agent.live.count.unpause()
             return False
         for proc in self._tree(agent):
             try:
@@ -272,77 +363,27 @@ class ProcessBackend:
                 pass
         return True
 
+    def resume(self, slot: AgentSlot) -> None:
+        agent = self._agent(slot.user_id)
+        if agent is not None:
+            self._thaw(agent)
+
     def _thaw(self, agent: _Agent) -> None:
         if agent.cgroup is not None and self._cgroups is not None:
             self._cgroups.thaw(agent.cgroup)
-            agent.live.count.unpause()
             return
         for proc in reversed(self._tree(agent)):
             try:
                 proc.resume()
             except psutil.Error:
                 pass
-        agent.live.count.unpause()
         self._warden.thawed(agent.proc.pid)
 
-    def forget(self, user_id: int, *, agent: LiveAgent | None = None, stalled: bool = False) -> None:
-        with self._lock:
-            current = self._agents.get(user_id)
-            if current is None or (agent is not None and current.live is not agent):
-                return  # already replaced: the new agent did not fail
-            current.forgotten = True
-            current.stalled = current.stalled or stalled
-
-    def _ready(self, user: SandboxUser) -> _Agent:
-        with self._user_lock(user.user_id):
-            agent = self._agents.get(user.user_id)
-            if agent is not None and agent.paused:
-                self._thaw(agent)  # e.g. the retry of a call: then judged like any other agent
-            if agent is not None:
-                if agent.stalled:
-                    log.warning("replacing a stalled agent %s", kv(user=user.user_id, pid=agent.proc.pid))
-                elif agent.forgotten and agent.alive:
-                    if agent.in_flight > 0:
-                        # Unreachable for new connections (e.g. the user's shell swapped its
-                        # socket) while other calls still run on it through open ones: those
-                        # are not killed for this one; it is replaced once they are done.
-                        raise sandbox_unavailable(user.user_id, "its agent stopped accepting connections")
-                    log.warning("replacing an agent that failed a call %s", kv(user=user.user_id, pid=agent.proc.pid))
-                elif agent.alive:
-                    stale = self._staleness(agent, user)
-                    lost = loses_group_access(agent.group_gids, user.plan.group_gids)
-                    busy = stale is not None and (agent.in_flight > 0 or runs_processes(agent.live, agent.live.count))
-                    if stale is None or (busy and not lost):
-                        return agent  # an outdated agent keeps serving until it is idle (no process runs)
-                    log.info("restarting an outdated agent %s", kv(user=user.user_id, reason=stale))
-                else:
-                    log.warning(
-                        "agent died; starting a new one %s",
-                        kv(user=user.user_id, exit_code=agent.proc.returncode, stderr=" | ".join(agent.stderr_tail)[-300:]),
-                    )
-                self._terminate(agent)
-            return self._start(user)
-
-    def _staleness(self, agent: _Agent, user: SandboxUser) -> str | None:
-        if agent.plan_hash != user.plan.plan_hash:
-            return "plan_changed"
-        if agent.build != self.deployment.build:
-            return "build_drift"
-        return None
-
-    def _start(self, user: SandboxUser) -> _Agent:
+    def create(self, slot: AgentSlot, user: SandboxUser, launch: AgentLaunch, release: AgentRelease) -> None:
+        """Start the user's agent (the readiness wait is the engine's)."""
         user_id = user.user_id
-        namespaced = self._bwrap is not None
         run_as = self.directories.sandbox_uid(user_id) if self.directories.chown else None
         try:
-            release = self.deployment.ensure()
-            launch = prepare_agent_launch(
-                self.settings, self.directories, user, in_sandbox=namespaced,
-                # In its own PID namespace the agent cannot see our pid: bwrap --die-with-parent
-                # ends the sandbox with us instead.
-                parent_pid=None if namespaced else os.getpid(),
-                private_network=self.isolation.process_network == "namespace",
-            )  # fmt: skip
             python = self.deployment.interpreter_for(run_as)
         except (OSError, RuntimeError, UnsafeDirectory) as exc:  # incl. GroupWithoutGid
             log.error("cannot prepare the agent %s", kv(user=user_id, error=exc))
@@ -402,43 +443,15 @@ class ProcessBackend:
         except OSError as exc:
             self._end_cgroup(cgroup)
             raise sandbox_unavailable(user_id, f"starting it failed: {exc}") from exc
-        started = time.monotonic()
-        peer = ExpectedPeer(uid=run_as) if run_as is not None else None
         agent = _Agent(
-            user_id=user_id,
-            proc=proc,
-            # As root, only a socket served by the user's own uid is spoken to (SO_PEERCRED):
-            # the socket dir is the user's, and a link there could lead anywhere.
-            live=LiveAgent(
-                user_id,
-                AgentClient(
-                    launch.socket_path, launch.token, expected_peer=peer, answer_limits=self._answer_limits
-                ),
-                AsyncAgentClient(
-                    launch.socket_path, launch.token, expected_peer=peer, answer_limits=self._answer_limits
-                ),
-            ),
-            plan_hash=user.plan.plan_hash,
-            group_gids=user.plan.group_gids,
-            build=release.build,
-            instance_id=launch.config.instance_id,
-            run_as_uid=run_as,
-            cgroup=cgroup,
-        )
+            user_id, proc, None, user.plan.plan_hash, release.build, launch.config.instance_id, run_as,
+            group_gids=user.plan.group_gids, cgroup=cgroup,
+        )  # fmt: skip
         threading.Thread(target=self._forward_stderr, args=(agent,), daemon=True, name=f"agent-{user_id}-stderr").start()
-        try:
-            self._wait_healthy(agent)
-        except ToolError:
-            self._terminate(agent)
-            raise
         with self._lock:
             self._agents[user_id] = agent
-        metrics.observe_start(self.name, "cold", time.monotonic() - started)
-        log.info(
-            "agent started %s",
-            kv(user=user_id, pid=proc.pid, uid=run_as if run_as is not None else os.geteuid(), build=release.build),
-        )
-        return agent
+        slot.sandbox_id = str(proc.pid)
+        log.info("agent started %s", kv(user=user_id, pid=proc.pid, uid=run_as if run_as is not None else os.geteuid(), build=release.build))
 
     def _ca_mounts(self) -> tuple[str, ...]:
         """The sandbox CA bundle when it lives outside /etc (the deployment CA's, under the
@@ -453,27 +466,6 @@ class ProcessBackend:
         sits at the socket's name (even a directory) goes. Safe as root: `sockets/` is root's,
         so `sockets/{uid}` cannot be swapped for a link, and the removal never follows a link."""
         remove_tree(socket_path)
-
-    def _wait_healthy(self, agent: _Agent) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        delay = 0.005
-        while True:
-            if not agent.alive:
-                time.sleep(0.05)  # let the stderr forwarder catch the last lines
-                raise sandbox_unavailable(
-                    agent.user_id,
-                    f"the agent exited with code {agent.proc.returncode}: {' | '.join(agent.stderr_tail)[-500:]}",
-                )
-            try:
-                health = agent.live.blocking.health(timeout_s=HEALTH_TIMEOUT_S)
-                if health.instance_id == agent.instance_id:
-                    return
-            except AgentUnavailable:
-                pass
-            if time.monotonic() > deadline:
-                raise sandbox_unavailable(agent.user_id, f"the agent did not answer within {self.start_timeout_s:g} s")
-            time.sleep(delay)
-            delay = min(delay * 2, 0.1)
 
     def _forward_stderr(self, agent: _Agent) -> None:
         stream = agent.proc.stderr
@@ -496,17 +488,12 @@ class ProcessBackend:
         self._cgroups.kill(cgroup)
         self._warden.forget_cgroup(cgroup.v2_dir)
 
-    def cgroup_of(self, user_id: int) -> CgroupPlan | None:
-        with self._lock:
-            agent = self._agents.get(user_id)
-        return agent.cgroup if agent is not None else None
-
-    def _terminate(self, agent: _Agent) -> None:
+    def _terminate(self, agent: _Agent, *, paused: bool = False) -> None:
         """Stop the agent and everything it started (shells run in their own sessions)."""
         with self._lock:
             if self._agents.get(agent.user_id) is agent:
                 del self._agents[agent.user_id]
-        if agent.paused and agent.alive:
+        if paused and agent.alive:
             self._thaw(agent)  # a stopped process does not act on SIGTERM
         tree: list[psutil.Process] = []
         if agent.cgroup is None:  # with a cgroup, its kill below takes everything
@@ -538,8 +525,6 @@ class ProcessBackend:
                 proc.kill()
             except psutil.Error:
                 pass
-        agent.live.blocking.close()
-        agent.live.calls.close()
 
     def _limits_of(self, user: SandboxUser) -> SandboxLimits | None:
         """The user's own CPU and memory (an admin's override), None for the default."""
@@ -551,106 +536,6 @@ class ProcessBackend:
             pids=self.settings.sandbox_pids,
         )
 
-    def pause(self, user_id: int) -> bool:
-        """Freeze the user's agent now (the admin's pause; the reaper's own when idle): False
-        when there is none running, or a call is in flight. The next call thaws it."""
-        with self._user_lock(user_id):
-            agent = self._agents.get(user_id)
-            if agent is None or agent.paused or not agent.alive or not self._freeze(agent):
-                return False
-            log.info("agent paused %s", kv(user=user_id, pid=agent.proc.pid, reason="requested"))
-            return True
-
-    def stop(self, user_id: int) -> None:
-        with self._user_lock(user_id):
-            agent = self._agents.get(user_id)
-            if agent is not None:
-                self._terminate(agent)
-                log.info("agent stopped %s", kv(user=user_id))
-
-    # --- calls ------------------------------------------------------------------------------
-
-    def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
-        with self._lock:
-            agent = self._agents.get(user_id)
-        if agent is None or not agent.alive:
-            return 0  # no agent, no call of it in flight (its shells died with it)
-        try:
-            return agent.live.blocking.cancel(run_id=run_id, session_id=session_id)
-        except AgentUnavailable as exc:
-            # It cannot say what it stopped: stop it whole rather than leave calls running.
-            log.warning("agent did not answer a cancel; stopping it %s", kv(user=user_id, error=exc.message))
-            self.stop(user_id)
-            return 0
-
-    # --- idleness ---------------------------------------------------------------------------
-
-    def reap_idle(self, now: float | None = None) -> list[int]:
-        """Pause or stop the idle agents (`idle_action`); returns the users stopped."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            # Calls and idleness only: asking an agent for its processes waits for its answer.
-            candidates = [a.user_id for a in self._agents.values() if self._idle_action(a, now) is not IdleAction.NOTHING]
-        stopped = []
-        for user_id in candidates:
-            with self._user_lock(user_id):
-                agent = self._agents.get(user_id)
-                if agent is None:
-                    continue
-                # Again, under the lock (a call may have come), and now asking whether background
-                # processes run there (they make it busy, whatever the calls).
-                processes = agent.alive and not agent.paused and runs_processes(agent.live, agent.live.count)
-                action = self._idle_action(agent, now, processes=processes)
-                idle_s = round(now - agent.last_used, 1)
-                if action is IdleAction.STOP:
-                    self._terminate(agent)
-                    stopped.append(user_id)
-                    log.info("idle agent stopped %s", kv(user=user_id, idle_s=idle_s))
-                elif action is IdleAction.PAUSE and agent.alive and self._freeze(agent):
-                    log.info("idle agent paused %s", kv(user=user_id, pid=agent.proc.pid, idle_s=idle_s))
-                else:
-                    continue
-                metrics.SANDBOX_IDLE_ACTIONS.labels(self.name, action.value).inc()
-        return stopped
-
-    def _idle_action(self, agent: _Agent, now: float, *, processes: bool = False) -> IdleAction:
-        return idle_action(
-            idle_s=now - agent.last_used,
-            in_flight=agent.in_flight,
-            paused=agent.paused,
-            has_running_processes=processes,
-            pause_after_s=self.settings.pause_after_s,
-            idle_timeout_s=self.settings.idle_timeout_s,
-        )
-
-    # --- status -----------------------------------------------------------------------------
-
-    def _status_of(self, agent: _Agent) -> SandboxStatus:
-        return SandboxStatus(
-            user_id=agent.user_id,
-            backend=self.name,
-            state=("paused" if agent.paused else "running") if agent.alive else "failed",
-            plan_hash=agent.plan_hash,
-            agent_build=agent.build,
-            busy=agent.in_flight,
-            detail={
-                "pid": agent.proc.pid,
-                "uid": agent.run_as_uid if agent.run_as_uid is not None else os.geteuid(),
-                "socket": agent.live.blocking.socket_path,
-                "namespace": "bwrap" if self._bwrap is not None else "none",
-                "cgroup": str(agent.cgroup.v2_dir) if agent.cgroup is not None else None,
-                "network": self.isolation.process_network,
-                "started_at": agent.started_at,
-                "idle_s": round(time.monotonic() - agent.last_used, 3),
-            },
-            since=iso(datetime.fromtimestamp(agent.started_at, timezone.utc)),
-        )
-
-    def status(self) -> list[SandboxStatus]:
-        with self._lock:
-            agents = list(self._agents.values())
-        return [self._status_of(a) for a in sorted(agents, key=lambda a: a.user_id)]
-
     def close(self) -> None:
         with self._lock:
             agents = list(self._agents.values())
@@ -660,6 +545,25 @@ class ProcessBackend:
         self._warden.close()
         if self._cgroups is not None:
             self._cgroups.close()
+
+
+class ProcessBackend(LifecycleEngine[AgentSlot]):
+    """The process backend: the lifecycle engine on `ProcessDriver`."""
+
+    def __init__(
+        self, settings: Settings, layout: DataLayout, directories: UserDirectories, deployment: AgentDeployment, *,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:  # fmt: skip
+        self.driver: ProcessDriver = ProcessDriver(settings, layout, directories, deployment, start_timeout_s=start_timeout_s)
+        super().__init__(
+            self.driver, settings, directories, deployment, known_user=lambda _: True,
+            processes_run=lambda live, count: runs_processes(live, count),  # looked up at each call
+        )  # fmt: skip
+        self.isolation = self.driver.isolation
+        self.cgroup_of = self.driver.cgroup_of
+        self._warden = self.driver._warden
+        self._agents = self.driver._agents
+        self._forward_stderr = self.driver._forward_stderr
 
 
 def template_unsupported(user: SandboxUser) -> ToolError:

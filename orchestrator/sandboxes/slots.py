@@ -1,7 +1,7 @@
-"""What a backend of long-lived sandboxes (docker containers, kubernetes pods) keeps per user:
-the slot of one user's sandbox (its agent's clients, its call count, the flags a failed call
-sets), and the table of them with the parts of the backend interface that only touch slots
-(`forget`, `cancel_calls`). Each backend adds what its platform needs to its own slot."""
+"""What the lifecycle engine keeps per user: the slot of one user's sandbox (its agent's clients,
+its call count, what it runs, the flags a failed call sets), and the table of them with the
+parts of the backend interface that only touch slots (`forget`, `cancel_calls`). A driver adds
+what its platform needs to its own slot."""
 
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ class AgentSlot:
     user_id: int
     lock: threading.Lock = field(default_factory=threading.Lock)
     plan_hash: str | None = None
+    image: str | None = None  # as the driver names it (an image id, a reference)
+    sandbox_id: str | None = None  # the container's id, the pod's uid
+    stopped: bool = True  # none of ours runs (never started, idle-stopped, asked, or removed)
     running_build: str | None = None
     live: LiveAgent | None = None  # the clients of its agent (blocking: health, cancels)
     # The calls in flight on the sandbox, whichever client they went through: kept across
