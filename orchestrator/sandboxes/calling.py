@@ -16,8 +16,9 @@ from anyio import CapacityLimiter, to_thread
 from orchestrator import metrics
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
+from orchestrator.call_ledger import SandboxPaused, on_sandbox
 from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s, tool_error
-from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxPaused, SandboxUser
+from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxUser
 from orchestrator.settings import Settings
 from sandbox_agent.client import RawSpool
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
@@ -126,7 +127,7 @@ def _attempt(backend: SandboxBackend, agent: LiveAgent, tool: str, *, may_retry:
     certainly never reached it is let through (the caller sends it once more, to a fresh
     agent: it cannot run twice) when `may_retry`."""
     try:
-        with agent.count.calling():
+        with on_sandbox(agent.count):
             yield
     except SandboxPaused:
         if not may_retry:

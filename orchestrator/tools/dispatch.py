@@ -32,9 +32,9 @@ from pydantic import BaseModel, ValidationError
 from mounts.fs.spool import SpoolWriteFailed
 from mounts.layout import DataLayout
 from orchestrator import audit, metrics
+from orchestrator.call_ledger import CallLedger, Held, RunCall, UserCall
 from orchestrator.clock import iso, now_iso
 from orchestrator.errors import NotFound, RunEnded, ToolError
-from orchestrator.runs.idle_runs import CallsInFlight
 from orchestrator.log import kv, run_logger
 from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
 from orchestrator.sandboxes.calling import OutputSink
@@ -56,7 +56,6 @@ from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadByt
 from orchestrator.tools.transfer_slots import TransferSlots
 from orchestrator.tools.process_audit import process_events
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
-from orchestrator.tools.user_slots import UserCallSlots
 from sandbox_agent.wire import CallContext, ReadBytesResult
 
 log = logging.getLogger(__name__)
@@ -124,6 +123,7 @@ class _Admitted:
     refused: ToolOutcome | None = None  # answered without running (invalid, busy): audited already
     tool_call_id: str | None = None  # set when the call has a record to complete
     actor: str = ""
+    slot: Held | None = None  # the acting user's call slot, held while it runs
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,7 @@ class ToolDispatcher:
         runs: RunRepository,
         sessions: SessionRepository,
         sandboxes: SandboxRouter,
-        in_flight: CallsInFlight,
-        user_max_concurrent_calls: int = 8,
+        ledger: CallLedger,
         call_records: CallRecords,
         repeat_wait_s: Callable[[str, dict[str, Any]], float] = lambda tool, arguments: 60.0,
         transfers: TransferSlots | None = None,
@@ -155,8 +154,7 @@ class ToolDispatcher:
         self._runs = runs
         self._sessions = sessions
         self._sandboxes = sandboxes
-        self._in_flight = in_flight
-        self.slots = UserCallSlots(user_max_concurrent_calls)
+        self._ledger = ledger
         self.call_records = call_records
         self._pending = PendingCalls()
         self._repeat_wait_s = repeat_wait_s
@@ -186,7 +184,7 @@ class ToolDispatcher:
         `stream`, a large read_bytes may answer a streamed outcome (`ToolOutcome.stream`): the
         caller sends it and must `close()` it."""
         # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
-        with self._in_flight.calling(run_id):
+        with self._ledger.holding(RunCall(run_id)):
             waited_from: float | None = None
             while True:
                 answer = await self._dispatch_once(
@@ -239,7 +237,8 @@ class ToolDispatcher:
             try:
                 outcome = await self._run_in_sandbox(admitted, on_output, stream)
             finally:
-                self.slots.give_back(admitted.acting_user)
+                assert admitted.slot is not None
+                admitted.slot.release()
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             await self._in_thread(partial(self._complete, admitted, outcome, duration_ms))
             recorded = True
@@ -272,7 +271,8 @@ class ToolDispatcher:
             try:
                 outcome = self._run_on_host(admitted, tool_call_id)
             finally:
-                self.slots.give_back(admitted.acting_user)
+                assert admitted.slot is not None
+                admitted.slot.release()
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             metrics.observe_tool_call(admitted.tool, "host", _code(outcome), duration_ms / 1000)
             self._complete(admitted, outcome, duration_ms)
@@ -334,8 +334,12 @@ class ToolDispatcher:
                     return _Repeated(ToolOutcome.of_body(interrupted_body(record_key)))
                 if repeat is Repeat.WAIT:
                     return _Repeated(None)
-            if refused is None and not self.slots.try_take(acting_user):
-                refused = ToolOutcome(ok=False, error=self.slots.busy_error(acting_user).body())
+            slot: Held | None = None
+            if refused is None:
+                try:
+                    slot = self._ledger.take(UserCall(acting_user))
+                except ToolError as busy:
+                    refused = ToolOutcome(ok=False, error=busy.body())
             try:
                 entry_id = audit.record(
                     tx,
@@ -352,14 +356,14 @@ class ToolDispatcher:
                     self.call_records.start_in(tx, run_id, record_key, name, digest, now)
                     self._pending.open((run_id, record_key))  # before the commit: a repeat finds it
             except BaseException:
-                if refused is None:
-                    self.slots.give_back(acting_user)
+                if slot is not None:
+                    slot.release()
                     if record_key is not None:
                         self._pending.close((run_id, record_key))
                 raise
         recorded = record_key if refused is None else None
         return _Admitted(
-            run, session, name, spec, acting_user, workdir, arguments, entry_id, started, refused, recorded, actor
+            run, session, name, spec, acting_user, workdir, arguments, entry_id, started, refused, recorded, actor, slot
         )
 
     def _recorded(
