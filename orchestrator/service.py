@@ -21,6 +21,7 @@ from orchestrator.sandboxes.uid_blocks import UidBlock
 from orchestrator.templates.service import TemplateService
 from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.sessions.chat_store import ChatStore
+from orchestrator.call_ledger import CallLedger
 from orchestrator.collaboration.coordinator import CollaborationService
 from orchestrator.collaboration.policy import CollaborationLimits
 from orchestrator.collaboration.store import open_mailbox
@@ -36,7 +37,7 @@ from orchestrator.file_watch import FileWatcher
 from orchestrator.users.group_gids import GroupGids
 from orchestrator.users.incoming import IncomingFiles
 from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
-from orchestrator.runs.idle_runs import CallsInFlight, IdleRunSweeper, sweep_interval_s
+from orchestrator.runs.idle_runs import IdleRunSweeper, sweep_interval_s
 from orchestrator import data_dir_lock
 from orchestrator.log import kv
 from orchestrator.periodic import PeriodicTask
@@ -195,6 +196,8 @@ class OrchestratorService:
             )
         log.info("sandbox backend %s", kv(default=self.backend_choice.default, reason=self.backend_choice.reason))
         self.group_gids = GroupGids(self.store, settings.group_gid_range, groups_root=self.layout.groups_root)
+        # Every call in flight, counted once (per run, user, routed run/session, sandbox).
+        self.call_ledger = CallLedger(user_max_calls=settings.user_max_concurrent_calls)
         # The admin's hand on users (docs/admin-console.md): CPU and memory overrides.
         self.resources = ResourceOverrides(
             self.store,
@@ -213,7 +216,7 @@ class OrchestratorService:
             injection = None
             if self.credentials is not None and self.credential_ca is not None:
                 injection = CredentialInjection(
-                    self.credentials, self.credential_ca, settings.upstream_ca_bundle, self._sessions_in_flight
+                    self.credentials, self.credential_ca, settings.upstream_ca_bundle, self.call_ledger.sessions_of
                 )
             self.egress = EgressService(
                 EgressSettings.of(settings), self.directories, self.store, self.descriptors,
@@ -223,7 +226,7 @@ class OrchestratorService:
         self.sandboxes = SandboxRouter(
             settings,
             self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
-            process_sandbox=settings.process_sandbox,
+            process_sandbox=settings.process_sandbox, ledger=self.call_ledger,
             # over quota (scan), over a share of a shared place
             call_guards=[self.disk_quotas.refuse_write] if quotas_on else [],
             call_hooks=[self.egress.before_call] if self.egress is not None else [],
@@ -312,7 +315,6 @@ class OrchestratorService:
         if settings.preview_listen is not None:  # docs/previews.md
             self.previews = PreviewService(PreviewSettings.of(settings), self.store, self.sandboxes, self.descriptors)
             register_preview_tools(self.tools, self.previews)
-        self.calls_in_flight = CallsInFlight()
         self.dispatcher = ToolDispatcher(
             layout=self.layout,
             store=self.store,
@@ -320,8 +322,7 @@ class OrchestratorService:
             runs=self.run_repo,
             sessions=self.session_repo,
             sandboxes=self.sandboxes,
-            in_flight=self.calls_in_flight,
-            user_max_concurrent_calls=settings.user_max_concurrent_calls,
+            ledger=self.call_ledger,
             call_records=CallRecords(
                 ttl_s=settings.tool_call_result_ttl_s,
                 max_result_bytes=settings.tool_call_result_max_bytes,
@@ -336,7 +337,7 @@ class OrchestratorService:
         # The scrape-time gauges of /metrics read what this service keeps (docs/operations.md).
         metrics.register_sources(
             states=lambda: [(s.backend, s.state) for s in self.sandboxes.status()],
-            in_flight=self.dispatcher.slots.snapshot,
+            in_flight=self.call_ledger.per_user,
             top_n=settings.metrics_top_users,
         )
         metrics.register_disk_usage(self._volume_usage if quotas_on else None)
@@ -380,7 +381,7 @@ class OrchestratorService:
             descriptors=self.descriptors,
         )
         self.idle_runs = IdleRunSweeper(
-            repo=self.run_repo, runs=self.runs, in_flight=self.calls_in_flight, max_idle_s=settings.run_max_idle_s
+            repo=self.run_repo, runs=self.runs, ledger=self.call_ledger, max_idle_s=settings.run_max_idle_s
         )
         self._watchers: list[FileWatcher] = []
         self._tasks: list[PeriodicTask] = []
@@ -400,9 +401,6 @@ class OrchestratorService:
         record = self.users.get(user_id)
         return record.display_name if record is not None else None
 
-    def _sessions_in_flight(self, user_id: int) -> set[str]:
-        return self.sandboxes.in_flight.sessions_of(user_id)
-
     def _stop_sandbox_of(self, user_id: int) -> None:
         for backend in self.sandboxes.backends.values():
             backend.stop(user_id)
@@ -419,11 +417,11 @@ class OrchestratorService:
 
     def _stop_calls_of_run(self, run: RunRecord) -> None:
         # Its runtime user's sandbox runs its container tools; any other that has one in flight too.
-        for user_id in {run.runtime_user_id, *self.sandboxes.in_flight.users(run.run_id, None)}:
+        for user_id in {run.runtime_user_id, *self.call_ledger.users_of(run.run_id, None)}:
             self.sandboxes.cancel_calls(user_id, run_id=run.run_id)
 
     def _stop_calls_of_session(self, user_id: int, session_id: str) -> None:
-        for user in {user_id, *self.sandboxes.in_flight.users(None, session_id)}:
+        for user in {user_id, *self.call_ledger.users_of(None, session_id)}:
             self.sandboxes.cancel_calls(user, session_id=session_id)
 
     def start(self) -> None:

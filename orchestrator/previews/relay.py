@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from orchestrator.call_ledger import SandboxPaused, on_sandbox
 from orchestrator.descriptors.budget import PREVIEW_COST, DescriptorBudget, DescriptorsRefused, Feature
 from orchestrator.errors import ToolError
 from orchestrator.previews.access import AccessCookie
@@ -38,7 +39,7 @@ from orchestrator.previews.model import (
     upstream_head,
     utc_day,
 )
-from orchestrator.sandboxes.base import LiveAgent, SandboxPaused
+from orchestrator.sandboxes.base import LiveAgent
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
 from sandbox_agent.relay import RelayIdle, relay
 
@@ -259,7 +260,7 @@ class PreviewRelay:
             agent: LiveAgent | None = None
             try:
                 agent = await self._agent_for(preview.user_id)
-                with agent.count.calling():  # the reaper neither pauses nor stops it meanwhile
+                with on_sandbox(agent.count):  # the reaper neither pauses nor stops it meanwhile
                     upstream, already = await agent.calls.open_port(preview.port, timeout_s=OPEN_PORT_TIMEOUT_S)
                     try:
                         await self._relay(conn, upstream, already, visitor_ip, head, path, prefix, rest, preview, record)

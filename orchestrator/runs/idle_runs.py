@@ -8,20 +8,18 @@ any other end; the audit row says actor `sweeper`, reason `idle`.
 
 Activity costs no write of its own: the dispatcher notes a call's time in the transaction that
 audits it (`RunRepository.touch_in`). A call still under way is not idle however long it takes;
-`CallsInFlight` knows those, in memory, and its lock makes "not busy, so end it" one step: a
-call either registers before the sweeper looks (the run is kept) or after the run ended (and is
-refused like any call on an ended run).
+the call ledger (`orchestrator/call_ledger.py`, `RunCall`) knows those, in memory, and makes
+"not busy, so end it" one step: a call either registers before the sweeper looks (the run is
+kept) or after the run ended (and is refused like any call on an ended run).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
+from orchestrator.call_ledger import CallLedger
 from orchestrator.clock import iso
 from orchestrator.errors import Conflict, NotFound
 from orchestrator.log import kv
@@ -47,47 +45,19 @@ def idle_cutoff(now: datetime, max_idle_s: float) -> str:
     return iso(now - timedelta(seconds=max_idle_s))
 
 
-class CallsInFlight:
-    """The runs with a tool call under way (in this process, where all calls are dispatched)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
-
-    @contextmanager
-    def calling(self, run_id: str) -> Iterator[None]:
-        with self._lock:
-            self._counts[run_id] += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._counts[run_id] -= 1
-                if self._counts[run_id] <= 0:
-                    del self._counts[run_id]
-
-    def unless_busy(self, run_id: str, action: Callable[[], object]) -> bool:
-        """Do `action` if the run has no call under way, with no call starting meanwhile."""
-        with self._lock:
-            if self._counts[run_id] > 0:
-                return False
-            action()
-            return True
-
-
 class IdleRunSweeper:
     def __init__(
         self,
         *,
         repo: RunRepository,
         runs: RunService,
-        in_flight: CallsInFlight,
+        ledger: CallLedger,
         max_idle_s: float,
         clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
     ) -> None:
         self._repo = repo
         self._runs = runs
-        self._in_flight = in_flight
+        self._ledger = ledger
         self.max_idle_s = max_idle_s
         self._clock = clock
 
@@ -101,7 +71,7 @@ class IdleRunSweeper:
                 self._runs.end(run_id, RunStatus.FAILED, actor=ACTOR, reason="idle", idle_before=cutoff)
 
             try:
-                if self._in_flight.unless_busy(run_id, end):
+                if self._ledger.end_if_idle(run_id, end):
                     ended.append(run_id)
             except (Conflict, NotFound):
                 pass  # ended, active again, or gone (session purged) since it was listed

@@ -6,10 +6,7 @@ docs/backends.md."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -20,6 +17,7 @@ from orchestrator.sandboxes.lifecycle_decision import (  # noqa: F401 - the pure
     loses_group_access,
     reap_interval_s,
 )
+from orchestrator.call_ledger import SandboxEntry
 from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentUnavailable
 
@@ -67,84 +65,19 @@ class SandboxStatus:
     since: str | None = None  # when the sandbox (agent or container) started, ISO 8601 UTC
 
 
-class CallCount:
-    """The calls in flight on one agent and when it was last used. The router counts
-    (`calling`); the backend reads it to decide whether an agent is idle (reaping, restarts
-    that wait until no call runs)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.in_flight = 0
-        self.last_used = time.monotonic()
-        self.paused = False  # frozen by the reaper: no call may go to it until it is resumed
-        # Background processes running in the sandbox as its agent last said (None: not known
-        # yet, e.g. a container adopted after a restart). `runs_processes` is the one reader.
-        self.processes: int | None = 0
-        # No process the host started can run past this (monotonic): the agent kills each at
-        # its maximum runtime. A sandbox that lies about its count is busy no longer than that.
-        self.processes_until = 0.0
-
-    def note_processes(self, count: int | None, *, started_for_s: float | None = None) -> None:
-        """The agent's count; `started_for_s`: a process was just started (or may be running,
-        unknown) for at most this long."""
-        with self._lock:
-            self.processes = count
-            if started_for_s is not None:
-                self.processes_until = max(self.processes_until, time.monotonic() + started_for_s)
-
-    @property
-    def busy(self) -> bool:
-        """A call in flight, or background processes (by the last count): not idle, and not
-        to be restarted for a plan or BUILD change."""
-        return self.in_flight > 0 or (self.processes != 0 and time.monotonic() <= self.processes_until)
-
-    @contextmanager
-    def calling(self) -> Iterator[None]:
-        with self._lock:
-            if self.paused:
-                # Handed out just before the reaper froze it: the request was not sent.
-                raise SandboxPaused()
-            self.in_flight += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.in_flight -= 1
-                self.last_used = time.monotonic()
-
-    def touch(self) -> None:
-        with self._lock:
-            self.last_used = time.monotonic()
-
-    def pause_if_idle(self) -> bool:
-        """Mark the agent paused unless a call is in flight, atomically with `calling`: after
-        True no call reaches it until `unpause`, so none can be sent to a frozen agent."""
-        with self._lock:
-            if self.in_flight:
-                return False
-            self.paused = True
-            return True
-
-    def unpause(self) -> None:
-        with self._lock:
-            self.paused = False
-            self.last_used = time.monotonic()  # the pause clock restarts from the call that woke it
-
-
-class SandboxPaused(Exception):
-    """A call found its agent paused after it was handed out; it never reached the agent."""
 
 
 @dataclass(frozen=True, eq=False)
 class LiveAgent:
     """One user's live agent as a backend hands it out: both clients of its socket (the
-    blocking one for worker threads, the async one for the event loop) and its call count.
+    blocking one for worker threads, the async one for the event loop) and its sandbox's entry
+    in the call ledger (its calls in flight, pause, processes).
     Compared by identity: `forget` drops exactly the agent a call failed on."""
 
     user_id: int
     blocking: AgentClient
     calls: AsyncAgentClient
-    count: CallCount = field(default_factory=CallCount)
+    count: SandboxEntry = field(default_factory=SandboxEntry)
 
 
 class SandboxBackend(Protocol):
@@ -199,10 +132,10 @@ class SandboxBackend(Protocol):
 
 
 
-def runs_processes(live: LiveAgent | None, count: CallCount) -> bool:
+def runs_processes(live: LiveAgent | None, count: SandboxEntry) -> bool:
     """Whether the sandbox runs background processes, so an idle stop must spare it: the one
     way the orchestrator knows (docs/processes.md). The count every process_* answer carries
-    is kept on the agent's `CallCount`; a count that is not zero (or not known) is refreshed
+    is kept on the agent's `SandboxEntry`; a count that is not zero (or not known) is refreshed
     from the agent's `/health` (`processes`), since a process may have ended unseen."""
     if count.processes == 0 or time.monotonic() > count.processes_until:
         return False  # none, or none can still run whatever the sandbox says

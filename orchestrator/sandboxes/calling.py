@@ -18,8 +18,9 @@ from typing import Any
 from orchestrator import metrics
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
+from orchestrator.call_ledger import SandboxPaused, on_sandbox
 from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s, tool_error
-from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxPaused, SandboxUser
+from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxUser
 from orchestrator.settings import Settings
 from sandbox_agent.client import RawSpool
 from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable, ContextRefused
@@ -74,7 +75,7 @@ class SandboxCaller:
             resent_to_fresh = False
             while True:
                 try:
-                    with agent.count.calling():
+                    with on_sandbox(agent.count):
                         if on_output is not None:
                             result = await agent.calls.stream(
                                 tool, arguments, cwd=cwd, context=context, timeout_s=timeout, on_output=on_output

@@ -26,7 +26,8 @@ from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S, sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch
-from orchestrator.sandboxes.base import CallCount, LiveAgent, SandboxStatus, SandboxUser, runs_processes
+from orchestrator.call_ledger import SandboxEntry
+from orchestrator.sandboxes.base import LiveAgent, SandboxStatus, SandboxUser, runs_processes
 from orchestrator.sandboxes.lifecycle_decision import (
     IdleAction,
     LifecycleAction,
@@ -59,7 +60,7 @@ class LifecycleEngine(Generic[S]):
         deployment: AgentDeployment,
         *,
         known_user: Callable[[int], bool],
-        processes_run: Callable[[LiveAgent | None, CallCount], bool] = runs_processes,
+        processes_run: Callable[[LiveAgent | None, SandboxEntry], bool] = runs_processes,
     ) -> None:
         self.driver = driver
         self._processes_run = processes_run  # `base.runs_processes`: background processes keep a sandbox

@@ -6,11 +6,8 @@ and stopping the calls of an ended run or a deleted session
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, BinaryIO, TypeVar
 
@@ -18,6 +15,7 @@ import anyio
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
+from orchestrator.call_ledger import CallLedger, RoutedCall
 from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxStatus, SandboxTemplate, SandboxUser
 from orchestrator.sandboxes.calling import OutputSink, SandboxCaller
 from orchestrator.errors import InvalidInput, ToolError
@@ -32,7 +30,6 @@ B = TypeVar("B")
 
 log = logging.getLogger(__name__)
 
-REMEMBERED_CANCELS = 10_000
 CANCEL_DRAIN_S = 30.0  # how long a cancel waits for the calls it stopped to come back
 _CANCEL_RETRY_S = 0.05
 
@@ -74,67 +71,10 @@ class BelowIsolationFloor(InvalidInput):
     code = "below_isolation_floor"
 
 
-def _keys(context: CallContext) -> list[tuple[str, str]]:
-    return [(kind, value) for kind, value in (("run", context.run_id), ("session", context.session_id)) if value]
-
-
-class SandboxCalls:
-    """The router's calls in flight by (user, run, session), and the runs and sessions whose
-    calls were cancelled: a call for one of them is refused before it reaches a sandbox, so
-    none can start after its cancel looked for it. Remembered in memory only (bounded): after
-    a restart the state DB (an ended run, a deleted session) refuses them at dispatch."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._calls: Counter[tuple[int, tuple[str, str]]] = Counter()
-        self._cancelled: OrderedDict[tuple[str, str], None] = OrderedDict()
-
-    @contextmanager
-    def calling(self, user_id: int, context: CallContext | None) -> Iterator[None]:
-        keys = _keys(context) if context is not None else []
-        with self._lock:
-            refused = next((key for key in keys if key in self._cancelled), None)
-            if refused is None:
-                for key in keys:
-                    self._calls[(user_id, key)] += 1
-        if refused is not None:
-            raise ToolError(
-                "cancelled",
-                f"The {refused[0]} {refused[1]} ended or was deleted: the tool did not run.",
-            )
-        try:
-            yield
-        finally:
-            with self._lock:
-                for key in keys:
-                    self._calls[(user_id, key)] -= 1
-                    if self._calls[(user_id, key)] <= 0:
-                        del self._calls[(user_id, key)]
-
-    def cancel(self, run_id: str | None, session_id: str | None) -> None:
-        with self._lock:
-            for key in _keys(CallContext(run_id=run_id, session_id=session_id)):
-                self._cancelled[key] = None
-                self._cancelled.move_to_end(key)
-            while len(self._cancelled) > REMEMBERED_CANCELS:
-                self._cancelled.popitem(last=False)
-
-    def users(self, run_id: str | None, session_id: str | None) -> set[int]:
-        """The users with calls in flight for this run or session."""
-        keys = set(_keys(CallContext(run_id=run_id, session_id=session_id)))
-        with self._lock:
-            return {user_id for user_id, key in self._calls if key in keys}
-
-    def sessions_of(self, user_id: int) -> set[str]:
-        """The sessions the user's calls in flight are for (the egress proxy: a credential
-        delegated in one session applies only while no call of another session runs)."""
-        with self._lock:
-            return {key[1] for uid, key in self._calls if uid == user_id and key[0] == "session"}
-
-    def count(self, user_id: int, run_id: str | None, session_id: str | None) -> int:
-        keys = _keys(CallContext(run_id=run_id, session_id=session_id))
-        with self._lock:
-            return sum(self._calls.get((user_id, key), 0) for key in keys)
+def _routed(user_id: int, context: CallContext | None) -> RoutedCall:
+    if context is None:
+        return RoutedCall(user_id)
+    return RoutedCall(user_id, context.run_id, context.session_id)
 
 
 class SandboxRouter:
@@ -153,6 +93,7 @@ class SandboxRouter:
         explain_no_space: Callable[[int, ToolError], ToolError] | None = None,
         resources_of: Callable[[int], tuple[float | None, int | None]] = lambda _user_id: (None, None),
         template_of: Callable[[int, tuple[str | None, str | None]], SandboxTemplate | None] | None = None,
+        ledger: CallLedger | None = None,
     ) -> None:
         self._layout = layout
         self._users = users
@@ -160,7 +101,9 @@ class SandboxRouter:
         self.backends = dict(backends)
         self.default_backend = default_backend
         self.process_sandbox = process_sandbox
-        self.in_flight = SandboxCalls()
+        # The calls in flight (orchestrator/call_ledger.py): each is a `RoutedCall` from the
+        # sandbox's choice to its answer, so a cancel refuses the next and waits for these.
+        self.ledger = ledger if ledger is not None else CallLedger(user_max_calls=settings.user_max_concurrent_calls)
         self.caller = SandboxCaller(settings)
         # Disk quotas (orchestrator/quotas/): checks before a call (scan mode refuses an
         # over-quota user's writes; none on the kernel path) and the rewording of a no_space
@@ -256,7 +199,7 @@ class SandboxRouter:
         backend, user = self._backend_and_user(user_id, context)
         for hook in self.call_hooks:
             hook(user_id, context)
-        with self.in_flight.calling(user_id, context):
+        with self.ledger.holding(_routed(user_id, context)):
             try:  # free unless raised (zero-cost try)
                 return await self.caller.call(
                     backend, user, tool, arguments, cwd=cwd, context=context, on_output=on_output, spool=spool
@@ -294,13 +237,13 @@ class SandboxRouter:
         call for them is refused here. No-op (0) when the user has no live sandbox."""
         if run_id is None and session_id is None:
             raise ValueError("cancel_calls needs a run_id or a session_id")
-        self.in_flight.cancel(run_id, session_id)
+        self.ledger.cancel(run_id, session_id)
         self._thaw(user_id)
         stopped = self._cancel_everywhere(user_id, run_id, session_id)
         # A call that was on its way (starting the sandbox, or on the wire) when the agent
         # answered: ask again until every such call came back, so none outlives the cancel.
         deadline = time.monotonic() + CANCEL_DRAIN_S
-        while self.in_flight.count(user_id, run_id, session_id):
+        while self.ledger.routed(user_id, run_id, session_id):
             if time.monotonic() > deadline:
                 log.warning("calls still in flight after a cancel %s", kv(user=user_id, run=run_id, session=session_id))
                 break

@@ -14,7 +14,8 @@ from typing import Generic, TypeVar
 from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S
 from orchestrator.sandboxes.agent_launch import read_agent_token
-from orchestrator.sandboxes.base import CallCount, LiveAgent
+from orchestrator.call_ledger import SandboxEntry
+from orchestrator.sandboxes.base import LiveAgent
 from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentUnavailable
@@ -37,7 +38,7 @@ class AgentSlot:
     live: LiveAgent | None = None  # the clients of its agent (blocking: health, cancels)
     # The calls in flight on the sandbox, whichever client they went through: kept across
     # reconnections to the same sandbox.
-    count: CallCount = field(default_factory=CallCount)
+    count: SandboxEntry = field(default_factory=SandboxEntry)
     stalled: bool = False  # its agent missed a call's deadline: the sandbox is replaced
     forgotten: bool = False  # its agent failed a call: the sandbox is inspected again
 

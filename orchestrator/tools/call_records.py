@@ -12,27 +12,32 @@ watermark (`orchestrator/quotas/host_copies.py`): recorded bodies are charged to
 until their rows are deleted.
 
 The decisions are pure functions; `CallRecords` holds the SQL, `PendingCalls` the in-process
-wake-ups of waiting repeats.
+wake-ups of waiting repeats, and `Repeats` is the idempotency around the admission of a call
+(`tools/admission.py`): the one place a repeat is recognised, answered or waited for.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import threading
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.clock import iso
-from orchestrator.errors import Conflict
+from orchestrator.errors import Conflict, RunEnded
 from orchestrator.quotas.host_copies import HostCopies, HostCopyRefused
 from orchestrator.sandboxes.agent_calls import call_timeout_s
 from orchestrator.settings import Settings
 from orchestrator.state_store import Transaction
+from orchestrator.tools.admission import Admission, Admitted, Refused, Repeat
 
 RUNNING, DONE = "running", "done"
 SWEEP_BATCH = 100  # expired rows removed per write: the sweep never makes one call slow
@@ -69,17 +74,17 @@ class CallRecord:
     expires_at: str
 
 
-class Repeat(Enum):
+class RecordState(Enum):
     NEW = "new"  # no live record: run the call
     RECORDED = "recorded"  # finished before: answer its recorded body
     WAIT = "wait"  # running in this server: wait for it
     INTERRUPTED = "interrupted"  # left running by a server that is gone: it may have run
 
 
-def decide(record: CallRecord | None, *, digest: str, instance: str, now: str) -> Repeat:
+def decide(record: CallRecord | None, *, digest: str, instance: str, now: str) -> RecordState:
     """What a call with a tool_call_id does, given the live record of its key (pure)."""
     if record is None or record.expires_at <= now:
-        return Repeat.NEW
+        return RecordState.NEW
     if record.digest != digest:
         raise ToolCallIdReused(
             f"tool_call_id {record.tool_call_id!r} was already used in this run for another call "
@@ -88,8 +93,8 @@ def decide(record: CallRecord | None, *, digest: str, instance: str, now: str) -
             tool=record.tool,
         )
     if record.status == DONE:
-        return Repeat.RECORDED
-    return Repeat.WAIT if record.instance == instance else Repeat.INTERRUPTED
+        return RecordState.RECORDED
+    return RecordState.WAIT if record.instance == instance else RecordState.INTERRUPTED
 
 
 def interrupted_body(tool_call_id: str) -> dict[str, Any]:
@@ -271,3 +276,94 @@ class PendingCalls:
             future = self._futures.pop(key, None)
         if future is not None and not future.done():
             future.set_result(None)
+
+
+_T = TypeVar("_T")
+_REREAD_S = 0.01  # a record completed between its read and the wait: read it again this soon
+
+
+class Repeats:
+    """The idempotency of a `tool_call_id` within its run, as a wrapper around the admission
+    of a call: `admit` turns a repeat into `Repeat` before it takes a slot or runs, `started`
+    records a call that runs, `answer` waits (bounded) for a first call still running here.
+    A tool that keys its own effect by (run, tool_call_id) answers its repeats itself (and
+    may safely run again after a crash): it gets no record here."""
+
+    def __init__(self, records: CallRecords) -> None:
+        self.records = records
+        self.pending = PendingCalls()
+
+    def admit(
+        self, tx: Transaction, admission: Refused | Admitted, *, run_id: str, name: str,
+        raw_arguments: dict[str, Any], tool_call_id: str | None,
+    ) -> Admission:  # fmt: skip
+        if tool_call_id is None:
+            return admission
+        if isinstance(admission, Refused):
+            if isinstance(admission.error, RunEnded):  # a repeat of a finished call still gets its answer
+                body = self._finished(tx, run_id, name, raw_arguments, tool_call_id)
+                return Repeat(body) if body is not None else admission
+            return admission
+        if admission.spec.keyed_by_call_id:
+            return admission
+        digest = arguments_digest(name, raw_arguments)
+        record = self.records.get_in(tx, run_id, tool_call_id)
+        state = decide(record, digest=digest, instance=self.records.instance, now=iso(utc_now()))
+        if state is RecordState.RECORDED:
+            assert record is not None and record.body is not None
+            return Repeat(record.body)
+        if state is RecordState.INTERRUPTED:
+            return Repeat(interrupted_body(tool_call_id))
+        if state is RecordState.WAIT:
+            return Repeat(None)
+        return replace(admission, tool_call_id=tool_call_id, digest=digest)
+
+    def _finished(
+        self, tx: Transaction, run_id: str, name: str, raw_arguments: dict[str, Any], tool_call_id: str
+    ) -> dict[str, Any] | None:
+        record = self.records.get_in(tx, run_id, tool_call_id)
+        if record is None or record.body is None:
+            return None
+        digest = arguments_digest(name, raw_arguments)
+        if decide(record, digest=digest, instance=self.records.instance, now=iso(utc_now())) is not RecordState.RECORDED:
+            return None
+        return record.body
+
+    def started(self, tx: Transaction, run_id: str, call: Admitted) -> None:
+        """Record the call as running, in the transaction of its `started` audit row; its
+        repeats in this process wait for it from before the commit."""
+        assert call.tool_call_id is not None
+        self.records.start_in(tx, run_id, call.tool_call_id, call.spec.name, call.digest, utc_now())
+        self.pending.open((run_id, call.tool_call_id))
+
+    def completed(self, run_id: str, tool_call_id: str) -> None:
+        """Wake the call's waiting repeats (its record is complete, or will never be)."""
+        self.pending.close((run_id, tool_call_id))
+
+    async def answer(
+        self, run_id: str, tool_call_id: str | None, wait_s: Callable[[], float],
+        attempt: Callable[[], Awaitable[_T | Repeat]],
+    ) -> _T | dict[str, Any]:  # fmt: skip
+        """`attempt` (admit, and run when admitted); a repeat answers the first call's result
+        body, waiting up to `wait_s()` for one still running here (then `in_progress`)."""
+        waited_from: float | None = None
+        while True:
+            answer = await attempt()
+            if not isinstance(answer, Repeat):
+                return answer
+            if answer.body is not None:
+                return answer.body
+            assert tool_call_id is not None  # only a call with an id is a repeat
+            now = time.monotonic()
+            waited_from = now if waited_from is None else waited_from
+            left = waited_from + wait_s() - now
+            if left <= 0:
+                return still_running_body(tool_call_id, now - waited_from)
+            future = self.pending.future((run_id, tool_call_id))
+            if future is None:  # completed between the read and now: read it again
+                await asyncio.sleep(_REREAD_S)
+                continue
+            try:
+                await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), left)
+            except asyncio.TimeoutError:
+                pass

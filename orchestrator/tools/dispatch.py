@@ -9,10 +9,14 @@ works. Each acting user may have `ORCH_USER_MAX_CONCURRENT_CALLS` calls running;
 completed, with the run's last activity, in the transaction after it: a crash mid-call still
 leaves the row of every call that ran.
 
-A call with a `tool_call_id` is idempotent within its run (orchestrator/tools/call_records.py):
-its record is written with the `started` audit row and completed with it; a repeat answers
-the recorded body, or waits (bounded) for the running call. An unknown tool name is a
-tool-level result (`unknown_tool`, listing the tools), as models do invent names.
+Whether a call runs is decided in one place (`tools/admission.py`, pure); a call with a
+`tool_call_id` is idempotent within its run by the wrapper around that decision
+(`Repeats`, orchestrator/tools/call_records.py): its record is written with the `started`
+audit row and completed with it; a repeat answers the recorded body, or waits (bounded) for
+the running call. An unknown tool name is a tool-level result (`unknown_tool`, listing the
+tools), as models do invent names. The calls in flight are counted in the call ledger
+(orchestrator/call_ledger.py): the run's for the whole call, the acting user's slot while it
+runs.
 """
 
 from __future__ import annotations
@@ -27,36 +31,26 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from mounts.fs.spool import SpoolWriteFailed
 from mounts.layout import DataLayout
 from orchestrator import audit, metrics
-from orchestrator.clock import iso, now_iso
-from orchestrator.errors import NotFound, RunEnded, ToolError
-from orchestrator.runs.idle_runs import CallsInFlight
+from orchestrator.call_ledger import CallLedger, Held, RunCall, UserCall
+from orchestrator.clock import now_iso
+from orchestrator.errors import ToolError
 from orchestrator.log import kv, run_logger
-from orchestrator.runs.records import RunRecord, RunRepository, RunStatus
+from orchestrator.runs.records import RunRecord, RunRepository
 from orchestrator.sandboxes.calling import OutputSink
 from orchestrator.sandboxes.router import SandboxRouter
 from orchestrator.sessions.records import SessionRecord, SessionRepository
-from orchestrator.state_store import StateStore, Transaction
-from orchestrator.tools.call_records import (
-    CallRecords,
-    PendingCalls,
-    Repeat,
-    arguments_digest,
-    decide,
-    interrupted_body,
-    still_running_body,
-    utc_now,
-)
-from orchestrator.tools.identity_table import acting_user_for
+from orchestrator.state_store import StateStore
+from orchestrator.tools.admission import Admitted, Refused, Repeat, admit
+from orchestrator.tools.call_records import CallRecords, Repeats, interrupted_body, utc_now
 from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadBytes, spool_failed
 from orchestrator.tools.transfer_slots import TransferSlots
 from orchestrator.tools.process_audit import process_events
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
-from orchestrator.tools.user_slots import UserCallSlots
 from sandbox_agent.wire import CallContext, ReadBytesResult
 
 log = logging.getLogger(__name__)
@@ -94,23 +88,10 @@ class ToolOutcome:
         return cls(ok=True, result=body.get("result")) if body.get("ok") else cls(ok=False, error=body.get("error"))
 
 
-def invalid_arguments(exc: ValidationError) -> ToolError:
-    first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or None
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors()[:5]
-    )
-    return ToolError("invalid_arguments", f"Invalid tool arguments: {problems}", field=field)
-
-
-def unknown_tool(name: str, tools: list[str]) -> ToolError:
-    shown = name if len(name) <= 100 else name[:100] + "..."
-    return ToolError("unknown_tool", f"There is no tool named {shown!r}; call one of the listed tools", tools=tools)
-
-
 @dataclass(frozen=True)
-class _Admitted:
-    """A call past its checks: what it runs as, and its audit row."""
+class _Call:
+    """A call past admission, with its audit row: one that runs (the acting user's `slot`
+    held) or one answered without running (`refused`: unknown, invalid, busy)."""
 
     run: RunRecord
     session: SessionRecord
@@ -121,16 +102,10 @@ class _Admitted:
     arguments: BaseModel | None
     entry_id: int
     started: float
-    refused: ToolOutcome | None = None  # answered without running (invalid, busy): audited already
+    refused: ToolOutcome | None = None  # audited already
     tool_call_id: str | None = None  # set when the call has a record to complete
     actor: str = ""
-
-
-@dataclass(frozen=True)
-class _Repeated:
-    """A repeat of a (run, tool_call_id) seen before: its answer, or None to wait for it."""
-
-    outcome: ToolOutcome | None
+    slot: Held | None = None
 
 
 class ToolDispatcher:
@@ -143,8 +118,7 @@ class ToolDispatcher:
         runs: RunRepository,
         sessions: SessionRepository,
         sandboxes: SandboxRouter,
-        in_flight: CallsInFlight,
-        user_max_concurrent_calls: int = 8,
+        ledger: CallLedger,
         call_records: CallRecords,
         repeat_wait_s: Callable[[str, dict[str, Any]], float] = lambda tool, arguments: 60.0,
         transfers: TransferSlots | None = None,
@@ -155,10 +129,9 @@ class ToolDispatcher:
         self._runs = runs
         self._sessions = sessions
         self._sandboxes = sandboxes
-        self._in_flight = in_flight
-        self.slots = UserCallSlots(user_max_concurrent_calls)
+        self._ledger = ledger
         self.call_records = call_records
-        self._pending = PendingCalls()
+        self._repeats = Repeats(call_records)
         self._repeat_wait_s = repeat_wait_s
         self._transfers = transfers  # None: read_bytes is never streamed
         # A plain executor: its hop costs ~25 us against ~40 us for anyio's to_thread.
@@ -186,40 +159,22 @@ class ToolDispatcher:
         `stream`, a large read_bytes may answer a streamed outcome (`ToolOutcome.stream`): the
         caller sends it and must `close()` it."""
         # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
-        with self._in_flight.calling(run_id):
-            waited_from: float | None = None
-            while True:
-                answer = await self._dispatch_once(
-                    run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, on_output=on_output,
-                    stream=stream,
-                )  # fmt: skip
-                if isinstance(answer, ToolOutcome):
-                    return answer
-                if answer.outcome is not None:
-                    self._log_repeat(run_id, name, tool_call_id, answer.outcome)
-                    return answer.outcome
-                # The first call with this id is running here: wait for it, then read its record.
-                assert tool_call_id is not None
-                now = time.monotonic()
-                waited_from = now if waited_from is None else waited_from
-                left = waited_from + self._repeat_wait_s(name, raw_arguments) - now
-                if left <= 0:
-                    outcome = ToolOutcome.of_body(still_running_body(tool_call_id, now - waited_from))
-                    self._log_repeat(run_id, name, tool_call_id, outcome)
-                    return outcome
-                future = self._pending.future((run_id, tool_call_id))
-                if future is None:  # completed between the read and now: read it again
-                    await asyncio.sleep(0.01)
-                    continue
-                try:
-                    await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), left)
-                except asyncio.TimeoutError:
-                    pass
+        with self._ledger.holding(RunCall(run_id)):
+            answer = await self._repeats.answer(
+                run_id, tool_call_id, partial(self._repeat_wait_s, name, raw_arguments),
+                partial(self._dispatch_once, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor,
+                        on_output=on_output, stream=stream),
+            )  # fmt: skip
+        if isinstance(answer, ToolOutcome):
+            return answer
+        repeated = ToolOutcome.of_body(answer)
+        log.info("tool call repeat %s", kv(run=run_id, tool=name, tool_call_id=tool_call_id, outcome=_code(repeated)))
+        return repeated
 
     async def _dispatch_once(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
         on_output: OutputSink | None = None, stream: bool = False,
-    ) -> ToolOutcome | _Repeated:  # fmt: skip
+    ) -> ToolOutcome | Repeat:  # fmt: skip
         spec = self._registry.get(name)
         if spec is not None and spec.place is ToolPlace.HOST:
             # A host tool blocks anyway: its checks, its work and its audit in one thread.
@@ -228,7 +183,7 @@ class ToolDispatcher:
         admitted = await self._in_thread(
             partial(self._admit, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
         )
-        if isinstance(admitted, _Repeated):
+        if isinstance(admitted, Repeat):
             return admitted
         if admitted.refused is not None:
             self._log(admitted, admitted.refused, 0.0)
@@ -239,7 +194,8 @@ class ToolDispatcher:
             try:
                 outcome = await self._run_in_sandbox(admitted, on_output, stream)
             finally:
-                self.slots.give_back(admitted.acting_user)
+                assert admitted.slot is not None
+                admitted.slot.release()
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             await self._in_thread(partial(self._complete, admitted, outcome, duration_ms))
             recorded = True
@@ -251,7 +207,7 @@ class ToolDispatcher:
             if admitted.tool_call_id is not None and not recorded:  # a broken call: record it as such
                 await self._in_thread(partial(self._settle, admitted, recorded))
             elif admitted.tool_call_id is not None:  # recorded: wake its repeats, no thread hop
-                self._pending.close((admitted.run.run_id, admitted.tool_call_id))
+                self._repeats.completed(admitted.run.run_id, admitted.tool_call_id)
         self._log(admitted, outcome, duration_ms)
         return outcome
 
@@ -260,9 +216,9 @@ class ToolDispatcher:
 
     def _dispatch_host(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
-    ) -> ToolOutcome | _Repeated:
+    ) -> ToolOutcome | Repeat:
         admitted = self._admit(run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
-        if isinstance(admitted, _Repeated):
+        if isinstance(admitted, Repeat):
             return admitted
         if admitted.refused is not None:
             self._log(admitted, admitted.refused, 0.0)
@@ -272,7 +228,8 @@ class ToolDispatcher:
             try:
                 outcome = self._run_on_host(admitted, tool_call_id)
             finally:
-                self.slots.give_back(admitted.acting_user)
+                assert admitted.slot is not None
+                admitted.slot.release()
             duration_ms = round((time.perf_counter() - admitted.started) * 1000, 3)
             metrics.observe_tool_call(admitted.tool, "host", _code(outcome), duration_ms / 1000)
             self._complete(admitted, outcome, duration_ms)
@@ -284,58 +241,35 @@ class ToolDispatcher:
 
     def _admit(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
-    ) -> _Admitted | _Repeated:
-        """Check the run, its session and the arguments, find a repeat of a recorded call,
-        take a slot of the acting user, and write the audit row and the call's record, in
-        one transaction (a worker thread)."""
+    ) -> _Call | Repeat:
+        """Decide (`admit`, with its repeats), take a slot of the acting user, and write the
+        audit row and the call's record, in one transaction (a worker thread). A refusal that
+        is not a tool result (the run gone or ended, the session deleted) raises: an HTTP
+        error, not audited."""
         started = time.perf_counter()
         with self._store.write() as tx:
             # The run and its session read live on every call: an ended run or a deleted
-            # session refuses at once (an HTTP error, not audited, as before).
+            # session refuses at once.
             run = RunRepository.get_in(tx, run_id)
             session = SessionRepository.get_in(tx, run.session_id) if run is not None else None
-            if run is None:
-                raise NotFound(f"run {run_id} not found")
-            if run.status is not RunStatus.RUNNING:
-                if tool_call_id is not None:  # a repeat of a finished call still gets its answer
-                    done = self._recorded(tx, run_id, name, raw_arguments, tool_call_id)
-                    if done is not None:
-                        return _Repeated(done)
-                raise RunEnded(f"run {run_id} has ended ({run.status.value}); start a new run to call tools")
-            if session is None or session.deleted:
-                raise NotFound(f"session {run.session_id} not found")
             spec = self._registry.get(name)
-            arguments: BaseModel | None = None
-            refused: ToolOutcome | None = None
-            if spec is None:
-                # Audited under the runtime user: an invented name acts as nobody.
-                acting_user = run.runtime_user_id
-                refused = ToolOutcome(ok=False, error=unknown_tool(name, self._registry.names()).body())
-            else:
-                acting_user = acting_user_for(name, run.identity)
+            decision = self._repeats.admit(
+                tx, admit(run_id, run, session, name, spec, raw_arguments, tool_names=self._registry.names),
+                run_id=run_id, name=name, raw_arguments=raw_arguments, tool_call_id=tool_call_id,
+            )  # fmt: skip
+            if isinstance(decision, Repeat):
+                return decision
+            if isinstance(decision, Refused) and not decision.is_tool_result:
+                raise decision.error
+            assert run is not None and session is not None and decision.acting_user is not None
+            slot: Held | None = None
+            if isinstance(decision, Admitted):
                 try:
-                    arguments = spec.arguments.model_validate(raw_arguments)
-                except ValidationError as exc:
-                    refused = ToolOutcome(ok=False, error=invalid_arguments(exc).body())
-            workdir = str(self._layout.runtime_dir(run.runtime_user_id, run.session_id))
-            now = utc_now()
-            digest = ""
-            # A tool that keys its own effect by (run, tool_call_id) answers its repeats itself
-            # (and may safely run again after a crash): it gets no record here.
-            record_key = None if spec is not None and spec.keyed_by_call_id else tool_call_id
-            if refused is None and record_key is not None:
-                digest = arguments_digest(name, raw_arguments)
-                record = self.call_records.get_in(tx, run_id, record_key)
-                repeat = decide(record, digest=digest, instance=self.call_records.instance, now=iso(now))
-                if repeat is Repeat.RECORDED:
-                    assert record is not None and record.body is not None
-                    return _Repeated(ToolOutcome.of_body(record.body))
-                if repeat is Repeat.INTERRUPTED:
-                    return _Repeated(ToolOutcome.of_body(interrupted_body(record_key)))
-                if repeat is Repeat.WAIT:
-                    return _Repeated(None)
-            if refused is None and not self.slots.try_take(acting_user):
-                refused = ToolOutcome(ok=False, error=self.slots.busy_error(acting_user).body())
+                    slot = self._ledger.take(UserCall(decision.acting_user))
+                except ToolError as busy:
+                    decision = Refused(busy, decision.acting_user)
+            acting_user = decision.acting_user
+            refused = ToolOutcome(ok=False, error=decision.error.body()) if isinstance(decision, Refused) else None
             try:
                 entry_id = audit.record(
                     tx,
@@ -348,33 +282,23 @@ class ToolDispatcher:
                 )
                 if refused is not None:  # its only row: the run's activity goes with it
                     RunRepository.touch_in(tx, run.run_id, now_iso())
-                elif record_key is not None:
-                    self.call_records.start_in(tx, run_id, record_key, name, digest, now)
-                    self._pending.open((run_id, record_key))  # before the commit: a repeat finds it
+                elif isinstance(decision, Admitted) and decision.tool_call_id is not None:
+                    self._repeats.started(tx, run_id, decision)
             except BaseException:
-                if refused is None:
-                    self.slots.give_back(acting_user)
-                    if record_key is not None:
-                        self._pending.close((run_id, record_key))
+                if slot is not None:
+                    slot.release()
+                if isinstance(decision, Admitted) and decision.tool_call_id is not None:
+                    self._repeats.completed(run_id, decision.tool_call_id)
                 raise
-        recorded = record_key if refused is None else None
-        return _Admitted(
-            run, session, name, spec, acting_user, workdir, arguments, entry_id, started, refused, recorded, actor
-        )
-
-    def _recorded(
-        self, tx: Transaction, run_id: str, name: str, raw_arguments: dict[str, Any], tool_call_id: str
-    ) -> ToolOutcome | None:
-        record = self.call_records.get_in(tx, run_id, tool_call_id)
-        digest = arguments_digest(name, raw_arguments)
-        if record is None or record.body is None:
-            return None
-        if decide(record, digest=digest, instance=self.call_records.instance, now=now_iso()) is not Repeat.RECORDED:
-            return None
-        return ToolOutcome.of_body(record.body)
+        workdir = str(self._layout.runtime_dir(run.runtime_user_id, run.session_id))
+        admitted = decision if isinstance(decision, Admitted) else None
+        return _Call(
+            run, session, name, spec, acting_user, workdir, admitted.arguments if admitted else None, entry_id,
+            started, refused, admitted.tool_call_id if admitted else None, actor, slot,
+        )  # fmt: skip
 
     async def _run_in_sandbox(
-        self, call: _Admitted, on_output: OutputSink | None = None, stream: bool = False
+        self, call: _Call, on_output: OutputSink | None = None, stream: bool = False
     ) -> ToolOutcome:
         assert call.arguments is not None and call.spec is not None
         spool = None
@@ -419,7 +343,7 @@ class ToolDispatcher:
             result = result.model_dump(mode="json")
         return ToolOutcome(ok=True, result=result)
 
-    def _run_on_host(self, call: _Admitted, tool_call_id: str | None) -> ToolOutcome:
+    def _run_on_host(self, call: _Call, tool_call_id: str | None) -> ToolOutcome:
         assert call.arguments is not None and call.spec is not None and call.spec.handler is not None
         tool_call = ToolCall(
             run=call.run,
@@ -434,7 +358,7 @@ class ToolDispatcher:
         except ToolError as exc:
             return ToolOutcome(ok=False, error=exc.body())
 
-    def _complete(self, call: _Admitted, outcome: ToolOutcome, duration_ms: float) -> None:
+    def _complete(self, call: _Call, outcome: ToolOutcome, duration_ms: float) -> None:
         events = process_events(call.tool, call.arguments.model_dump(mode="json") if call.arguments else {}, outcome.result)
         with self._store.write() as tx:
             audit.complete(tx, call.entry_id, **_detail(call.run, call.tool, call.acting_user, _code(outcome), duration_ms))
@@ -458,7 +382,7 @@ class ToolDispatcher:
                     tx, call.run.run_id, call.tool_call_id, body, utc_now(), user_id=call.run.runtime_user_id
                 )
 
-    def _settle(self, call: _Admitted, recorded: bool) -> None:
+    def _settle(self, call: _Call, recorded: bool) -> None:
         """Wake the call's waiting repeats. A call that broke before its outcome was recorded
         is recorded as interrupted, so a repeat never runs it a second time."""
         if call.tool_call_id is None:
@@ -471,12 +395,9 @@ class ToolDispatcher:
                         tx, key[0], key[1], interrupted_body(key[1]), utc_now(), user_id=call.run.runtime_user_id
                     )
         finally:
-            self._pending.close(key)
+            self._repeats.completed(*key)
 
-    def _log_repeat(self, run_id: str, name: str, tool_call_id: str | None, outcome: ToolOutcome) -> None:
-        log.info("tool call repeat %s", kv(run=run_id, tool=name, tool_call_id=tool_call_id, outcome=_code(outcome)))
-
-    def _log(self, call: _Admitted, outcome: ToolOutcome, duration_ms: float) -> None:
+    def _log(self, call: _Call, outcome: ToolOutcome, duration_ms: float) -> None:
         run = call.run
         run_logger(log, session=run.session_id, owner=run.owner_user_id, runtime_user=run.runtime_user_id).info(
             "tool call %s",

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator.errors import ToolError
-from orchestrator.sandboxes.router import SandboxCalls
+from orchestrator.call_ledger import CallLedger, RoutedCall
 from sandbox_agent.calls import CallCancelled, CallRegistry
 from sandbox_agent.process_tree import Leader, ProcInfo, select_victims
 from sandbox_agent.wire import CallContext, CancelRequest
@@ -100,17 +100,16 @@ def test_cancel_needs_an_id() -> None:
 
 
 def test_the_router_refuses_calls_of_a_cancelled_run_or_session() -> None:
-    calls = SandboxCalls()
-    context = CallContext(run_id="r-1", session_id="s-1")
-    with calls.calling(17, context):
-        assert calls.count(17, "r-1", None) == 1 and calls.users(None, "s-1") == {17}
+    calls = CallLedger()
+    with calls.holding(RoutedCall(17, "r-1", "s-1")):
+        assert calls.routed(17, "r-1", None) == 1 and calls.users_of(None, "s-1") == {17}
         calls.cancel("r-1", None)
-    assert calls.count(17, "r-1", "s-1") == 0
+    assert calls.routed(17, "r-1", "s-1") == 0
     with pytest.raises(ToolError) as refused:
-        with calls.calling(17, context):
+        with calls.holding(RoutedCall(17, "r-1", "s-1")):
             pass
     assert refused.value.code == "cancelled"
-    with calls.calling(17, CallContext(run_id="r-2", session_id="s-1")):
+    with calls.holding(RoutedCall(17, "r-2", "s-1")):
         pass
 
 

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 import pytest
 
 from orchestrator import audit
+from orchestrator.call_ledger import RunCall
 from orchestrator.clock import iso, now_iso
 from orchestrator.errors import Conflict
 from orchestrator.runs.idle_runs import MAX_SWEEP_INTERVAL_S, MIN_SWEEP_INTERVAL_S, idle_cutoff, sweep_interval_s
@@ -102,7 +103,7 @@ def test_a_call_under_way_is_not_idle_and_a_call_in_between_keeps_the_run(servic
     time.sleep(0.05)
     sweeper = service.idle_runs
     sweeper.max_idle_s = 0.01
-    with service.calls_in_flight.calling(run):  # what the dispatcher holds around a call
+    with service.call_ledger.holding(RunCall(run)):  # what the dispatcher holds around a call
         assert sweeper.sweep() == []
     assert status(service, run) is RunStatus.RUNNING
     # Listed as idle, then a call lands before the end commits: the end refuses.

@@ -16,6 +16,7 @@ import pytest
 
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import plan_mounts
+from orchestrator.call_ledger import on_sandbox
 from orchestrator.errors import ToolError
 from orchestrator.sandboxes.agent_deploy import AgentRelease
 from orchestrator.sandboxes.agent_launch import AgentLaunch
@@ -300,7 +301,7 @@ def test_a_changed_plan_recreates_an_idle_sandbox(world: World) -> None:
 def test_a_busy_sandbox_keeps_serving_an_outdated_plan_until_it_is_idle(world: World) -> None:
     live = world.engine.ensure(world.user())
     changed = world.user(group=True)  # gains a group: nothing revoked
-    with live.count.calling():
+    with on_sandbox(live.count):
         assert world.engine.ensure(changed) is live
     assert "remove" not in world.driver.verbs()
     world.engine.ensure(changed)
@@ -309,7 +310,7 @@ def test_a_busy_sandbox_keeps_serving_an_outdated_plan_until_it_is_idle(world: W
 
 def test_a_revoked_group_does_not_wait_for_the_calls_under_way(world: World) -> None:
     live = world.engine.ensure(world.user(group=True))
-    with live.count.calling():
+    with on_sandbox(live.count):
         assert world.engine.ensure(world.user()) is not live
     assert world.driver.verbs()[-2:] == ["remove", "create"]
 
@@ -413,7 +414,7 @@ def test_the_reaper_pauses_then_stops_an_idle_sandbox_and_the_next_call_resumes(
 
 def test_a_call_in_flight_keeps_the_reaper_away(world: World) -> None:
     live = world.engine.ensure(world.user())
-    with live.count.calling():
+    with on_sandbox(live.count):
         assert world.engine.reap_idle(now=live.count.last_used + 10_000) == []
     assert world.driver.verbs() == ["inspect", "create"]
 
@@ -429,7 +430,7 @@ def test_a_platform_without_a_freezer_is_never_paused(traversable_tmp: Path) -> 
 
 def test_the_admins_pause_waits_for_no_call_and_refuses_one_in_flight(world: World) -> None:
     live = world.engine.ensure(world.user())
-    with live.count.calling():
+    with on_sandbox(live.count):
         assert world.engine.pause(USER) is False
     assert world.engine.pause(USER) is True
     assert world.engine.pause(USER) is False  # already paused

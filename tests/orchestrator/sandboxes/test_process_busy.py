@@ -37,9 +37,10 @@ def test_a_count_the_sandbox_may_lie_about_keeps_it_busy_no_longer_than_the_runt
     forever would never be idle. No process the host started outlives its maximum runtime."""
     import time
 
-    from orchestrator.sandboxes.base import CallCount, runs_processes
+    from orchestrator.call_ledger import SandboxEntry
+    from orchestrator.sandboxes.base import runs_processes
 
-    count = CallCount()
+    count = SandboxEntry()
     count.note_processes(5, started_for_s=0.2)
     assert count.busy and runs_processes(None, count)  # not askable: believed within the limit
     time.sleep(0.25)
