@@ -25,6 +25,7 @@ from docker.errors import APIError, BuildError, ImageNotFound
 from mounts.fs.lock import flocked
 from orchestrator.sandboxes.image.checkout import BuildSources, ImageBuildError, agent_pins, installed_distributions
 from orchestrator.sandboxes.image.recipe import (
+    LABEL_AGENT_LOCK,
     LABEL_RECIPE,
     LABEL_ROLE,
     ROLE_SANDBOX,
@@ -169,8 +170,12 @@ class ImageBuilder:
             raise ImageBuildError(f"pip download failed:\n{done.stderr.strip()[-2000:]}")
 
     # step 3 ---------------------------------------------------------------------------
-    def find_recipe_image(self, recipe: str) -> str | None:
-        found = self.client.images.list(filters={"label": [f"{LABEL_ROLE}={ROLE_SANDBOX}", f"{LABEL_RECIPE}={recipe}"]})
+    def find_recipe_image(self, recipe: str, agent_lock: str) -> str | None:
+        """The image built from `recipe`, if any. An image built FROM it (an operator's
+        derivative, another checkout's) inherits the recipe label: the agent lock it carries
+        must be the recipe's too, or it is not ours to tag."""
+        labels = [f"{LABEL_ROLE}={ROLE_SANDBOX}", f"{LABEL_RECIPE}={recipe}", f"{LABEL_AGENT_LOCK}={agent_lock}"]
+        found = self.client.images.list(filters={"label": labels})
         return found[0].id if found else None
 
     def build(self, *, base_image: str | None = None, force: bool = False) -> BuildResult:
@@ -185,7 +190,7 @@ class ImageBuilder:
                 lock=lock_text((*pins, pip)) + "# the user's python\n" + lock_text(workbench),
                 base_image_id=base_id,
             )
-            existing = None if force else self.find_recipe_image(recipe)
+            existing = None if force else self.find_recipe_image(recipe, agent_lock_digest(pins))
             if existing is not None:
                 self.progress("[2/3] wheelhouse: not needed (the image exists)")
                 self._tag(existing, recipe)

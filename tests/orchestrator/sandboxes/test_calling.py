@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.sandboxes.base import SandboxPaused
+from orchestrator.call_ledger import SandboxPaused
 from orchestrator.sandboxes.calling import Send, next_send
 from sandbox_agent.errors import AgentTimedOut, AgentUnavailable, ContextRefused
 

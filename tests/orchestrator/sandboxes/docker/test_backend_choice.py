@@ -19,7 +19,8 @@ from tests.orchestrator.sandboxes.docker.conftest import docker_settings
 from orchestrator.sandboxes.docker_spec import LABEL_INSTANCE, instance_id
 from orchestrator.sandboxes.image.recipe import LABEL_AGENT_LOCK, LABEL_ROLE, ROLE_SANDBOX
 from tests.api_calls import group_session, start_run, tool
-from tests.sandbox_image import derived_image, ensure_sandbox_image
+from orchestrator.sandboxes.image.build import BuildSources, ImageBuilder
+from tests.sandbox_image import IMAGE, derived_image, ensure_sandbox_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -90,3 +91,16 @@ def test_auto_falls_back_to_process_without_the_image(docker_data_dir: Path) -> 
         run = start_run(client, group_session(client), trigger="web")
         assert tool(client, run["run_id"], "shell", command="echo hi")["result"]["stdout"] == "hi\n"
     assert service.sandboxes.backends.get("docker") is None
+
+
+def test_a_build_never_reuses_an_image_derived_from_the_sandbox_image(foreign_image: str) -> None:
+    """An image built FROM the sandbox image inherits its recipe label; with other agent
+    dependencies it must not be what `build-image` finds and tags as the sandbox image."""
+    engine = docker.from_env(timeout=900)
+    try:
+        foreign_id = engine.images.get(foreign_image).id
+        result = ImageBuilder(engine, BuildSources.from_checkout(), image=IMAGE, progress=lambda _: None).build()
+        assert result.image_id != foreign_id
+        assert engine.images.get(IMAGE).id == result.image_id == ensure_sandbox_image().image_id
+    finally:
+        engine.close()
