@@ -31,6 +31,7 @@ from orchestrator.sandboxes.image.recipe import (
     ROLE_SANDBOX,
     Pin,
     agent_lock_digest,
+    download_rounds,
     image_recipe,
     lock_requirements,
     lock_text,
@@ -144,7 +145,8 @@ class ImageBuilder:
             self.progress(f"[2/3] wheelhouse: all {len(wanted)} wheels present in {wheelhouse}")
         else:
             self.progress(f"[2/3] wheelhouse: downloading {len(missing)} of {len(wanted)} wheels into {wheelhouse}")
-            self._download(missing, wheelhouse)
+            for pins_of_round in download_rounds(missing):
+                self._download(pins_of_round, wheelhouse)
             still = missing_wheels(wanted, os.listdir(wheelhouse))
             if still:
                 raise ImageBuildError(

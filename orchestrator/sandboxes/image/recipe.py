@@ -133,6 +133,20 @@ def missing_wheels(pins: Iterable[Pin], filenames: Iterable[str]) -> tuple[Pin, 
     return tuple(pin for pin in pins if not any(pin.matches_wheel(f) for f in names))
 
 
+def download_rounds(pins: Iterable[Pin]) -> tuple[tuple[Pin, ...], ...]:
+    """The pins split so that no round names a project twice: the agent's lock and the user's
+    workbench may pin one project at two versions (each goes to its own Python), and one
+    `pip download` of both refuses them as a conflict."""
+    rounds: list[dict[str, Pin]] = []
+    for pin in sorted(set(pins)):
+        free = next((taken for taken in rounds if pin.name not in taken), None)
+        if free is None:
+            free = {}
+            rounds.append(free)
+        free[pin.name] = pin
+    return tuple(tuple(sorted(taken.values())) for taken in rounds)
+
+
 def image_recipe(*, dockerfile: str, entrypoint: str, lock: str, base_image_id: str) -> str:
     """The recipe hash that labels the sandbox image."""
     digest = hashlib.sha256()
