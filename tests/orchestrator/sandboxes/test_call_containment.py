@@ -89,9 +89,21 @@ def _state(stat: str) -> str:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
+PF_EXITING = 0x4  # the kernel's flag of a task inside exit(): it runs nothing and forks nothing
+
+
+def _lives(stat: str) -> bool:
+    """A task that is neither a zombie nor already in exit(). A dying process (a pod's probe
+    or pause process ending, a hopper's parent once it forked) has lost its memory, so its
+    cmdline reads empty and it cannot be told from a call's leftover by what it runs."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return fields[0] != "Z" and not int(fields[6]) & PF_EXITING
+
+
 def _runs(pid: int) -> bool:
-    """Alive: not a zombie, or a zombie whose leader exited while another thread runs."""
-    return any(_state(_proc_text(pid, f"task/{tid}/stat")) != "Z" for tid in os.listdir(f"/proc/{pid}/task"))
+    """Alive: not a zombie (or a zombie whose leader exited while another thread runs), and
+    not in the middle of its exit."""
+    return any(_lives(_proc_text(pid, f"task/{tid}/stat")) for tid in os.listdir(f"/proc/{pid}/task"))
 
 
 def _real_uid(pid: int) -> int:
