@@ -13,7 +13,8 @@ from mounts.skillstore.install import SkillInstaller
 from mounts.skillstore.package import PackageLimits
 from orchestrator import metrics
 from orchestrator.sandboxes.agent_deploy import AgentDeployment
-from orchestrator.sandboxes.base import SandboxBackend, reap_interval_s
+from orchestrator.sandboxes.base import SandboxBackend
+from orchestrator.sandboxes.lifecycle_decision import reap_interval_s
 from orchestrator.sandboxes.choice import detect_backend
 from orchestrator.sandboxes.docker import DockerBackend
 from orchestrator.sandboxes.kernel_boundary import kernel_boundaries

@@ -11,12 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mounts.plan import MountPlan
-from orchestrator.sandboxes.lifecycle_decision import (  # noqa: F401 - the pure lifecycle decisions, re-exported
-    IdleAction,
-    idle_action,
-    loses_group_access,
-    reap_interval_s,
-)
 from orchestrator.call_ledger import SandboxEntry
 from sandbox_agent.client import AgentClient, AsyncAgentClient
 from sandbox_agent.errors import AgentUnavailable

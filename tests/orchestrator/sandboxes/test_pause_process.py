@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from orchestrator import metrics
-from orchestrator.sandboxes.base import IdleAction, idle_action
+from orchestrator.sandboxes.lifecycle_decision import IdleAction, idle_action
 from orchestrator.sandboxes.process import ProcessBackend
 from orchestrator.service import OrchestratorService
 from tests.agent_env import blocking_call

@@ -146,7 +146,7 @@ def test_the_default_ranges_are_apart(tmp_path: Path) -> None:
 
 
 def test_only_a_lost_group_replaces_a_busy_sandbox() -> None:
-    from orchestrator.sandboxes.base import loses_group_access
+    from orchestrator.sandboxes.lifecycle_decision import loses_group_access
 
     assert loses_group_access((2_000_000_000, 2_000_000_001), (2_000_000_001,))
     assert not loses_group_access((2_000_000_001,), (2_000_000_000, 2_000_000_001))  # a join waits
