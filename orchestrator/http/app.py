@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,8 +36,18 @@ from orchestrator.http.errors import install_error_handlers
 from orchestrator.http.openapi import install_docs
 from orchestrator.http.request_guard import RequestGuard
 from orchestrator.http.request_id import RequestId
+from orchestrator.http.tool_call_fast_path import ToolCallFastPath
 from orchestrator.service import OrchestratorService
 from orchestrator.throttled_log import ThrottledLog, budget_loop_accept_errors
+
+
+# The framework's own OpenTelemetry hooks (FastAPI 0.16x asks the global tracer, meter and logger
+# providers on every request whether one is configured); this server configures none.
+_NO_TELEMETRY = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 
 def create_app(service: OrchestratorService) -> FastAPI:
@@ -58,6 +69,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,  # served offline by install_docs
         redoc_url=None,
+        **_NO_TELEMETRY,
     )
     app.state.service = service
     install_error_handlers(app)
@@ -90,4 +102,6 @@ def create_app(service: OrchestratorService) -> FastAPI:
         max_user_id=settings.max_user_id,
         query_maxima={"wait_s": settings.collaboration_inbox_wait_max_s},
     )
+    # Before every route: a well-formed tool call skips the framework's matching and dependencies.
+    app.router.routes.insert(0, ToolCallFastPath(service, app.router))
     return app

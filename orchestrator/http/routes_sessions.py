@@ -236,22 +236,34 @@ def list_tools(
 
 # `{name:path}`: a name with a `/` (models invent any string) still reaches the dispatcher,
 # which answers it as an unknown tool instead of a framework 404.
-@router.post("/v1/runs/{run_id}/tools/{name:path}", tags=["tools"], response_model=ToolCallOut)
+TOOL_CALL_PATH = "/v1/runs/{run_id}/tools/{name:path}"
+TOOL_NAME_MAX_CHARS = 100
+
+
+@router.post(TOOL_CALL_PATH, tags=["tools"], response_model=ToolCallOut)
 async def call_tool(
     body: ToolCallIn,
     request: Request,
     run_id: str = Depends(run_id_param),
-    name: str = Path(..., max_length=100),
+    name: str = Path(..., max_length=TOOL_NAME_MAX_CHARS),
     acting: int | None = Depends(acting_user),
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> Response:
     if acting is not None:  # costs one run read, and only with the header
         await run_in_threadpool(own_run, service, run_id, acting)
+    return await answer_tool_call(service, run_id, name, body, caller, request.headers.get("accept"))
+
+
+async def answer_tool_call(
+    service: OrchestratorService, run_id: str, name: str, body: ToolCallIn, caller: Caller, accept: str | None
+) -> Response:
+    """A tool call's answer, once its request is known to be well formed (this route and the
+    fast path of orchestrator/http/tool_call_fast_path.py both end here)."""
     # The hot path (docs/performance.md): the dispatcher awaits the sandbox on the loop and does its
     # blocking work in threads of its own, never in the default pool; its outcome is plain
     # JSON already, so it skips FastAPI's response validation.
-    if name in STREAMED_TOOLS and wants_events(request.headers.get("accept")):  # docs/processes.md
+    if name in STREAMED_TOOLS and wants_events(accept):  # docs/processes.md
         return await stream_tool_call(
             lambda on_output: service.dispatcher.dispatch_async(
                 run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, on_output=on_output
