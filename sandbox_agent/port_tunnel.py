@@ -25,6 +25,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from sandbox_agent.head_with_body import HeadWithBody
 from sandbox_agent.relay import relay
 
 log = logging.getLogger("sandbox_agent.tunnel")
@@ -175,7 +176,8 @@ class TunnelOrHttp(asyncio.Protocol):
         self._head += data
         if not (self._head.startswith(CONNECT) or CONNECT.startswith(self._head)):
             self._decided("http")
-            self._inner.connection_made(self._transport)
+            # One send per small answer (head_with_body.py).
+            self._inner.connection_made(HeadWithBody(self._transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
             head, self._head = self._head, b""
             self._inner.data_received(head)
             return

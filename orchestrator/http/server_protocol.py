@@ -14,6 +14,7 @@ import asyncio
 import json
 
 from orchestrator.settings import Settings
+from sandbox_agent.head_with_body import HeadWithBody
 
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -43,7 +44,8 @@ def bounded_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
         _head_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport) -> None:  # type: ignore[no-untyped-def]
-            super().connection_made(transport)
+            # One send per small answer (sandbox_agent/head_with_body.py).
+            super().connection_made(HeadWithBody(transport, asyncio.get_running_loop()))
             self._arm()
 
         def _arm(self) -> None:
