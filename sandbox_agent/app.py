@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+from functools import partial
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from starlette.routing import Route
 from sandbox_agent.build import own_build_id
 from sandbox_agent.calls import CallCancelled, CallRegistry, cancelled_message
 from sandbox_agent.errors import AgentToolError
+from sandbox_agent.loop_threads import LoopThreads
 from sandbox_agent.names import escape_names
 from sandbox_agent.path_sandbox import PathSandbox, os_error
 from sandbox_agent.kernels import KernelTable
@@ -62,6 +64,7 @@ EVENT_FRAMING_BYTES = 64  # what one output line costs besides its text, against
 CANCEL_BODY_MAX = 4096
 # Cancels wait for calls to end: their own small pool, never queued behind the tools they stop.
 _CANCEL_THREADS = anyio.CapacityLimiter(4)
+TOOL_THREADS = 40
 
 log = logging.getLogger("sandbox_agent")
 
@@ -85,6 +88,8 @@ class AgentState:
             max_runtime_s=limits.process_max_runtime_s,
         )
         self.kernels = KernelTable(max_kernels=limits.kernels_max, idle_s=limits.kernel_idle_s)
+        # The tools' threads (a tool blocks: files, subprocesses), as many as anyio's default.
+        self.tool_threads = LoopThreads(TOOL_THREADS, "tool")
         # Background processes keep the sandbox alive (the dead-man switch waits for them).
         self.has_running_processes: Callable[[], bool] = lambda: self.processes.running_count() > 0
 
@@ -198,7 +203,7 @@ def _streamed(state: AgentState, name: str, body: ToolRequest) -> StreamingRespo
         loop.call_soon_threadsafe(queue.put_nowait, event)
 
     async def work() -> None:
-        envelope = await anyio.to_thread.run_sync(run_tool, state, name, body, on_output)
+        envelope = await state.tool_threads.run(partial(run_tool, state, name, body, on_output))
         result = envelope.get("result")
         if isinstance(result, ReadBytesResult):
             envelope["result"] = result.model_dump(mode="json")
@@ -252,8 +257,8 @@ def create_app(state: AgentState) -> Starlette:
             return _json({"error": {"code": "invalid_request", "message": str(exc)}}, 422)
         if name in STREAMED_TOOLS and NDJSON in (request.headers.get("accept") or ""):
             return _streamed(state, name, body)
-        # Tools block (files, subprocesses): they run in the thread pool, never on the loop.
-        envelope = await anyio.to_thread.run_sync(run_tool, state, name, body)
+        # Tools block (files, subprocesses): they run in worker threads, never on the loop.
+        envelope = await state.tool_threads.run(partial(run_tool, state, name, body))
         result = envelope.get("result")
         if isinstance(result, ReadBytesResult):
             if OCTET_STREAM in (request.headers.get("accept") or ""):

@@ -26,6 +26,8 @@ from orchestrator.users.repository import UserRecord, UserRepository
 from sandbox_agent.client import RawSpool, SinkSpool, blocking
 from sandbox_agent.wire import CallContext
 
+# A call's backend and the sandbox it runs in.
+Routed = tuple[SandboxBackend, SandboxUser]
 B = TypeVar("B")
 
 log = logging.getLogger(__name__)
@@ -164,10 +166,20 @@ class SandboxRouter:
     def backend_for(self, user_id: int) -> SandboxBackend:
         return self._registered(user_id, self.backend_name_for(user_id))
 
-    def _backend_and_user(self, user_id: int, context: CallContext | None = None) -> tuple[SandboxBackend, SandboxUser]:
+    def _backend_and_user(self, user_id: int, context: CallContext | None = None) -> Routed:
         """What a call needs, from one read of the user's row."""
         record = self._users.get(user_id)
         return self._registered(user_id, self._backend_name(record)), self._sandbox_user(user_id, context, record)
+
+    def route(self, user_id: int, context: CallContext | None = None) -> Routed | Exception:
+        """Blocking (a worker thread): the backend and the sandbox a call of `user_id` goes to
+        (reads of the user's row and memberships, and a gid allocated when one is missing), or
+        why none can be planned. For `call(routed=...)`, which raises that error after its
+        guards, where it always came."""
+        try:
+            return self._backend_and_user(user_id, context)
+        except Exception as failed:  # noqa: BLE001 - handed to `call`, which raises it
+            return failed
 
     def _registered(self, user_id: int, name: str) -> SandboxBackend:
         backend = self.backends.get(name)
@@ -187,16 +199,18 @@ class SandboxRouter:
 
     async def call(
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None,
-        on_output: OutputSink | None = None, spool: RawSpool | None = None,
+        on_output: OutputSink | None = None, spool: RawSpool | None = None, routed: Routed | Exception | None = None,
     ) -> Any:  # fmt: skip
         """Run one tool in the user's sandbox on the event loop (`SandboxCaller.call`); with
         `on_output`, streamed (its output as it comes); `spool`: where a large raw read_bytes
-        answer goes."""
-        # The user and membership reads are SQLite reads in WAL mode: they never wait for a
-        # writer, so they stay on the loop instead of costing a thread hop.
+        answer goes. `routed`: `route()`'s answer, read in a worker thread the caller was in
+        anyway (the tool dispatcher's admission); without it the reads are made here, on the
+        loop (SQLite reads in WAL mode never wait for a writer)."""
         for guard in self.call_guards:
             guard(user_id, tool, arguments)
-        backend, user = self._backend_and_user(user_id, context)
+        if isinstance(routed, Exception):
+            raise routed
+        backend, user = routed if routed is not None else self._backend_and_user(user_id, context)
         for hook in self.call_hooks:
             hook(user_id, context)
         with self.ledger.holding(_routed(user_id, context)):

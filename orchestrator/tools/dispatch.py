@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from collections.abc import Callable
@@ -40,9 +39,10 @@ from orchestrator.call_ledger import CallLedger, Held, RunCall, UserCall
 from orchestrator.clock import now_iso
 from orchestrator.errors import ToolError
 from orchestrator.log import kv, run_logger
+from sandbox_agent.loop_threads import LoopThreads
 from orchestrator.runs.records import RunRecord, RunRepository
 from orchestrator.sandboxes.calling import OutputSink
-from orchestrator.sandboxes.router import SandboxRouter
+from orchestrator.sandboxes.router import Routed, SandboxRouter
 from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore
 from orchestrator.tools.admission import Admitted, Refused, Repeat, admit
@@ -106,6 +106,24 @@ class _Call:
     tool_call_id: str | None = None  # set when the call has a record to complete
     actor: str = ""
     slot: Held | None = None
+    # A container call's context and where it goes, read in the admission's thread.
+    context: CallContext | None = None
+    routed: Routed | Exception | None = None
+
+
+@dataclass(frozen=True)
+class _RuntimePaths:
+    workdir: str  # the session's runtime dir: a call's working directory
+    output_dir: str  # where a long shell output is spooled
+    outputs_dir: str  # a session's results (run_code's images)
+
+
+_PATHS_KEPT = 4096  # (user, session) pairs whose paths are kept; all are forgotten past it
+
+
+def _context(run: RunRecord, paths: _RuntimePaths) -> CallContext:
+    # The runtime dir is mounted at its host path: the sandbox sees the same one.
+    return CallContext(run_id=run.run_id, session_id=run.session_id, output_dir=paths.output_dir, outputs_dir=paths.outputs_dir)
 
 
 class ToolDispatcher:
@@ -134,13 +152,14 @@ class ToolDispatcher:
         self._repeats = Repeats(call_records)
         self._repeat_wait_s = repeat_wait_s
         self._transfers = transfers  # None: read_bytes is never streamed
-        # A plain executor: its hop costs ~25 us against ~40 us for anyio's to_thread.
-        self._threads = ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
+        self._paths: dict[tuple[int, str], _RuntimePaths] = {}  # written by the tool-call threads: a dict's set is atomic
+        # Two hops a call (admission, completion): orchestrator/loop_threads.py's are the cheapest.
+        self._threads = LoopThreads(TOOL_THREADS, "tool-call")
 
     def close(self) -> None:
         """Let the idle worker threads go; a service used after close() (tests do) gets new ones."""
-        threads, self._threads = self._threads, ThreadPoolExecutor(TOOL_THREADS, thread_name_prefix="tool-call")
-        threads.shutdown(wait=False)
+        threads, self._threads = self._threads, LoopThreads(TOOL_THREADS, "tool-call")
+        threads.close()
 
     def dispatch(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
@@ -181,7 +200,7 @@ class ToolDispatcher:
             host_call = partial(self._dispatch_host, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
             return await self._in_thread(host_call)
         admitted = await self._in_thread(
-            partial(self._admit, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+            partial(self._admit, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, route=True)
         )
         if isinstance(admitted, Repeat):
             return admitted
@@ -212,7 +231,7 @@ class ToolDispatcher:
         return outcome
 
     def _in_thread(self, work: Callable[[], _T]) -> asyncio.Future[_T]:
-        return asyncio.get_running_loop().run_in_executor(self._threads, work)
+        return self._threads.run(work)
 
     def _dispatch_host(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
@@ -240,12 +259,14 @@ class ToolDispatcher:
         return outcome
 
     def _admit(
-        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
+        route: bool = False,
     ) -> _Call | Repeat:
         """Decide (`admit`, with its repeats), take a slot of the acting user, and write the
         audit row and the call's record, in one transaction (a worker thread). A refusal that
         is not a tool result (the run gone or ended, the session deleted) raises: an HTTP
-        error, not audited."""
+        error, not audited. With `route`, an admitted call also learns where it goes (the
+        router's reads, made in this thread rather than on the event loop)."""
         started = time.perf_counter()
         with self._store.write() as tx:
             # The run and its session read live on every call: an ended run or a deleted
@@ -290,12 +311,29 @@ class ToolDispatcher:
                 if isinstance(decision, Admitted) and decision.tool_call_id is not None:
                     self._repeats.completed(run_id, decision.tool_call_id)
                 raise
-        workdir = str(self._layout.runtime_dir(run.runtime_user_id, run.session_id))
+        paths = self._runtime_paths(run.runtime_user_id, run.session_id)
         admitted = decision if isinstance(decision, Admitted) else None
+        context = _context(run, paths) if route and admitted is not None else None
         return _Call(
-            run, session, name, spec, acting_user, workdir, admitted.arguments if admitted else None, entry_id,
-            started, refused, admitted.tool_call_id if admitted else None, actor, slot,
+            run, session, name, spec, acting_user, paths.workdir, admitted.arguments if admitted else None, entry_id,
+            started, refused, admitted.tool_call_id if admitted else None, actor, slot, context,
+            self._sandboxes.route(acting_user, context) if context is not None else None,
         )  # fmt: skip
+
+    def _runtime_paths(self, user_id: int, session_id: str) -> _RuntimePaths:
+        """The session's runtime directories as strings, built once per (user, session): a
+        call would otherwise build three `Path`s from the validated ids every time."""
+        key = (user_id, session_id)
+        paths = self._paths.get(key)
+        if paths is None:
+            if len(self._paths) >= _PATHS_KEPT:
+                self._paths.clear()
+            paths = self._paths[key] = _RuntimePaths(
+                str(self._layout.runtime_dir(user_id, session_id)),
+                str(self._layout.shell_output_dir(user_id, session_id)),
+                str(self._layout.outputs_dir(user_id, session_id)),
+            )
+        return paths
 
     async def _run_in_sandbox(
         self, call: _Call, on_output: OutputSink | None = None, stream: bool = False
@@ -310,15 +348,10 @@ class ToolDispatcher:
                 call.spec.name,
                 call.arguments.model_dump(mode="json", exclude_none=True),
                 cwd=call.workdir,
-                context=CallContext(
-                    run_id=call.run.run_id,
-                    session_id=call.run.session_id,
-                    # The runtime dir is mounted at its host path: the sandbox sees the same one.
-                    output_dir=str(self._layout.shell_output_dir(call.run.runtime_user_id, call.run.session_id)),
-                    outputs_dir=str(self._layout.outputs_dir(call.run.runtime_user_id, call.run.session_id)),
-                ),
+                context=call.context,
                 on_output=on_output,
                 spool=spool,
+                routed=call.routed,
             )
         except (ToolError, SpoolWriteFailed) as exc:
             if spool is not None:
