@@ -17,7 +17,6 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from orchestrator.log import kv
-from orchestrator.sandboxes.agent_calls import answer_limits, sandbox_unavailable
+from orchestrator.sandboxes.agent_calls import sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
 from orchestrator.sandboxes.agent_launch import AgentLaunch
 from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, image_of
@@ -53,7 +52,7 @@ from orchestrator.sandboxes.kubernetes_spec import (
 )
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
-from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxIdentity, Wanted
+from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxDriver, SandboxIdentity, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UserDirectories
@@ -103,33 +102,21 @@ def cluster_problem(settings: Settings, timeout: float = 5.0) -> str | None:
         api.close()
 
 
-@dataclass
-class _Slot(AgentSlot):
-    """One user's pod as this orchestrator knows it (`AgentSlot`: its agent, its calls;
-    `sandbox_id` is the pod's uid, `image` its image reference)."""
-
-
-class KubernetesDriver:
-    """The verbs of the lifecycle engine on the Kubernetes API (`sandbox_driver.SandboxDriver`)."""
+class KubernetesDriver(SandboxDriver):
+    """The verbs of the lifecycle engine on the Kubernetes API. The slot's `sandbox_id` is the
+    pod's uid, its `image` the image reference. Kubernetes has no freezer in its API, and a pod
+    is never restarted in place: it is created again."""
 
     name = "kubernetes"
-    pauses = False  # Kubernetes has no freezer in its API
-    restarts_in_place = False  # a pod is created again
     api_name = "the Kubernetes API"
     api_errors: tuple[type[BaseException], ...] = (ApiException, HTTPError, OSError)
-    reconnects = True
-    spares_calls_in_flight = False
     ready_poll_s = (POLL_S, POLL_S)
     progress_every_s = 0.0  # each check reads the pod
 
     def __init__(
         self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment, configuration: k8s.Configuration
     ) -> None:
-        self.settings = settings
-        self.ready_timeout_s = settings.sandbox_ready_timeout_s
-        self.layout = settings.layout
-        self.directories = directories
-        self.deployment = deployment
+        super().__init__(settings, directories, deployment)
         self.namespace = settings.k8s_namespace
         self.configuration = configuration
         self.api = k8s.ApiClient(self.configuration)
@@ -140,11 +127,7 @@ class KubernetesDriver:
         self.requests = Requests(
             settings.k8s_cpu_request or settings.sandbox_cpus, settings.k8s_memory_request_mb or settings.sandbox_memory_mb
         )
-        self._answer_limits = answer_limits(settings)
         self._policy_made = False
-
-    def new_slot(self, user_id: int) -> _Slot:
-        return _Slot(user_id)
 
     def launch_options(self) -> dict[str, Any]:
         return {
@@ -170,7 +153,7 @@ class KubernetesDriver:
     def wanted_now(self, user: SandboxUser) -> tuple[str, str | None] | None:
         return user.plan.plan_hash, image_of(user, self.settings.sandbox_image)
 
-    def inspect(self, slot: _Slot, wanted: Wanted | None) -> Inspection:
+    def inspect(self, slot: AgentSlot, wanted: Wanted | None) -> Inspection:
         pod = self._read(self.sandbox_name(slot.user_id))
         if pod is None:
             return Inspection(SandboxState.ABSENT)
@@ -194,7 +177,7 @@ class KubernetesDriver:
             found.append(Found(user_of(metadata.get("labels")), str(metadata.get("name")), running, pod))
         return found
 
-    def status(self, found: Found, slot: _Slot) -> SandboxStatus:
+    def status(self, found: Found, slot: AgentSlot) -> SandboxStatus:
         pod = found.handle
         metadata = pod.get("metadata") or {}
         observed = observed_pod(pod)
@@ -224,20 +207,17 @@ class KubernetesDriver:
         return pod_name(self.instance, user_id)
 
     # --- verbs ------------------------------------------------------------------------------
-    def adopt(self, slot: _Slot, found: Found) -> None:
+    def adopt(self, slot: AgentSlot, found: Found) -> None:
         slot.sandbox_id = observed_pod(found.handle).uid
 
     def discard(self, found: Found) -> None:
         self._delete(found.name, grace_s=KILL_GRACE_S)
 
-    def client(self, slot: _Slot, token: str) -> AgentClient:
+    def client(self, slot: AgentSlot, token: str) -> AgentClient:
         forwarder = PodPortForwarder(self.configuration, self.namespace, self.sandbox_name(slot.user_id), self.settings.k8s_agent_port)
-        return AgentClient(forwarder.where, token, connector=forwarder, answer_limits=self._answer_limits)
+        return AgentClient(forwarder.where, token, connector=forwarder, answer_limits=self.answer_limits)
 
-    def usable(self, slot: _Slot) -> bool:
-        return True  # a call to a gone sandbox fails undelivered: the router forgets it and ensures
-
-    def create(self, slot: _Slot, user: SandboxUser, launch: AgentLaunch, release: AgentRelease) -> None:
+    def create(self, slot: AgentSlot, user: SandboxUser, launch: AgentLaunch, release: AgentRelease) -> None:
         name = self.sandbox_name(user.user_id)
         self._wait_gone(slot, name)
         try:
@@ -250,30 +230,18 @@ class KubernetesDriver:
             ) from None
         slot.sandbox_id = str(json.loads(created.data)["metadata"]["uid"])
 
-    def start(self, slot: _Slot, seen: Inspection) -> None:
-        raise AssertionError("a pod is never stopped to start again: the table says recreate")
-
-    def restart(self, slot: _Slot, seen: Inspection) -> None:
-        raise AssertionError("a pod is never restarted in place: the table says recreate")
-
-    def remove(self, slot: _Slot, seen: Inspection | None, *, kill: bool) -> None:
+    def remove(self, slot: AgentSlot, seen: Inspection | None, *, kill: bool) -> None:
         # Killed: the shortest grace that still lets the kubelet confirm its containers are dead.
         self._delete(self.sandbox_name(slot.user_id), grace_s=KILL_GRACE_S if kill else STOP_GRACE_S)
 
-    def stop(self, slot: _Slot, reason: str) -> None:
+    def stop(self, slot: AgentSlot, reason: str) -> None:
         if slot.stopped:
             return
         name = self.sandbox_name(slot.user_id)
         log.info("deleting a sandbox pod %s", kv(user=slot.user_id, pod=name, reason=reason))
         self._delete(name, grace_s=STOP_GRACE_S)
 
-    def pause(self, slot: _Slot) -> bool:
-        return False
-
-    def resume(self, slot: _Slot) -> None:
-        pass  # never paused
-
-    def progress(self, slot: _Slot) -> Progress:
+    def progress(self, slot: AgentSlot) -> Progress:
         pod = self._read(self.sandbox_name(slot.user_id))
         if pod is None:
             return Progress(failed="its pod was deleted while starting")
@@ -287,7 +255,7 @@ class KubernetesDriver:
     def refused_for_good(self, error: AgentUnavailable) -> bool:
         return "refused to port-forward" in error.message or "rejected the orchestrator" in error.message
 
-    def start_failed(self, slot: _Slot) -> dict[str, str]:
+    def start_failed(self, slot: AgentSlot) -> dict[str, str]:
         name = self.sandbox_name(slot.user_id)
         try:
             # None, not "", for a pod that never got a node (an unschedulable one).
@@ -338,18 +306,15 @@ class KubernetesDriver:
             agent_dir=self.layout.agent_current,
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),
-            ca_bundle=self._ca_bundle(),
+            ca_bundle=self.ca_bundle(),
             tolerations=[t.manifest() for t in self.settings.k8s_tolerations],
             runtime_class=self.settings.k8s_runtime_class,
         )
 
-    def _ca_bundle(self) -> Path | None:
-        """The node's CA bundle for pip and npm behind the egress proxy, when egress reaches
-        the pod at all (a hostPath data volume: the pod is on the orchestrator's node)."""
-        bundle = self.settings.sandbox_ca_bundle
-        if self.settings.egress == "off" or self.data.claim is not None or not bundle.is_file():
-            return None
-        return bundle
+    def ca_bundle(self) -> Path | None:
+        """The node's CA bundle, when egress reaches the pod at all (a hostPath data volume: the
+        pod is on the orchestrator's node)."""
+        return super().ca_bundle() if self.data.claim is None else None
 
     def _read(self, name: str) -> dict[str, Any] | None:
         try:
@@ -377,7 +342,7 @@ class KubernetesDriver:
             if exc.status != 404:
                 raise
 
-    def _wait_gone(self, slot: _Slot, name: str) -> None:
+    def _wait_gone(self, slot: AgentSlot, name: str) -> None:
         """A pod's name is free again only once it is gone (a deleted pod terminates first)."""
         deadline = time.monotonic() + GONE_TIMEOUT_S
         while True:
@@ -401,7 +366,7 @@ class KubernetesDriver:
 
 
 
-class KubernetesBackend(LifecycleEngine[_Slot]):
+class KubernetesBackend(LifecycleEngine):
     """The kubernetes backend: the lifecycle engine on `KubernetesDriver`."""
 
     def __init__(

@@ -34,7 +34,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -44,22 +43,20 @@ from mounts.layout import DataLayout
 from orchestrator.clock import iso
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
-from orchestrator.sandboxes.agent_calls import answer_limits, sandbox_unavailable
+from orchestrator.sandboxes.agent_calls import sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
 from orchestrator.sandboxes.agent_launch import AgentLaunch
-from orchestrator.sandboxes.base import LiveAgent, SandboxStatus, SandboxUser, runs_processes
+from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, runs_processes
 from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
 from orchestrator.sandboxes.cgroups import CgroupError, CgroupPlan, SandboxCgroups, SandboxLimits
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
-from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, Wanted
+from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxDriver, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
-from sandbox_agent.client import AgentClient
-from sandbox_agent.errors import AgentUnavailable
 from sandbox_agent.peer import ExpectedPeer
 
 log = logging.getLogger(__name__)
@@ -77,10 +74,8 @@ class _Agent:
 
     user_id: int
     proc: subprocess.Popen[bytes]
-    live: LiveAgent | None  # unused by the driver: the engine's slot holds the agent's clients
     plan_hash: str
     build: str
-    instance_id: str
     run_as_uid: int | None
     started_at: float = field(default_factory=time.time)
     group_gids: tuple[int, ...] = ()  # of the plan it was started with
@@ -130,15 +125,13 @@ class SpawnThread:
                 self._queue.put(None)
 
 
-class ProcessDriver:
-    """The verbs of the lifecycle engine on host processes (`sandbox_driver.SandboxDriver`):
-    an agent is started, frozen, thawed and ended, never adopted (a restart ends them all)."""
+class ProcessDriver(SandboxDriver):
+    """The verbs of the lifecycle engine on host processes: an agent is started, frozen, thawed
+    and ended, never adopted (a restart ends them all) nor restarted in place."""
 
     name = "process"
     pauses = True  # `cgroup.freeze`, or SIGSTOP of the agent's tree
-    restarts_in_place = False  # an agent is started again from scratch
     api_name = "the process backend"
-    api_errors: tuple[type[BaseException], ...] = ()
     reconnects = False  # an agent a call could not reach is replaced: its socket is in the user's dir
     spares_calls_in_flight = True
     ready_poll_s = (0.005, 0.1)
@@ -153,10 +146,8 @@ class ProcessDriver:
         *,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
-        self.settings = settings
+        super().__init__(settings, directories, deployment)
         self.layout = layout
-        self.directories = directories
-        self.deployment = deployment
         self.ready_timeout_s = start_timeout_s
         self._agents: dict[int, _Agent] = {}  # the running agents: this platform's only record
         self._lock = threading.Lock()  # guards `_agents`
@@ -187,12 +178,8 @@ class ProcessDriver:
                 "process-backend sandboxes are NOT isolated from each other or the host network %s",
                 kv(reason=self.isolation.reason, network=self.isolation.process_network),
             )
-        self._answer_limits = answer_limits(settings)
         self._spawner = SpawnThread()
         self._warden = Warden(None)  # thaws our SIGSTOPped agents, kills our cgroups, should we vanish
-
-    def new_slot(self, user_id: int) -> AgentSlot:
-        return AgentSlot(user_id)
 
     def launch_options(self) -> dict[str, Any]:
         namespaced = self._bwrap is not None
@@ -203,9 +190,6 @@ class ProcessDriver:
             "parent_pid": None if namespaced else os.getpid(),
             "private_network": self.isolation.process_network == "namespace",
         }
-
-    def api_error(self, exc: BaseException) -> str:
-        return repr(exc)
 
     # --- facts ------------------------------------------------------------------------------
     def wanted(self, user: SandboxUser) -> Wanted:
@@ -281,20 +265,9 @@ class ProcessDriver:
     def discard(self, found: Found) -> None:
         self._terminate(found.handle)
 
-    def client(self, slot: AgentSlot, token: str) -> AgentClient:
-        """As root, only a socket served by the user's own uid is spoken to (SO_PEERCRED): the
-        socket dir is the user's, and a link there could lead anywhere."""
-        run_as = self.directories.sandbox_uid(slot.user_id) if self.directories.chown else None
-        peer = ExpectedPeer(uid=run_as) if run_as is not None else None
-        return AgentClient(
-            self.layout.socket_path(slot.user_id), token, expected_peer=peer, answer_limits=self._answer_limits
-        )  # fmt: skip
-
-    def start(self, slot: AgentSlot, seen: Inspection) -> None:
-        raise AssertionError("an agent is never stopped to start again: the table says recreate")
-
-    def restart(self, slot: AgentSlot, seen: Inspection) -> None:
-        raise AssertionError("an agent is never restarted in place: the table says recreate")
+    def expected_peer(self, slot: AgentSlot) -> ExpectedPeer | None:
+        """As root, the user's own uid (SO_PEERCRED): the socket dir is the user's."""
+        return ExpectedPeer(uid=self.directories.sandbox_uid(slot.user_id)) if self.directories.chown else None
 
     def remove(self, slot: AgentSlot, seen: Inspection | None, *, kill: bool) -> None:
         agent = self._agent(slot.user_id)
@@ -317,9 +290,6 @@ class ProcessDriver:
             time.sleep(0.05)  # let the stderr forwarder catch the last lines
             return Progress(failed=f"the agent exited with code {agent.proc.returncode}: {' | '.join(agent.stderr_tail)[-500:]}")
         return Progress()
-
-    def refused_for_good(self, error: AgentUnavailable) -> bool:
-        return False
 
     def start_failed(self, slot: AgentSlot) -> dict[str, str]:
         agent = self._agent(slot.user_id)
@@ -405,7 +375,11 @@ class ProcessDriver:
                 bwrap=binary,
             )
         try:
-            self._remove_stale_socket(launch.socket_path)
+            # So that readiness can only be the new agent. The socket dir is the user's: whatever
+            # sits at the socket's name (even a directory) goes. Safe as root: `sockets/` is
+            # root's, so `sockets/{uid}` cannot be swapped for a link, and the removal never
+            # follows a link.
+            remove_tree(launch.socket_path)
         except OSError as exc:  # the user's shell keeps changing its socket dir under us
             raise sandbox_unavailable(user_id, f"clearing its socket path failed: {exc}") from exc
         identity: dict[str, Any] = {}
@@ -444,7 +418,7 @@ class ProcessDriver:
             self._end_cgroup(cgroup)
             raise sandbox_unavailable(user_id, f"starting it failed: {exc}") from exc
         agent = _Agent(
-            user_id, proc, None, user.plan.plan_hash, release.build, launch.config.instance_id, run_as,
+            user_id, proc, user.plan.plan_hash, release.build, run_as,
             group_gids=user.plan.group_gids, cgroup=cgroup,
         )  # fmt: skip
         threading.Thread(target=self._forward_stderr, args=(agent,), daemon=True, name=f"agent-{user_id}-stderr").start()
@@ -456,16 +430,8 @@ class ProcessDriver:
     def _ca_mounts(self) -> tuple[str, ...]:
         """The sandbox CA bundle when it lives outside /etc (the deployment CA's, under the
         data dir): bwrap shows it read-only at its own path."""
-        bundle = self.settings.sandbox_ca_bundle
-        if self.settings.egress == "off" or not bundle.is_file() or str(bundle).startswith("/etc/"):
-            return ()
-        return (str(bundle),)
-
-    def _remove_stale_socket(self, socket_path: Path) -> None:
-        """So that readiness can only be the new agent. The socket dir is the user's: whatever
-        sits at the socket's name (even a directory) goes. Safe as root: `sockets/` is root's,
-        so `sockets/{uid}` cannot be swapped for a link, and the removal never follows a link."""
-        remove_tree(socket_path)
+        bundle = self.ca_bundle()
+        return (str(bundle),) if bundle is not None and not str(bundle).startswith("/etc/") else ()
 
     def _forward_stderr(self, agent: _Agent) -> None:
         stream = agent.proc.stderr
@@ -547,7 +513,7 @@ class ProcessDriver:
             self._cgroups.close()
 
 
-class ProcessBackend(LifecycleEngine[AgentSlot]):
+class ProcessBackend(LifecycleEngine):
     """The process backend: the lifecycle engine on `ProcessDriver`."""
 
     def __init__(
@@ -561,9 +527,6 @@ class ProcessBackend(LifecycleEngine[AgentSlot]):
         )  # fmt: skip
         self.isolation = self.driver.isolation
         self.cgroup_of = self.driver.cgroup_of
-        self._warden = self.driver._warden
-        self._agents = self.driver._agents
-        self._forward_stderr = self.driver._forward_stderr
 
 
 def template_unsupported(user: SandboxUser) -> ToolError:

@@ -1,7 +1,6 @@
 """What the lifecycle engine keeps per user: the slot of one user's sandbox (its agent's clients,
 its call count, what it runs, the flags a failed call sets), and the table of them with the
-parts of the backend interface that only touch slots (`forget`, `cancel_calls`). A driver adds
-what its platform needs to its own slot."""
+parts of the backend interface that only touch slots (`forget`, `cancel_calls`)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
 
 from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S
@@ -88,29 +86,25 @@ def reconnect(slot: AgentSlot, directories: UserDirectories, client_for: Callabl
     return True
 
 
-S = TypeVar("S", bound=AgentSlot)
-
-
-class SlotTable(Generic[S]):
+class SlotTable:
     """The slots by user, made on first use. Thread-safe; a slot's own state is under its lock."""
 
-    def __init__(self, make: Callable[[int], S]) -> None:
-        self._make = make
-        self._slots: dict[int, S] = {}
+    def __init__(self) -> None:
+        self._slots: dict[int, AgentSlot] = {}
         self._lock = threading.Lock()
 
-    def get(self, user_id: int) -> S | None:
+    def get(self, user_id: int) -> AgentSlot | None:
         with self._lock:
             return self._slots.get(user_id)
 
-    def slot(self, user_id: int) -> S:
+    def slot(self, user_id: int) -> AgentSlot:
         with self._lock:
             slot = self._slots.get(user_id)
             if slot is None:
-                slot = self._slots[user_id] = self._make(user_id)
+                slot = self._slots[user_id] = AgentSlot(user_id)
             return slot
 
-    def all(self) -> list[S]:
+    def all(self) -> list[AgentSlot]:
         with self._lock:
             return list(self._slots.values())
 
