@@ -264,7 +264,7 @@ class LifecycleEngine:
             self.driver.restart(slot, seen)  # so the restart runs the new BUILD
             slot.sandbox_id = seen.sandbox_id
         slot.plan_hash, slot.image, slot.stopped = plan_hash, image, False
-        self._wait_ready(slot, self.driver.client(slot, launch.token), launch.config.instance_id, launch.token)
+        self._wait_ready(slot, self.driver.client(slot, launch.token), launch.config.instance_id)
 
     def _reconnect(self, slot: AgentSlot, seen: Inspection) -> bool:
         """The agent already running in the sandbox (`slots.reconnect`). False: the caller
@@ -274,7 +274,7 @@ class LifecycleEngine:
         slot.sandbox_id = seen.sandbox_id
         return reconnect(slot, self.directories, lambda token: self.driver.client(slot, token))
 
-    def _wait_ready(self, slot: AgentSlot, agent: AgentClient, instance: str, token: str) -> None:
+    def _wait_ready(self, slot: AgentSlot, agent: AgentClient, instance: str) -> None:
         """Ready = our agent (the instance id we wrote) answers /health. Meanwhile the platform
         is asked how the start goes: a problem that waiting will not solve fails it at once, in
         its own words."""
@@ -297,7 +297,7 @@ class LifecycleEngine:
                     health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
                     if health.instance_id == instance:
                         slot.running_build = health.build
-                        slot.live = live_agent(slot, agent, token)
+                        slot.live = live_agent(slot, agent)
                         return
                 except AgentUnavailable as exc:
                     if self.driver.refused_for_good(exc):

@@ -15,7 +15,7 @@ from orchestrator.sandboxes.agent_launch import read_agent_token
 from orchestrator.call_ledger import SandboxEntry
 from orchestrator.sandboxes.base import LiveAgent
 from orchestrator.users.dirs import UserDirectories
-from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
@@ -42,21 +42,16 @@ class AgentSlot:
 
     def forget_agent(self) -> None:
         if self.live is not None:
-            self.live.blocking.close()
-            self.live.calls.close()
+            self.live.blocking.close()  # and `calls`, the transport it runs
         self.live = None
         self.running_build = None
         self.forgotten = False
 
 
-def live_agent(slot: AgentSlot, agent: AgentClient, token: str) -> LiveAgent:
-    """Both clients of one agent: the event loop's one reaches it as the blocking one does
-    (the same socket or connector, peer check and answer bounds), on the slot's call count."""
-    calls = AsyncAgentClient(
-        agent.socket_path, token, connector=agent.connector, expected_peer=agent.expected_peer,
-        answer_limits=agent.answer_limits,
-    )  # fmt: skip
-    return LiveAgent(slot.user_id, agent, calls, slot.count)
+def live_agent(slot: AgentSlot, agent: AgentClient) -> LiveAgent:
+    """Both faces of one agent's client, on the slot's call count: the event loop's calls go
+    through its transport, which the blocking façade runs too (one pool, per loop)."""
+    return LiveAgent(slot.user_id, agent, agent.transport, slot.count)
 
 
 def reconnect(slot: AgentSlot, directories: UserDirectories, client_for: Callable[[str], AgentClient]) -> bool:
@@ -82,7 +77,7 @@ def reconnect(slot: AgentSlot, directories: UserDirectories, client_for: Callabl
         return False
     slot.running_build = health.build
     slot.count.note_processes(health.processes)
-    slot.live = live_agent(slot, agent, token)
+    slot.live = live_agent(slot, agent)
     return True
 
 

@@ -52,14 +52,10 @@ class FakeSandbox:
 class FakeAgentClient:
     """Stands in for `AgentClient`: answers from the fake platform's sandbox."""
 
-    connector = None
-    expected_peer = None
-    answer_limits = None
-
     def __init__(self, platform: FakePlatform, user_id: int) -> None:
         self.platform = platform
         self.user_id = user_id
-        self.socket_path = "/nonexistent/agent.sock"
+        self.transport = self  # the event loop's face: the engine never calls through it
         self.closed = False
 
     def health(self, timeout_s: float) -> Health:
