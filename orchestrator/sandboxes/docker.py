@@ -20,14 +20,12 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
-from orchestrator.clock import iso
 from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
@@ -46,8 +44,10 @@ from orchestrator.sandboxes.docker_spec import (
     container_outdated,
     container_spec,
     container_state,
+    docker_time,
     instance_id,
     observed_from_attrs,
+    sandbox_peer,
     user_of,
 )
 from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
@@ -67,56 +67,12 @@ IMAGE_RECHECK_S = 5.0  # how stale the cached id of ORCH_SANDBOX_IMAGE may be on
 STOP_TIMEOUT_S = 5
 
 
-def engine_problem(timeout: float = 3.0) -> str | None:
-    """None when a Docker engine answers, else why not."""
-    try:
-        client = docker.from_env(timeout=timeout)
-        try:
-            client.ping()
-        finally:
-            client.close()
-        return None
-    except DockerException as exc:
-        return str(exc)
-
-
-def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
-    """The image's labels; None when it is absent (or the engine does not answer)."""
-    try:
-        client = docker.from_env(timeout=timeout)
-        try:
-            return dict(client.images.get(image).labels or {})
-        finally:
-            client.close()
-    except (DockerException, ImageNotFound):
-        return None
-
-
 @contextmanager
 def _refusals(user_id: int) -> Iterator[None]:
     try:
         yield
     except APIError as exc:
         raise sandbox_unavailable(user_id, f"docker refused: {exc.explanation}") from None
-
-
-def sandbox_peer(runtime: str, sandbox_uid: int, container_id: str) -> ExpectedPeer:
-    """Pure: what shows that a socket's peer is the user's sandbox. Under runc its agent is a
-    host process of the sandbox's uid. Under runsc every socket the sandbox has on the host is
-    its gofer's, a root process in the container's cgroup: the container is the fact (uid 0
-    would also be dockerd's, another sandbox's gofer's or any root daemon's)."""
-    if runtime == "runsc":
-        return ExpectedPeer(container_id=container_id)
-    return ExpectedPeer(uid=sandbox_uid)
-
-
-def docker_time(text: str | None) -> str | None:
-    """Pure: Docker's `2026-12-01T13:49:58.955123456Z` in the stored form; None for its zero time."""
-    if not text or text.startswith("0001-"):
-        return None
-    head, _, fraction = text.rstrip("Z").partition(".")
-    moment = datetime.fromisoformat(head).replace(tzinfo=timezone.utc, microsecond=int((fraction + "000000")[:6]))
-    return iso(moment)
 
 
 class DockerDriver(SandboxDriver):

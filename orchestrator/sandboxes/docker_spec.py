@@ -7,13 +7,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from mounts.plan import Access, MountPlan
+from orchestrator.clock import iso
 from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, fit_of
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
 from orchestrator.sandboxes.seccomp import seccomp_security_opt
+from sandbox_agent.peer import ExpectedPeer
 
 LABEL_PREFIX = "org.sandbox-orchestrator."
 LABEL_MANAGED = LABEL_PREFIX + "managed"
@@ -288,3 +291,22 @@ def user_of(labels: Mapping[str, str] | None) -> int | None:
     """The user id a managed container's labels name, or None when they name none."""
     raw = (labels or {}).get(LABEL_USER, "")
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def sandbox_peer(runtime: str, sandbox_uid: int, container_id: str) -> ExpectedPeer:
+    """Pure: what shows that a socket's peer is the user's sandbox. Under runc its agent is a
+    host process of the sandbox's uid. Under runsc every socket the sandbox has on the host is
+    its gofer's, a root process in the container's cgroup: the container is the fact (uid 0
+    would also be dockerd's, another sandbox's gofer's or any root daemon's)."""
+    if runtime == "runsc":
+        return ExpectedPeer(container_id=container_id)
+    return ExpectedPeer(uid=sandbox_uid)
+
+
+def docker_time(text: str | None) -> str | None:
+    """Pure: Docker's `2026-12-01T13:49:58.955123456Z` in the stored form; None for its zero time."""
+    if not text or text.startswith("0001-"):
+        return None
+    head, _, fraction = text.rstrip("Z").partition(".")
+    moment = datetime.fromisoformat(head).replace(tzinfo=timezone.utc, microsecond=int((fraction + "000000")[:6]))
+    return iso(moment)

@@ -22,16 +22,12 @@ with the PathSandbox. When to start, replace, pause or stop an agent is the engi
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
-import queue
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -54,6 +50,7 @@ from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
 from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxDriver, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
+from orchestrator.sandboxes.spawn_thread import SpawnThread
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
@@ -86,43 +83,6 @@ class _Agent:
     @property
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-
-class SpawnThread:
-    """Starts the agents' processes from one thread that lives as long as the backend. bwrap's
-    --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that forked it exits, and the
-    threads calls run on come and go: an agent started from one would die with it."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="agent-spawner")
-        self._thread.start()
-
-    def run(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-        """`start()` on the spawner thread. After `close` an OSError at once: a start asked of
-        a closed backend fails clearly instead of waiting for a thread that is gone."""
-        done: Future[subprocess.Popen[bytes]] = Future()
-        with self._lock:
-            if self._closed:
-                raise OSError(errno.ESHUTDOWN, "the process backend is closed: no agent starts")
-            self._queue.put((start, done))
-        return done.result()
-
-    def _loop(self) -> None:
-        while (job := self._queue.get()) is not None:
-            start, done = job
-            try:
-                done.set_result(start())
-            except BaseException as exc:  # handed to the caller's thread
-                done.set_exception(exc)
-
-    def close(self) -> None:
-        with self._lock:  # what was queued before runs; nothing is queued after
-            if not self._closed:
-                self._closed = True
-                self._queue.put(None)
 
 
 class ProcessDriver(SandboxDriver):
