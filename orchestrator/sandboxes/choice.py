@@ -83,7 +83,7 @@ def detect_backend(settings: Settings) -> BackendChoice:
     """The choice for this host; asks the engine only when the setting can use it."""
     name = settings.sandbox_image
     if settings.backend == "kubernetes":
-        from orchestrator.sandboxes.kubernetes import cluster_problem
+        from orchestrator.sandboxes.kubernetes_api import cluster_problem
 
         return kubernetes_choice(cluster_problem(settings))
     if settings.backend == "process":
