@@ -30,7 +30,7 @@ from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
 from orchestrator.sandboxes.agent_launch import AgentLaunch
-from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, image_of
+from orchestrator.sandboxes.base import SandboxStatus, SandboxUser
 from orchestrator.sandboxes.docker_spec import (
     LABEL_BUILD,
     LABEL_INSTANCE,
@@ -39,13 +39,11 @@ from orchestrator.sandboxes.docker_spec import (
     MANAGED_VALUE,
     ContainerSpec,
     Desired,
-    Limits,
     container_name,
     container_outdated,
     container_spec,
     container_state,
     docker_time,
-    instance_id,
     observed_from_attrs,
     sandbox_peer,
     user_of,
@@ -92,8 +90,6 @@ class DockerDriver(SandboxDriver):
     ) -> None:
         super().__init__(settings, directories, deployment)
         self.engine = engine
-        self.instance = instance_id(self.layout.root)
-        self.limits = Limits(settings.sandbox_cpus, settings.sandbox_memory_mb, settings.sandbox_pids)
         self._images: dict[str, tuple[str, float]] = {}  # reference -> (id, when resolved)
         self._expected_lock = expected_agent_lock()
         self._warden = Warden(self.instance)  # thaws our paused containers should we vanish
@@ -122,7 +118,7 @@ class DockerDriver(SandboxDriver):
         return Wanted(desired.plan_hash, desired.image_id, desired.agent_build, desired)
 
     def wanted_now(self, user: SandboxUser) -> tuple[str, str | None] | None:
-        image = self._images.get(image_of(user, self.settings.sandbox_image))
+        image = self._images.get(self.image(user))
         if image is None or time.monotonic() - image[1] >= IMAGE_RECHECK_S:
             return None
         return user.plan.plan_hash, image[0]
@@ -254,7 +250,7 @@ class DockerDriver(SandboxDriver):
         spec = container_spec(
             instance=self.instance,
             plan=user.plan,
-            image=self._image_of(user),
+            image=self.image(user),
             image_id=image_id,
             agent_build=build,
             sandbox_uid=identity.uid,
@@ -314,11 +310,8 @@ class DockerDriver(SandboxDriver):
         except NotFound:
             pass
 
-    def _image_of(self, user: SandboxUser) -> str:
-        return image_of(user, self.settings.sandbox_image)
-
     def _image_id(self, user: SandboxUser) -> str:
-        reference = self._image_of(user)
+        reference = self.image(user)
         now = time.monotonic()
         known = self._images.get(reference)
         if known is not None and now - known[1] < IMAGE_RECHECK_S:

@@ -24,8 +24,7 @@ from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
 from orchestrator.sandboxes.agent_launch import AgentLaunch
-from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, image_of
-from orchestrator.sandboxes.docker_spec import Limits, instance_id
+from orchestrator.sandboxes.base import SandboxStatus, SandboxUser
 from orchestrator.sandboxes.kubernetes_api import API_ERRORS, POLL_S, PodApi, api_error, kube_configuration
 from orchestrator.sandboxes.kubernetes_forward import PodPortForwarder
 from orchestrator.sandboxes.kubernetes_spec import (
@@ -79,10 +78,8 @@ class KubernetesDriver(SandboxDriver):
         super().__init__(settings, directories, deployment)
         self.namespace = settings.k8s_namespace
         self.configuration = configuration
-        self.instance = instance_id(self.layout.root)
         self.pods = PodApi(configuration, self.namespace, self.instance)
         self.data = DataVolume(self.layout.root, settings.k8s_data_pvc)
-        self.limits = Limits(settings.sandbox_cpus, settings.sandbox_memory_mb, settings.sandbox_pids)
         self.requests = Requests(
             settings.k8s_cpu_request or settings.sandbox_cpus, settings.k8s_memory_request_mb or settings.sandbox_memory_mb
         )
@@ -104,13 +101,13 @@ class KubernetesDriver(SandboxDriver):
     # --- facts ------------------------------------------------------------------------------
     def wanted(self, user: SandboxUser) -> Wanted:
         desired = DesiredPod(
-            user.plan.plan_hash, image_of(user, self.settings.sandbox_image), self.deployment.build,
+            user.plan.plan_hash, self.image(user), self.deployment.build,
             self.settings.k8s_runtime_class,
         )  # fmt: skip
         return Wanted(desired.plan_hash, desired.image, desired.agent_build, desired)
 
     def wanted_now(self, user: SandboxUser) -> tuple[str, str | None] | None:
-        return user.plan.plan_hash, image_of(user, self.settings.sandbox_image)
+        return user.plan.plan_hash, self.image(user)
 
     def inspect(self, slot: AgentSlot, wanted: Wanted | None) -> Inspection:
         pod = self.pods.read(self.sandbox_name(slot.user_id))
@@ -228,7 +225,7 @@ class KubernetesDriver(SandboxDriver):
         return pod_manifest(
             instance=self.instance,
             plan=user.plan,
-            image=image_of(user, self.settings.sandbox_image),
+            image=self.image(user),
             pull_policy=self.settings.k8s_image_pull_policy,
             agent_build=build,
             data=self.data,

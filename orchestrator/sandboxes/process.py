@@ -45,6 +45,7 @@ from orchestrator.sandboxes.agent_launch import AgentLaunch
 from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, runs_processes
 from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
 from orchestrator.sandboxes.cgroups import CgroupError, CgroupPlan, SandboxCgroups, SandboxLimits
+from orchestrator.sandboxes.docker_spec import Limits
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
@@ -117,11 +118,7 @@ class ProcessDriver(SandboxDriver):
         self._cgroups: SandboxCgroups | None = None
         cgroups: tuple[bool, str | None, str] = (False, "not root: sandbox cgroups cannot be made", "none")
         if directories.chown:
-            limits = SandboxLimits(
-                cpus=settings.sandbox_cpus, memory_bytes=settings.sandbox_memory_mb * 1024 * 1024,
-                pids=settings.sandbox_pids,
-            )  # fmt: skip
-            found = SandboxCgroups(directories.uid_base, limits)
+            found = SandboxCgroups(directories.uid_base, _cgroup_limits(self.limits))
             cgroups = (found.usable, found.reason, found.limited_by)
             if found.usable:
                 self._cgroups = found
@@ -350,7 +347,7 @@ class ProcessDriver(SandboxDriver):
             identity = {"user": run_as, "group": run_as, "extra_groups": extra_groups}
             if self._cgroups is not None:
                 try:
-                    cgroup = self._cgroups.prepare(run_as, self._limits_of(user))
+                    cgroup = self._cgroups.prepare(run_as, _cgroup_limits(self.limits.for_user(user.cpus, user.memory_mb)))
                 except CgroupError as exc:
                     raise sandbox_unavailable(user_id, f"its cgroup: {exc}") from exc
                 self._warden.watch_cgroup(cgroup.v2_dir)
@@ -452,16 +449,6 @@ class ProcessDriver(SandboxDriver):
             except psutil.Error:
                 pass
 
-    def _limits_of(self, user: SandboxUser) -> SandboxLimits | None:
-        """The user's own CPU and memory (an admin's override), None for the default."""
-        if user.cpus is None and user.memory_mb is None:
-            return None
-        return SandboxLimits(
-            cpus=user.cpus or self.settings.sandbox_cpus,
-            memory_bytes=(user.memory_mb or self.settings.sandbox_memory_mb) * 1024 * 1024,
-            pids=self.settings.sandbox_pids,
-        )
-
     def close(self) -> None:
         with self._lock:
             agents = list(self._agents.values())
@@ -471,6 +458,11 @@ class ProcessDriver(SandboxDriver):
         self._warden.close()
         if self._cgroups is not None:
             self._cgroups.close()
+
+
+def _cgroup_limits(limits: Limits) -> SandboxLimits:
+    """A sandbox's limits as its cgroup takes them."""
+    return SandboxLimits(cpus=limits.cpus, memory_bytes=limits.memory_mb * 1024 * 1024, pids=limits.pids)
 
 
 class ProcessBackend(LifecycleEngine):

@@ -15,7 +15,8 @@ from typing import Any
 from orchestrator.sandboxes.agent_calls import answer_limits
 from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
 from orchestrator.sandboxes.agent_launch import AgentLaunch
-from orchestrator.sandboxes.base import SandboxStatus, SandboxUser
+from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, image_of
+from orchestrator.sandboxes.docker_spec import Limits, instance_id
 from orchestrator.sandboxes.lifecycle_decision import Observed
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.settings import Settings
@@ -92,7 +93,7 @@ class Found:
 
 class SandboxDriver:
     """The base of every driver (JupyterHub's `Spawner` is one too): what all of them keep (the
-    settings, the data layout, the agent's answer bounds) and the defaults of a platform that
+    settings, the data layout, the agent's answer bounds, the sandboxes' limits) and the defaults of a platform that
     cannot freeze a sandbox, never restarts one in place and reaches its agent on the user's
     Unix socket. A verb without a default raises `NotImplementedError`."""
 
@@ -114,6 +115,9 @@ class SandboxDriver:
         self.deployment = deployment
         self.ready_timeout_s = settings.sandbox_ready_timeout_s
         self.answer_limits = answer_limits(settings)
+        self.instance = instance_id(self.layout.root)  # names and labels this data dir's sandboxes
+        # ORCH_SANDBOX_CPUS / _MEMORY_MB / _PIDS: each sandbox's, unless an admin set a user's own.
+        self.limits = Limits(settings.sandbox_cpus, settings.sandbox_memory_mb, settings.sandbox_pids)
 
     def launch_options(self) -> dict[str, Any]:
         """`prepare_agent_launch`'s platform arguments (listen port, kernel, egress)."""
@@ -122,6 +126,10 @@ class SandboxDriver:
     def api_error(self, exc: BaseException) -> str:
         """One of `api_errors` in words."""
         return repr(exc)
+
+    def image(self, user: SandboxUser) -> str:
+        """The image (reference) the user's sandbox runs: its template's, else ORCH_SANDBOX_IMAGE."""
+        return image_of(user, self.settings.sandbox_image)
 
     def ca_bundle(self) -> Path | None:
         """The host's CA bundle for pip and npm behind the egress proxy (docs/egress.md), when
