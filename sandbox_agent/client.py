@@ -105,10 +105,10 @@ def answer_length(content_length: str | None, chunked: bool, limit: int, socket_
         )
     try:
         length = int(content_length)
+        if length < 0:
+            raise ValueError(length)
     except ValueError:
         raise AgentToolError("agent_error", f"The sandbox agent answered a bad Content-Length {content_length!r}.") from None
-    if length < 0:
-        raise AgentToolError("agent_error", f"The sandbox agent answered a bad Content-Length {content_length!r}.")
     if length > limit:
         raise AgentToolError(
             "output_too_large",
@@ -123,12 +123,6 @@ def tool_request(arguments: dict[str, Any], cwd: str, context: CallContext | Non
     if context is not None:
         body["context"] = context.model_dump(exclude_none=True)
     return json.dumps(body).encode()
-
-
-def cancel_request(run_id: str | None, session_id: str | None) -> bytes:
-    if run_id is None and session_id is None:
-        raise ValueError("cancel needs a run_id or a session_id")
-    return json.dumps({"run_id": run_id, "session_id": session_id}).encode()
 
 
 def health_of(answer: _Answer) -> Health:
@@ -652,7 +646,9 @@ class AsyncAgentClient:
 
     async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
         """Kill the matching in-flight calls' process trees; how many calls were cancelled."""
-        body = cancel_request(run_id, session_id)
+        if run_id is None and session_id is None:
+            raise ValueError("cancel needs a run_id or a session_id")
+        body = json.dumps({"run_id": run_id, "session_id": session_id}).encode()
         return cancelled_of(await self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
 
     async def open_port(self, port: int, *, timeout_s: float) -> tuple[socket.socket, bytes]:

@@ -78,7 +78,6 @@ class _Agent:
     started_at: float = field(default_factory=time.time)
     group_gids: tuple[int, ...] = ()  # of the plan it was started with
     cgroup: CgroupPlan | None = None  # as root: the sandbox's cgroup, which the agent joined before it ran
-    stalled: bool = False  # missed a call's deadline: killed, not asked to stop
     stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
 
     @property
@@ -229,14 +228,11 @@ class ProcessDriver(SandboxDriver):
     def remove(self, slot: AgentSlot, seen: Inspection | None, *, kill: bool) -> None:
         agent = self._agent(slot.user_id)
         if agent is not None:
-            agent.stalled = kill  # a stalled agent is killed without asking
-            self._terminate(agent, paused=slot.count.paused)
+            self._terminate(agent, paused=slot.count.paused, kill=kill)
 
     def stop(self, slot: AgentSlot, reason: str) -> None:
-        agent = self._agent(slot.user_id)
-        if agent is not None:
-            agent.stalled = slot.stalled  # a stalled agent is killed without asking
-            self._terminate(agent, paused=slot.count.paused)
+        if self._agent(slot.user_id) is not None:
+            self.remove(slot, None, kill=slot.stalled)  # a stalled agent is killed without asking
             log.info("agent stopped %s", kv(user=slot.user_id, reason=reason))
 
     def progress(self, slot: AgentSlot) -> Progress:
@@ -411,8 +407,9 @@ class ProcessDriver(SandboxDriver):
         self._cgroups.kill(cgroup)
         self._warden.forget_cgroup(cgroup.v2_dir)
 
-    def _terminate(self, agent: _Agent, *, paused: bool = False) -> None:
-        """Stop the agent and everything it started (shells run in their own sessions)."""
+    def _terminate(self, agent: _Agent, *, paused: bool = False, kill: bool = False) -> None:
+        """Stop the agent and everything it started (shells run in their own sessions); `kill`:
+        it missed a call's deadline, so it is killed, not asked to stop."""
         with self._lock:
             if self._agents.get(agent.user_id) is agent:
                 del self._agents[agent.user_id]
@@ -424,7 +421,7 @@ class ProcessDriver(SandboxDriver):
                 tree = psutil.Process(agent.proc.pid).children(recursive=True)
             except psutil.Error:
                 pass
-        if agent.alive and agent.stalled:
+        if agent.alive and kill:
             agent.proc.kill()  # a stopped agent would not see SIGTERM; SIGKILL needs no cooperation
         elif agent.alive:
             try:
