@@ -1,5 +1,5 @@
-"""The docker backend's deciders: what a user's container looks like, and what to do
-with the container that exists. Pure: values in, values out; no engine needed to test them.
+"""The docker backend's deciders: what a user's container looks like, and what the container
+that exists is to the lifecycle decision table (its state, whether it is outdated). Pure: values in, values out; no engine needed to test them.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ from pathlib import Path
 
 from mounts.plan import Access, MountPlan
 from orchestrator.clock import iso
-from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, fit_of
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
-from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
 from orchestrator.sandboxes.seccomp import seccomp_security_opt
 from sandbox_agent.peer import ExpectedPeer
 
@@ -203,14 +201,11 @@ def container_spec(
     )
 
 
-# --- what to do with the container that exists ------------------------------------------
+# --- the container that exists, as the lifecycle decision table sees it ------------------
 
 
 # The agent's exit after SIGTERM: 0, or 128 + 15 when it re-raises the signal after shutdown.
 CLEAN_EXIT_CODES = (0, 143)
-
-
-Action = LifecycleAction  # docker's actions are the lifecycle table's (lifecycle_decision.py)
 
 
 @dataclass(frozen=True)
@@ -252,15 +247,6 @@ def container_outdated(observed: Observed, desired: Desired) -> bool:
         or observed.runtime != desired.runtime
         or (None not in (observed.limits, desired.limits) and observed.limits != desired.limits)
     )
-
-
-def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
-    """`running_build` is the BUILD the agent reported (None when unknown); `busy` means tool
-    calls are in flight, which an outdated container finishes before it is replaced."""
-    if observed is None:
-        return Action.CREATE
-    fit = fit_of(outdated=container_outdated(observed, desired), running_build=running_build, wanted_build=desired.agent_build)
-    return decide_action(container_state(observed), fit, busy=busy, restarts_in_place=True)
 
 
 def observed_from_attrs(attrs: Mapping[str, object]) -> Observed:
