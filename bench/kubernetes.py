@@ -40,7 +40,7 @@ from kubernetes import client as k8s  # noqa: E402
 
 from bench.docker_backend import cold_start_samples, image_ref, remove_containers  # noqa: E402
 from bench.measure import bench_dir, orchestrator_server, pct, print_load, timed_parallel  # noqa: E402
-from orchestrator.sandboxes.kubernetes import kube_configuration  # noqa: E402
+from orchestrator.sandboxes.kubernetes_api import kube_configuration  # noqa: E402
 from orchestrator.sandboxes.kubernetes_forward import PodPortForwarder  # noqa: E402
 from orchestrator.settings import Settings  # noqa: E402
 from tests.kube_cluster import load_image_into_node  # noqa: E402

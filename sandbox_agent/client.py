@@ -83,15 +83,6 @@ Connector = Callable[[float], socket.socket]
 # --- the protocol: requests built and answers judged ------------------------------------------
 
 
-def check_peer(sock: socket.socket, expected: ExpectedPeer | None, socket_path: str) -> None:
-    """Refuse a connection whose listener is not the sandbox's (nothing was sent yet)."""
-    if expected is None:
-        return
-    problem = check_socket_peer(sock, expected)
-    if problem is not None:
-        raise AgentUnavailable(f"the listener on {socket_path} is not the sandbox's: {problem}: refused", delivered=False)
-
-
 @dataclass(frozen=True)
 class _Answer:
     status: int
@@ -105,10 +96,6 @@ def _content_type(value: str | None) -> str:
     return (value or "").split(";", 1)[0].strip().lower()
 
 
-def body_limit(limits: AnswerLimits, accept: str | None) -> int:
-    return limits.max_raw_bytes if accept == OCTET_STREAM else limits.max_json_bytes
-
-
 def answer_length(content_length: str | None, chunked: bool, limit: int, socket_path: str) -> int:
     """The body's announced length, or the tool error for an answer that is too large or does
     not say how large it is (the agent always sends Content-Length)."""
@@ -118,10 +105,10 @@ def answer_length(content_length: str | None, chunked: bool, limit: int, socket_
         )
     try:
         length = int(content_length)
+        if length < 0:
+            raise ValueError(length)
     except ValueError:
         raise AgentToolError("agent_error", f"The sandbox agent answered a bad Content-Length {content_length!r}.") from None
-    if length < 0:
-        raise AgentToolError("agent_error", f"The sandbox agent answered a bad Content-Length {content_length!r}.")
     if length > limit:
         raise AgentToolError(
             "output_too_large",
@@ -136,18 +123,6 @@ def tool_request(arguments: dict[str, Any], cwd: str, context: CallContext | Non
     if context is not None:
         body["context"] = context.model_dump(exclude_none=True)
     return json.dumps(body).encode()
-
-
-def refused_context(answer: _Answer, context: CallContext | None) -> bool:
-    """An agent of an earlier BUILD (it serves until idle) refuses the `context` field with a
-    422 before running anything: the caller sends the call again as that agent knows it."""
-    return context is not None and answer.status == 422
-
-
-def cancel_request(run_id: str | None, session_id: str | None) -> bytes:
-    if run_id is None and session_id is None:
-        raise ValueError("cancel needs a run_id or a session_id")
-    return json.dumps({"run_id": run_id, "session_id": session_id}).encode()
 
 
 def health_of(answer: _Answer) -> Health:
@@ -175,7 +150,9 @@ def tool_result(tool: str, answer: _Answer, limits: AnswerLimits, context: CallC
     """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
     tool-level failure, `ContextRefused` when an agent of an earlier BUILD refused the call's
     `context`, and `AgentUnavailable` for an answer that is not the protocol."""
-    if refused_context(answer, context):
+    if context is not None and answer.status == 422:
+        # An agent of an earlier BUILD (it serves until idle) refuses the `context` field
+        # before running anything: the caller sends the call again as that agent knows it.
         raise ContextRefused("the sandbox agent does not know the call's context; nothing ran")
     raw_bytes = tool == "read_bytes"
     if answer.status == 200 and answer.content_type == OCTET_STREAM and raw_bytes:
@@ -262,7 +239,7 @@ def map_agent_errors(where: str, timeout_s: float, *, delivered: bool = True) ->
     except _LOWER_ERRORS as exc:
         if delivered:
             raise AgentUnavailable(f"agent at {where} failed mid-request: {exc!r}", delivered=True) from exc
-        raise AgentUnavailable(f"agent socket {where} does not answer: {exc!r}", delivered=False) from exc
+        raise AgentUnavailable(f"the agent at {where} does not answer: {exc!r}", delivered=False) from exc
 
 
 class _Parsed:
@@ -272,6 +249,7 @@ class _Parsed:
         self.parser = httptools.HttpResponseParser(self)
         self.headers: dict[str, str] = {}
         self.head_done = False
+        self.head_bytes = 0
         self.keep_alive = False
         self.pieces: deque[bytes] = deque()  # body bytes not taken yet
         self.done = False
@@ -293,6 +271,20 @@ class _Parsed:
     def on_message_complete(self) -> None:
         self.done = True
 
+    def feed(self, data: bytes) -> None:
+        """The answer's next bytes; a `ValueError` for bytes that are not HTTP/1.1 or a head
+        longer than `HEADER_MAX_BYTES` (garbage after a whole answer only spoils reuse)."""
+        if not self.head_done:
+            self.head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            if not self.done:
+                raise ValueError(f"not an HTTP/1.1 answer: {exc}") from None
+            self.extra = True  # garbage after a whole answer: used, never reused
+        if not self.head_done and self.head_bytes > HEADER_MAX_BYTES:
+            raise ValueError(f"the answer's head is longer than {HEADER_MAX_BYTES} bytes")
+
 
 def _request(method: str, target: str, head: bytes, body: bytes | None) -> bytes:
     """One request's bytes: `head` holds the fixed header lines (checked at construction)."""
@@ -312,7 +304,6 @@ class _Connection:
         self.writer = writer
         self.loop = loop
         self.parsed = _Parsed()
-        self.head_bytes = 0
         self.since = 0.0
 
     def usable(self, now: float) -> bool:
@@ -338,23 +329,13 @@ class _Connection:
 
     def send(self, method: str, target: str, head: bytes, body: bytes | None) -> None:
         self.parsed = _Parsed()
-        self.head_bytes = 0
         self.writer.write(_request(method, target, head, body))
 
     async def _feed(self) -> None:
         data = await self.reader.read(SPOOL_CHUNK)
         if not data:
             raise EOFError("the agent closed the connection before the end of its answer")
-        if not self.parsed.head_done:
-            self.head_bytes += len(data)
-        try:
-            self.parsed.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            if not self.parsed.done:
-                raise ValueError(f"not an HTTP/1.1 answer: {exc}") from None
-            self.parsed.extra = True  # garbage after a whole answer: used, never reused
-        if not self.parsed.head_done and self.head_bytes > HEADER_MAX_BYTES:
-            raise ValueError(f"the answer's head is longer than {HEADER_MAX_BYTES} bytes")
+        self.parsed.feed(data)
 
     async def head(self) -> tuple[int, dict[str, str]]:
         """The answer's status and (lower-cased) headers."""
@@ -388,7 +369,8 @@ async def _read_answer(
     reused. A large raw answer goes to `spool` when one is given (`RawSpool`)."""
     status, headers = await conn.head()
     chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-    length = answer_length(headers.get("content-length"), chunked, body_limit(limits, accept), where)
+    limit = limits.max_raw_bytes if accept == OCTET_STREAM else limits.max_json_bytes
+    length = answer_length(headers.get("content-length"), chunked, limit, where)
     content_type = _content_type(headers.get("content-type"))
     raw_header = headers.get(RAW_RESULT_HEADER.lower(), "")
     if spool is not None and status == 200 and content_type == OCTET_STREAM and length >= spool.min_bytes:
@@ -460,7 +442,7 @@ async def _read_streamed(
     return _Answer(status, "application/json", "", result), conn.finished()
 
 
-async def _connected_in_thread(connector: Connector, timeout_s: float, where: str) -> socket.socket:
+async def _connected_in_thread(connector: Connector, timeout_s: float) -> socket.socket:
     """A connector's socket, opened in a worker thread (it blocks: a TLS and websocket
     handshake). One that arrives after the timeout is closed, not leaked."""
     future = asyncio.get_running_loop().run_in_executor(None, connector, timeout_s)
@@ -469,9 +451,7 @@ async def _connected_in_thread(connector: Connector, timeout_s: float, where: st
             sock = await asyncio.shield(future)
     except TimeoutError:
         future.add_done_callback(lambda done: done.exception() is None and done.result().close())
-        raise AgentUnavailable(f"the agent at {where} did not answer within {timeout_s:g} s", delivered=False) from None
-    except OSError as exc:
-        raise AgentUnavailable(f"the agent at {where} does not answer: {exc!r}", delivered=False) from exc
+        raise
     sock.setblocking(False)
     return sock
 
@@ -497,10 +477,10 @@ class AsyncAgentClient:
         self.answer_limits = answer_limits
         self._timeout_s = timeout_s
         self._connect_timeout_s = connect_timeout_s
-        self._authorization = f"Bearer {token}"
         if not token.isprintable() or not token.isascii():
             raise ValueError("an agent token is printable ASCII")
-        self._head = f"host: sandbox-agent\r\nauthorization: {self._authorization}\r\n".encode("ascii")
+        self._authorization = f"authorization: Bearer {token}\r\n".encode("ascii")
+        self._head = b"host: sandbox-agent\r\n" + self._authorization
         self._idle: dict[asyncio.AbstractEventLoop, list[_Connection]] = {}
         self._lock = threading.Lock()  # the pool: the sync façade's loop and the server's share it
         self._closed = False
@@ -537,11 +517,8 @@ class AsyncAgentClient:
             if conn.usable(now) and await self._still_answers(conn, now - conn.since):
                 return conn
             conn.close()
+        sock = await self._connect(connect_timeout_s)
         with map_agent_errors(self.socket_path, connect_timeout_s, delivered=False):
-            if self.connector is not None:
-                sock = await _connected_in_thread(self.connector, connect_timeout_s, self.socket_path)
-            else:
-                sock = await self._unix_socket(loop, connect_timeout_s)
             reader, writer = await asyncio.open_connection(sock=sock, limit=STREAM_BUFFER_BYTES)
         conn = _Connection(reader, writer, loop)
         if not await self._still_answers(conn, NEW_CONNECTION):
@@ -549,18 +526,25 @@ class AsyncAgentClient:
             raise AgentUnavailable(f"nothing answers behind the new connection to {self.socket_path}", delivered=False)
         return conn
 
-    async def _unix_socket(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> socket.socket:
-        """A connected socket to the agent's Unix socket whose peer is the sandbox's."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            async with asyncio.timeout(timeout_s):
-                with reachable(self.socket_path) as short:  # refused, no socket, permission, backlog full
-                    await loop.sock_connect(sock, short)
-            check_peer(sock, self.expected_peer, self.socket_path)
-        except BaseException:
-            sock.close()
-            raise
+    async def _connect(self, timeout_s: float) -> socket.socket:
+        """A new connected socket to the agent, non-blocking: the connector's, else one to the
+        Unix socket whose listener shows `expected_peer`. A failure is
+        `AgentUnavailable(delivered=False)`: nothing was sent."""
+        with map_agent_errors(self.socket_path, timeout_s, delivered=False):
+            if self.connector is not None:
+                return await _connected_in_thread(self.connector, timeout_s)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                async with asyncio.timeout(timeout_s):
+                    with reachable(self.socket_path) as short:  # refused, no socket, permission, backlog full
+                        await asyncio.get_running_loop().sock_connect(sock, short)
+                problem = None if self.expected_peer is None else check_socket_peer(sock, self.expected_peer)
+                if problem is not None:
+                    raise AgentUnavailable(f"the listener on {self.socket_path} is not the sandbox's: {problem}: refused", delivered=False)
+            except BaseException:
+                sock.close()
+                raise
         return sock
 
     async def _still_answers(self, conn: _Connection, idle_s: float) -> bool:
@@ -662,7 +646,9 @@ class AsyncAgentClient:
 
     async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
         """Kill the matching in-flight calls' process trees; how many calls were cancelled."""
-        body = cancel_request(run_id, session_id)
+        if run_id is None and session_id is None:
+            raise ValueError("cancel needs a run_id or a session_id")
+        body = json.dumps({"run_id": run_id, "session_id": session_id}).encode()
         return cancelled_of(await self._send("POST", CANCEL_PATH, body=body, timeout_s=timeout_s))
 
     async def open_port(self, port: int, *, timeout_s: float) -> tuple[socket.socket, bytes]:
@@ -672,30 +658,19 @@ class AsyncAgentClient:
         `port_not_listening` when nothing accepts there, `AgentUnavailable` when the agent
         cannot be reached or refuses."""
         loop = asyncio.get_running_loop()
-        connect_timeout = min(timeout_s, self._connect_timeout_s)
-        with map_agent_errors(self.socket_path, connect_timeout, delivered=False):
-            if self.connector is not None:
-                sock = await _connected_in_thread(self.connector, connect_timeout, self.socket_path)
-            else:
-                sock = await self._unix_socket(loop, connect_timeout)
+        sock = await self._connect(min(timeout_s, self._connect_timeout_s))
         parsed = _Parsed()
         target = f"127.0.0.1:{port}"
         try:
             with map_agent_errors(self.socket_path, timeout_s):
                 async with asyncio.timeout(timeout_s):
-                    await loop.sock_sendall(sock, _request("CONNECT", target, f"host: {target}\r\n".encode() + self._head[len(b"host: sandbox-agent\r\n"):], None))
-                    received = 0
+                    head = f"host: {target}\r\n".encode() + self._authorization
+                    await loop.sock_sendall(sock, _request("CONNECT", target, head, None))
                     while not parsed.head_done:
                         piece = await loop.sock_recv(sock, 4096)
                         if not piece:
                             raise EOFError("the agent closed the tunnel before answering")
-                        received += len(piece)
-                        try:
-                            parsed.parser.feed_data(piece)
-                        except httptools.HttpParserError as exc:
-                            raise ValueError(f"not an HTTP/1.1 answer to CONNECT: {exc}") from None
-                        if not parsed.head_done and received > HEADER_MAX_BYTES:
-                            raise ValueError("the agent's answer to CONNECT has no end of head")
+                        parsed.feed(piece)
         except BaseException:
             sock.close()
             raise
@@ -748,10 +723,6 @@ class AgentClient:
 
     def __init__(self, socket_path: str | Path, token: str, **options: Any) -> None:
         self.transport = AsyncAgentClient(socket_path, token, **options)
-        self.socket_path = self.transport.socket_path
-        self.connector = self.transport.connector
-        self.expected_peer = self.transport.expected_peer
-        self.answer_limits = self.transport.answer_limits
 
     def __enter__(self) -> AgentClient:
         return self

@@ -63,8 +63,8 @@ class SandboxStatus:
 
 @dataclass(frozen=True, eq=False)
 class LiveAgent:
-    """One user's live agent as a backend hands it out: both clients of its socket (the
-    blocking one for worker threads, the async one for the event loop) and its sandbox's entry
+    """One user's live agent as a backend hands it out: both faces of its client (the blocking
+    façade for worker threads, its async transport for the event loop) and its sandbox's entry
     in the call ledger (its calls in flight, pause, processes).
     Compared by identity: `forget` drops exactly the agent a call failed on."""
 

@@ -48,13 +48,42 @@ def choose_backend(setting: str, *, engine_problem: str | None, image: ImageFit,
     return BackendChoice("docker", True, "auto: a Docker engine answers and the sandbox image fits")
 
 
+def engine_problem(timeout: float = 3.0) -> str | None:
+    """None when a Docker engine answers, else why not."""
+    import docker
+    from docker.errors import DockerException
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        try:
+            client.ping()
+        finally:
+            client.close()
+        return None
+    except DockerException as exc:
+        return str(exc)
+
+
+def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
+    """The image's labels; None when it is absent (or the engine does not answer)."""
+    import docker
+    from docker.errors import DockerException, ImageNotFound
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        try:
+            return dict(client.images.get(image).labels or {})
+        finally:
+            client.close()
+    except (DockerException, ImageNotFound):
+        return None
+
+
 def detect_backend(settings: Settings) -> BackendChoice:
     """The choice for this host; asks the engine only when the setting can use it."""
-    from orchestrator.sandboxes.docker import engine_problem, image_labels
-
     name = settings.sandbox_image
     if settings.backend == "kubernetes":
-        from orchestrator.sandboxes.kubernetes import cluster_problem
+        from orchestrator.sandboxes.kubernetes_api import cluster_problem
 
         return kubernetes_choice(cluster_problem(settings))
     if settings.backend == "process":

@@ -20,21 +20,17 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.models.containers import Container
 
-from orchestrator.clock import iso
 from orchestrator.log import kv
-from orchestrator.sandboxes.agent_calls import answer_limits, sandbox_unavailable
+from orchestrator.sandboxes.agent_calls import sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
 from orchestrator.sandboxes.agent_launch import AgentLaunch
-from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, image_of
+from orchestrator.sandboxes.base import SandboxStatus, SandboxUser
 from orchestrator.sandboxes.docker_spec import (
     LABEL_BUILD,
     LABEL_INSTANCE,
@@ -43,63 +39,30 @@ from orchestrator.sandboxes.docker_spec import (
     MANAGED_VALUE,
     ContainerSpec,
     Desired,
-    Limits,
     container_name,
     container_outdated,
     container_spec,
     container_state,
-    instance_id,
+    docker_time,
     observed_from_attrs,
+    sandbox_peer,
     user_of,
 )
 from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
 from orchestrator.sandboxes.lease import LeaseRenewer
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
-from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxIdentity, Wanted
+from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxDriver, SandboxIdentity, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UserDirectories
-from sandbox_agent.client import AgentClient
-from sandbox_agent.errors import AgentUnavailable
 from sandbox_agent.peer import ExpectedPeer
 
 log = logging.getLogger(__name__)
 
 IMAGE_RECHECK_S = 5.0  # how stale the cached id of ORCH_SANDBOX_IMAGE may be on the warm path
 STOP_TIMEOUT_S = 5
-
-
-def engine_problem(timeout: float = 3.0) -> str | None:
-    """None when a Docker engine answers, else why not."""
-    try:
-        client = docker.from_env(timeout=timeout)
-        try:
-            client.ping()
-        finally:
-            client.close()
-        return None
-    except DockerException as exc:
-        return str(exc)
-
-
-def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
-    """The image's labels; None when it is absent (or the engine does not answer)."""
-    try:
-        client = docker.from_env(timeout=timeout)
-        try:
-            return dict(client.images.get(image).labels or {})
-        finally:
-            client.close()
-    except (DockerException, ImageNotFound):
-        return None
-
-
-@dataclass
-class _Slot(AgentSlot):
-    """One user's container as this orchestrator knows it (`AgentSlot`: its agent, its calls;
-    `sandbox_id` is the container's id, `image` its image id)."""
 
 
 @contextmanager
@@ -110,50 +73,23 @@ def _refusals(user_id: int) -> Iterator[None]:
         raise sandbox_unavailable(user_id, f"docker refused: {exc.explanation}") from None
 
 
-def sandbox_peer(runtime: str, sandbox_uid: int, container_id: str) -> ExpectedPeer:
-    """Pure: what shows that a socket's peer is the user's sandbox. Under runc its agent is a
-    host process of the sandbox's uid. Under runsc every socket the sandbox has on the host is
-    its gofer's, a root process in the container's cgroup: the container is the fact (uid 0
-    would also be dockerd's, another sandbox's gofer's or any root daemon's)."""
-    if runtime == "runsc":
-        return ExpectedPeer(container_id=container_id)
-    return ExpectedPeer(uid=sandbox_uid)
-
-
-def docker_time(text: str | None) -> str | None:
-    """Pure: Docker's `2026-12-01T13:49:58.955123456Z` in the stored form; None for its zero time."""
-    if not text or text.startswith("0001-"):
-        return None
-    head, _, fraction = text.rstrip("Z").partition(".")
-    moment = datetime.fromisoformat(head).replace(tzinfo=timezone.utc, microsecond=int((fraction + "000000")[:6]))
-    return iso(moment)
-
-
-class DockerDriver:
-    """The verbs of the lifecycle engine on the Docker engine (`sandbox_driver.SandboxDriver`)."""
+class DockerDriver(SandboxDriver):
+    """The verbs of the lifecycle engine on the Docker engine. The slot's `sandbox_id` is the
+    container's id, its `image` the image id. Docker's refusals are worded where they happen
+    (no `api_errors`)."""
 
     name = "docker"
     pauses = True  # `docker pause`: the cgroup freezer
     restarts_in_place = True  # the agent code is mounted read-only: a restart runs the new BUILD
     api_name = "the Docker engine"
-    api_errors: tuple[type[BaseException], ...] = ()  # docker's own refusals are worded where they happen
-    reconnects = True
-    spares_calls_in_flight = False
     ready_poll_s = (0.005, 0.05)
     progress_every_s = 0.5
 
     def __init__(
         self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment, engine: docker.DockerClient
     ) -> None:
-        self.settings = settings
-        self.ready_timeout_s = settings.sandbox_ready_timeout_s
-        self.layout = settings.layout
-        self.directories = directories
-        self.deployment = deployment
+        super().__init__(settings, directories, deployment)
         self.engine = engine
-        self.instance = instance_id(self.layout.root)
-        self.limits = Limits(settings.sandbox_cpus, settings.sandbox_memory_mb, settings.sandbox_pids)
-        self._answer_limits = answer_limits(settings)
         self._images: dict[str, tuple[str, float]] = {}  # reference -> (id, when resolved)
         self._expected_lock = expected_agent_lock()
         self._warden = Warden(self.instance)  # thaws our paused containers should we vanish
@@ -164,14 +100,8 @@ class DockerDriver:
         )  # fmt: skip
         self._leases.start()  # renews the leases of the managed ones (started or adopted) periodically
 
-    def new_slot(self, user_id: int) -> _Slot:
-        return _Slot(user_id)
-
     def launch_options(self) -> dict[str, Any]:
         return {"host_kernel": self.settings.sandbox_runtime == "runc"}
-
-    def api_error(self, exc: BaseException) -> str:
-        return repr(exc)
 
     def close(self) -> None:
         self._leases.close()
@@ -188,12 +118,12 @@ class DockerDriver:
         return Wanted(desired.plan_hash, desired.image_id, desired.agent_build, desired)
 
     def wanted_now(self, user: SandboxUser) -> tuple[str, str | None] | None:
-        image = self._images.get(image_of(user, self.settings.sandbox_image))
+        image = self._images.get(self.image(user))
         if image is None or time.monotonic() - image[1] >= IMAGE_RECHECK_S:
             return None
         return user.plan.plan_hash, image[0]
 
-    def inspect(self, slot: _Slot, wanted: Wanted | None) -> Inspection:
+    def inspect(self, slot: AgentSlot, wanted: Wanted | None) -> Inspection:
         container = self._find(slot)
         if container is None:
             return Inspection(SandboxState.ABSENT)
@@ -208,7 +138,7 @@ class DockerDriver:
             Found(user_of(c.labels), c.name, c.status in ("running", "paused"), c) for c in self._managed_containers()
         ]  # fmt: skip
 
-    def status(self, found: Found, slot: _Slot) -> SandboxStatus:
+    def status(self, found: Found, slot: AgentSlot) -> SandboxStatus:
         container: Container = found.handle
         assert found.user_id is not None
         return SandboxStatus(
@@ -228,7 +158,7 @@ class DockerDriver:
         return container_name(self.instance, user_id)
 
     # --- verbs ------------------------------------------------------------------------------
-    def adopt(self, slot: _Slot, found: Found) -> None:
+    def adopt(self, slot: AgentSlot, found: Found) -> None:
         container: Container = found.handle
         self._leases.renew(slot.user_id)  # before a thaw: an expired lease would end it at once
         if container.status == "paused":
@@ -240,44 +170,36 @@ class DockerDriver:
     def discard(self, found: Found) -> None:
         self._remove(found.handle)
 
-    def client(self, slot: _Slot, token: str) -> AgentClient:
-        """The client of the user's agent; as root it only talks to a socket served by the
-        user's own sandbox (`sandbox_peer`), whatever the socket's path leads to."""
-        peer = None
-        if self.directories.chown:
-            assert slot.sandbox_id is not None
-            peer = sandbox_peer(self.settings.sandbox_runtime, self.directories.sandbox_uid(slot.user_id), slot.sandbox_id)
-        return AgentClient(
-            self.layout.socket_path(slot.user_id), token, expected_peer=peer, answer_limits=self._answer_limits
-        )  # fmt: skip
+    def expected_peer(self, slot: AgentSlot) -> ExpectedPeer | None:
+        if not self.directories.chown:
+            return None
+        assert slot.sandbox_id is not None
+        return sandbox_peer(self.settings.sandbox_runtime, self.directories.sandbox_uid(slot.user_id), slot.sandbox_id)
 
-    def usable(self, slot: _Slot) -> bool:
-        return True  # a call to a gone sandbox fails undelivered: the router forgets it and ensures
-
-    def create(self, slot: _Slot, user: SandboxUser, launch: AgentLaunch, release: AgentRelease) -> None:
+    def create(self, slot: AgentSlot, user: SandboxUser, launch: AgentLaunch, release: AgentRelease) -> None:
         self._leases.renew(user.user_id)  # before the start: its supervisor reads it first
         with _refusals(user.user_id):
             container = self._create(user, self._image_id(user), release.build)
             container.start()
         slot.sandbox_id = container.id
 
-    def start(self, slot: _Slot, seen: Inspection) -> None:
+    def start(self, slot: AgentSlot, seen: Inspection) -> None:
         self._leases.renew(slot.user_id)
         with _refusals(slot.user_id):
             seen.handle.start()
 
-    def restart(self, slot: _Slot, seen: Inspection) -> None:
+    def restart(self, slot: AgentSlot, seen: Inspection) -> None:
         self._leases.renew(slot.user_id)
         with _refusals(slot.user_id):
             seen.handle.restart(timeout=STOP_TIMEOUT_S)
 
-    def remove(self, slot: _Slot, seen: Inspection | None, *, kill: bool) -> None:
+    def remove(self, slot: AgentSlot, seen: Inspection | None, *, kill: bool) -> None:
         """`docker rm -f`: it also takes a paused container."""
         container = seen.handle if seen is not None else self._find(slot)
         if container is not None:
             self._remove(container)
 
-    def stop(self, slot: _Slot, reason: str) -> None:
+    def stop(self, slot: AgentSlot, reason: str) -> None:
         container = self._find(slot)
         if container is not None and container.status == "paused":
             self._unpause(container)  # a frozen process cannot act on the stop signal
@@ -289,7 +211,7 @@ class DockerDriver:
         except NotFound:
             pass
 
-    def pause(self, slot: _Slot) -> bool:
+    def pause(self, slot: AgentSlot) -> bool:
         self._warden.started()  # before the freeze: nothing frozen without a warden
         container = self._find(slot)
         try:
@@ -301,12 +223,12 @@ class DockerDriver:
             return False
         return True
 
-    def resume(self, slot: _Slot) -> None:
+    def resume(self, slot: AgentSlot) -> None:
         container = self._find(slot)
         if container is not None and container.status == "paused":
             self._unpause(container)
 
-    def progress(self, slot: _Slot) -> Progress:
+    def progress(self, slot: AgentSlot) -> Progress:
         container = self._find(slot)
         if container is None:
             return Progress(failed="the container was removed while starting")
@@ -314,10 +236,7 @@ class DockerDriver:
             return Progress(failed=f"the container exited ({container.status})")
         return Progress()
 
-    def refused_for_good(self, error: AgentUnavailable) -> bool:
-        return False
-
-    def start_failed(self, slot: _Slot) -> dict[str, str]:
+    def start_failed(self, slot: AgentSlot) -> dict[str, str]:
         container = self._find(slot)
         try:
             logs = container.logs(tail=20).decode(errors="replace").strip() if container is not None else ""
@@ -331,7 +250,7 @@ class DockerDriver:
         spec = container_spec(
             instance=self.instance,
             plan=user.plan,
-            image=self._image_of(user),
+            image=self.image(user),
             image_id=image_id,
             agent_build=build,
             sandbox_uid=identity.uid,
@@ -343,7 +262,7 @@ class DockerDriver:
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),
             lease_path=self.layout.lease_path(user.user_id),
-            ca_bundle=self._ca_bundle(),
+            ca_bundle=self.ca_bundle(),
             runtime=self.settings.sandbox_runtime,
         )
         try:
@@ -362,11 +281,6 @@ class DockerDriver:
         created = api.create_container(host_config=spec.host_config(api), **spec.create_container_kwargs())
         return self.engine.containers.get(created["Id"])
 
-    def _ca_bundle(self) -> Path | None:
-        """The host's CA bundle for pip and npm behind the egress proxy (docs/egress.md)."""
-        bundle = self.settings.sandbox_ca_bundle
-        return bundle if self.settings.egress != "off" and bundle.is_file() else None
-
     def _unpause(self, container: Container) -> None:
         try:
             container.unpause()
@@ -376,7 +290,7 @@ class DockerDriver:
             log.warning("unpausing a sandbox failed %s", kv(container=container.short_id, error=exc.explanation))
         container.reload()
 
-    def _find(self, slot: _Slot) -> Container | None:
+    def _find(self, slot: AgentSlot) -> Container | None:
         for key in (slot.sandbox_id, container_name(self.instance, slot.user_id)):
             if key is None:
                 continue
@@ -396,11 +310,8 @@ class DockerDriver:
         except NotFound:
             pass
 
-    def _image_of(self, user: SandboxUser) -> str:
-        return image_of(user, self.settings.sandbox_image)
-
     def _image_id(self, user: SandboxUser) -> str:
-        reference = self._image_of(user)
+        reference = self.image(user)
         now = time.monotonic()
         known = self._images.get(reference)
         if known is not None and now - known[1] < IMAGE_RECHECK_S:
@@ -426,7 +337,7 @@ class DockerDriver:
         return image.id
 
 
-class DockerBackend(LifecycleEngine[_Slot]):
+class DockerBackend(LifecycleEngine):
     """The docker backend: the lifecycle engine on `DockerDriver`."""
 
     def __init__(
@@ -445,6 +356,3 @@ class DockerBackend(LifecycleEngine[_Slot]):
         proxy, which also takes the sandbox's uid (a user on the process backend)."""
         slot = self._slots.get(user_id)
         return slot.sandbox_id if slot is not None and self.settings.sandbox_runtime == "runsc" else None
-
-    def _managed_containers(self) -> list[Container]:
-        return self.driver._managed_containers()

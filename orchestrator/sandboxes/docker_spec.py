@@ -1,5 +1,5 @@
-"""The docker backend's deciders: what a user's container looks like, and what to do
-with the container that exists. Pure: values in, values out; no engine needed to test them.
+"""The docker backend's deciders: what a user's container looks like, and what the container
+that exists is to the lifecycle decision table (its state, whether it is outdated). Pure: values in, values out; no engine needed to test them.
 """
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from mounts.plan import Access, MountPlan
-from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, fit_of
+from orchestrator.clock import iso
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
-from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
 from orchestrator.sandboxes.seccomp import seccomp_security_opt
+from sandbox_agent.peer import ExpectedPeer
 
 LABEL_PREFIX = "org.sandbox-orchestrator."
 LABEL_MANAGED = LABEL_PREFIX + "managed"
@@ -200,14 +201,11 @@ def container_spec(
     )
 
 
-# --- what to do with the container that exists ------------------------------------------
+# --- the container that exists, as the lifecycle decision table sees it ------------------
 
 
 # The agent's exit after SIGTERM: 0, or 128 + 15 when it re-raises the signal after shutdown.
 CLEAN_EXIT_CODES = (0, 143)
-
-
-Action = LifecycleAction  # docker's actions are the lifecycle table's (lifecycle_decision.py)
 
 
 @dataclass(frozen=True)
@@ -251,15 +249,6 @@ def container_outdated(observed: Observed, desired: Desired) -> bool:
     )
 
 
-def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
-    """`running_build` is the BUILD the agent reported (None when unknown); `busy` means tool
-    calls are in flight, which an outdated container finishes before it is replaced."""
-    if observed is None:
-        return Action.CREATE
-    fit = fit_of(outdated=container_outdated(observed, desired), running_build=running_build, wanted_build=desired.agent_build)
-    return decide_action(container_state(observed), fit, busy=busy, restarts_in_place=True)
-
-
 def observed_from_attrs(attrs: Mapping[str, object]) -> Observed:
     """An `Observed` from `docker inspect` output (container.attrs)."""
     state = attrs.get("State") or {}
@@ -288,3 +277,22 @@ def user_of(labels: Mapping[str, str] | None) -> int | None:
     """The user id a managed container's labels name, or None when they name none."""
     raw = (labels or {}).get(LABEL_USER, "")
     return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
+def sandbox_peer(runtime: str, sandbox_uid: int, container_id: str) -> ExpectedPeer:
+    """Pure: what shows that a socket's peer is the user's sandbox. Under runc its agent is a
+    host process of the sandbox's uid. Under runsc every socket the sandbox has on the host is
+    its gofer's, a root process in the container's cgroup: the container is the fact (uid 0
+    would also be dockerd's, another sandbox's gofer's or any root daemon's)."""
+    if runtime == "runsc":
+        return ExpectedPeer(container_id=container_id)
+    return ExpectedPeer(uid=sandbox_uid)
+
+
+def docker_time(text: str | None) -> str | None:
+    """Pure: Docker's `2026-12-01T13:49:58.955123456Z` in the stored form; None for its zero time."""
+    if not text or text.startswith("0001-"):
+        return None
+    head, _, fraction = text.rstrip("Z").partition(".")
+    moment = datetime.fromisoformat(head).replace(tzinfo=timezone.utc, microsecond=int((fraction + "000000")[:6]))
+    return iso(moment)

@@ -1,5 +1,5 @@
 """The kubernetes backend's deciders: what a user's pod looks like, the NetworkPolicy of the
-sandbox pods, what to do with the pod that exists, and what a failing pod's status says in
+sandbox pods, what the pod that exists is to the lifecycle decision table, and what a failing pod's status says in
 words. Pure: values in, values out (manifests are plain dicts, as the API takes them); no
 cluster needed to test them. The counterpart of `docker_spec.py`.
 """
@@ -13,9 +13,7 @@ from typing import Any
 
 from mounts.plan import Access, MountPlan
 from orchestrator.sandboxes.docker_spec import Limits, container_name
-from orchestrator.sandboxes.lifecycle_decision import LifecycleAction, fit_of
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
-from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
 
 # Label keys (selectable: which pods are ours, whose) and annotation keys (values too long or
 # with characters a label value may not hold: a plan hash is 64 hex digits, an image a reference).
@@ -222,10 +220,7 @@ def network_policy(instance: str) -> dict[str, Any]:
     }
 
 
-# --- what to do with the pod that exists ---------------------------------------------------
-
-
-PodAction = LifecycleAction  # a pod's actions are the lifecycle table's: use, create, wait, recreate
+# --- the pod that exists, as the lifecycle decision table sees it --------------------------
 
 
 @dataclass(frozen=True)
@@ -265,16 +260,6 @@ def pod_outdated(observed: ObservedPod, desired: DesiredPod) -> bool:
         or observed.image != desired.image
         or observed.runtime_class != desired.runtime_class
     )
-
-
-def decide_pod(observed: ObservedPod | None, desired: DesiredPod, *, running_build: str | None, busy: bool) -> PodAction:
-    """`running_build` is the BUILD the agent reported (None when unknown); `busy` means calls or
-    background processes run there, which an outdated pod finishes before it is replaced. A
-    pod is never restarted in place: a drifted idle one is created again."""
-    if observed is None:
-        return PodAction.CREATE
-    fit = fit_of(outdated=pod_outdated(observed, desired), running_build=running_build, wanted_build=desired.agent_build)
-    return decide_action(pod_state(observed), fit, busy=busy, restarts_in_place=False)
 
 
 def observed_pod(pod: Mapping[str, Any]) -> ObservedPod:

@@ -19,7 +19,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic
 
 from orchestrator import metrics
 from orchestrator.log import kv
@@ -37,8 +36,8 @@ from orchestrator.sandboxes.lifecycle_decision import (
     idle_action,
     loses_group_access,
 )
-from orchestrator.sandboxes.sandbox_driver import Inspection, SandboxDriver, S
-from orchestrator.sandboxes.slots import SlotTable, live_agent, reconnect
+from orchestrator.sandboxes.sandbox_driver import Inspection, SandboxDriver
+from orchestrator.sandboxes.slots import AgentSlot, SlotTable, live_agent, reconnect
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient
@@ -49,12 +48,12 @@ log = logging.getLogger(__name__)
 PARALLEL_STARTS = 4  # cold starts at once: more only thrash two cores and time out together
 
 
-class LifecycleEngine(Generic[S]):
+class LifecycleEngine:
     """The backend interface (`base.SandboxBackend`) on top of one driver."""
 
     def __init__(
         self,
-        driver: SandboxDriver[S],
+        driver: SandboxDriver,
         settings: Settings,
         directories: UserDirectories,
         deployment: AgentDeployment,
@@ -69,7 +68,7 @@ class LifecycleEngine(Generic[S]):
         self.directories = directories
         self.deployment = deployment
         self.known_user = known_user
-        self._slots: SlotTable[S] = SlotTable(driver.new_slot)
+        self._slots = SlotTable()
         self._starts = threading.BoundedSemaphore(PARALLEL_STARTS)
         self._adopted = False
         self._adopt_lock = threading.Lock()
@@ -184,7 +183,7 @@ class LifecycleEngine(Generic[S]):
         return sorted(statuses, key=lambda s: s.user_id)
 
     # --- the slow path ----------------------------------------------------------------------
-    def _ensure_locked(self, slot: S, user: SandboxUser) -> None:
+    def _ensure_locked(self, slot: AgentSlot, user: SandboxUser) -> None:
         wanted = self.driver.wanted(user)
         if slot.count.paused:
             self._thaw_locked(slot)  # e.g. the retry of a call: then judged like any other
@@ -241,7 +240,7 @@ class LifecycleEngine(Generic[S]):
             metrics.observe_start(self.name, "cold", seconds)
 
     def _launch(
-        self, slot: S, user: SandboxUser, action: LifecycleAction, seen: Inspection, plan_hash: str, image: str | None
+        self, slot: AgentSlot, user: SandboxUser, action: LifecycleAction, seen: Inspection, plan_hash: str, image: str | None
     ) -> None:
         if action is LifecycleAction.WAIT:
             # Current and on its way, but its agent is not up yet (adopted while starting, or a
@@ -265,9 +264,9 @@ class LifecycleEngine(Generic[S]):
             self.driver.restart(slot, seen)  # so the restart runs the new BUILD
             slot.sandbox_id = seen.sandbox_id
         slot.plan_hash, slot.image, slot.stopped = plan_hash, image, False
-        self._wait_ready(slot, self.driver.client(slot, launch.token), launch.config.instance_id, launch.token)
+        self._wait_ready(slot, self.driver.client(slot, launch.token), launch.config.instance_id)
 
-    def _reconnect(self, slot: S, seen: Inspection) -> bool:
+    def _reconnect(self, slot: AgentSlot, seen: Inspection) -> bool:
         """The agent already running in the sandbox (`slots.reconnect`). False: the caller
         replaces the sandbox (always, for a driver that does not reconnect)."""
         if not self.driver.reconnects:
@@ -275,7 +274,7 @@ class LifecycleEngine(Generic[S]):
         slot.sandbox_id = seen.sandbox_id
         return reconnect(slot, self.directories, lambda token: self.driver.client(slot, token))
 
-    def _wait_ready(self, slot: S, agent: AgentClient, instance: str, token: str) -> None:
+    def _wait_ready(self, slot: AgentSlot, agent: AgentClient, instance: str) -> None:
         """Ready = our agent (the instance id we wrote) answers /health. Meanwhile the platform
         is asked how the start goes: a problem that waiting will not solve fails it at once, in
         its own words."""
@@ -298,7 +297,7 @@ class LifecycleEngine(Generic[S]):
                     health = agent.health(timeout_s=HEALTH_TIMEOUT_S)
                     if health.instance_id == instance:
                         slot.running_build = health.build
-                        slot.live = live_agent(slot, agent, token)
+                        slot.live = live_agent(slot, agent)
                         return
                 except AgentUnavailable as exc:
                     if self.driver.refused_for_good(exc):
@@ -308,7 +307,7 @@ class LifecycleEngine(Generic[S]):
             time.sleep(delay)
             delay = min(delay * 2, longest)
 
-    def _fail_start(self, slot: S, agent: AgentClient, why: str) -> None:
+    def _fail_start(self, slot: AgentSlot, agent: AgentClient, why: str) -> None:
         agent.close()
         name = self.driver.sandbox_name(slot.user_id)
         detail = self.driver.start_failed(slot)
@@ -317,21 +316,21 @@ class LifecycleEngine(Generic[S]):
         detail["logs"] = detail.get("logs", "")[-2000:]
         raise sandbox_unavailable(slot.user_id, f"it did not start: {why}", **detail)
 
-    def _thaw_locked(self, slot: S) -> None:
+    def _thaw_locked(self, slot: AgentSlot) -> None:
         started = time.monotonic()
         self.driver.resume(slot)
         slot.count.unpause()
         metrics.observe_start(self.name, "resume", time.monotonic() - started)
         log.info("sandbox resumed %s", kv(user=slot.user_id, sandbox=self.driver.sandbox_name(slot.user_id)))
 
-    def _stop_locked(self, slot: S, *, reason: str) -> None:
+    def _stop_locked(self, slot: AgentSlot, *, reason: str) -> None:
         slot.forget_agent()
         slot.count.note_processes(0)  # a stopped sandbox's processes are gone with it
         self.driver.stop(slot, reason)  # a paused one is thawed first: a frozen process cannot act on a stop
         slot.stopped = True
         slot.count.unpause()
 
-    def _pause_locked(self, slot: S) -> bool:
+    def _pause_locked(self, slot: AgentSlot) -> bool:
         """Freeze the slot's sandbox; False when a call came first or the platform refused (it
         then stays running, and is stopped later as before)."""
         if not slot.count.pause_if_idle():
@@ -380,7 +379,7 @@ class LifecycleEngine(Generic[S]):
                 slot.lock.release()
         return stopped
 
-    def _idle_action_locked(self, slot: S, now: float) -> IdleAction:
+    def _idle_action_locked(self, slot: AgentSlot, now: float) -> IdleAction:
         processes = False
         if not slot.count.paused:  # a frozen agent ran none when it was paused
             if slot.live is None and slot.count.processes != 0:
@@ -398,5 +397,5 @@ class LifecycleEngine(Generic[S]):
             idle_timeout_s=self.settings.idle_timeout_s,
         )
 
-    def _slot(self, user_id: int) -> S:
+    def _slot(self, user_id: int) -> AgentSlot:
         return self._slots.slot(user_id)

@@ -22,19 +22,14 @@ with the PathSandbox. When to start, replace, pause or stop an agent is the engi
 from __future__ import annotations
 
 import collections
-import errno
 import logging
 import os
-import queue
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import psutil
@@ -44,22 +39,22 @@ from mounts.layout import DataLayout
 from orchestrator.clock import iso
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
-from orchestrator.sandboxes.agent_calls import answer_limits, sandbox_unavailable
+from orchestrator.sandboxes.agent_calls import sandbox_unavailable
 from orchestrator.sandboxes.agent_deploy import AgentDeployment, AgentRelease
 from orchestrator.sandboxes.agent_launch import AgentLaunch
-from orchestrator.sandboxes.base import LiveAgent, SandboxStatus, SandboxUser, runs_processes
+from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, runs_processes
 from orchestrator.sandboxes.bwrap import BwrapProbe, HostSystem, bwrap_command, interpreter_mounts
 from orchestrator.sandboxes.cgroups import CgroupError, CgroupPlan, SandboxCgroups, SandboxLimits
+from orchestrator.sandboxes.docker_spec import Limits
 from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
 from orchestrator.sandboxes.netns import Isolation, decide_isolation, netns_command, netns_usable
-from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, Wanted
+from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxDriver, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
+from orchestrator.sandboxes.spawn_thread import SpawnThread
 from orchestrator.sandboxes.warden import Warden
 from orchestrator.settings import Settings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
-from sandbox_agent.client import AgentClient
-from sandbox_agent.errors import AgentUnavailable
 from sandbox_agent.peer import ExpectedPeer
 
 log = logging.getLogger(__name__)
@@ -77,15 +72,12 @@ class _Agent:
 
     user_id: int
     proc: subprocess.Popen[bytes]
-    live: LiveAgent | None  # unused by the driver: the engine's slot holds the agent's clients
     plan_hash: str
     build: str
-    instance_id: str
     run_as_uid: int | None
     started_at: float = field(default_factory=time.time)
     group_gids: tuple[int, ...] = ()  # of the plan it was started with
     cgroup: CgroupPlan | None = None  # as root: the sandbox's cgroup, which the agent joined before it ran
-    stalled: bool = False  # missed a call's deadline: killed, not asked to stop
     stderr_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=20))
 
     @property
@@ -93,52 +85,13 @@ class _Agent:
         return self.proc.poll() is None
 
 
-class SpawnThread:
-    """Starts the agents' processes from one thread that lives as long as the backend. bwrap's
-    --die-with-parent (PR_SET_PDEATHSIG) fires when the *thread* that forked it exits, and the
-    threads calls run on come and go: an agent started from one would die with it."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._closed = False
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="agent-spawner")
-        self._thread.start()
-
-    def run(self, start: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-        """`start()` on the spawner thread. After `close` an OSError at once: a start asked of
-        a closed backend fails clearly instead of waiting for a thread that is gone."""
-        done: Future[subprocess.Popen[bytes]] = Future()
-        with self._lock:
-            if self._closed:
-                raise OSError(errno.ESHUTDOWN, "the process backend is closed: no agent starts")
-            self._queue.put((start, done))
-        return done.result()
-
-    def _loop(self) -> None:
-        while (job := self._queue.get()) is not None:
-            start, done = job
-            try:
-                done.set_result(start())
-            except BaseException as exc:  # handed to the caller's thread
-                done.set_exception(exc)
-
-    def close(self) -> None:
-        with self._lock:  # what was queued before runs; nothing is queued after
-            if not self._closed:
-                self._closed = True
-                self._queue.put(None)
-
-
-class ProcessDriver:
-    """The verbs of the lifecycle engine on host processes (`sandbox_driver.SandboxDriver`):
-    an agent is started, frozen, thawed and ended, never adopted (a restart ends them all)."""
+class ProcessDriver(SandboxDriver):
+    """The verbs of the lifecycle engine on host processes: an agent is started, frozen, thawed
+    and ended, never adopted (a restart ends them all) nor restarted in place."""
 
     name = "process"
     pauses = True  # `cgroup.freeze`, or SIGSTOP of the agent's tree
-    restarts_in_place = False  # an agent is started again from scratch
     api_name = "the process backend"
-    api_errors: tuple[type[BaseException], ...] = ()
     reconnects = False  # an agent a call could not reach is replaced: its socket is in the user's dir
     spares_calls_in_flight = True
     ready_poll_s = (0.005, 0.1)
@@ -153,10 +106,8 @@ class ProcessDriver:
         *,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
-        self.settings = settings
+        super().__init__(settings, directories, deployment)
         self.layout = layout
-        self.directories = directories
-        self.deployment = deployment
         self.ready_timeout_s = start_timeout_s
         self._agents: dict[int, _Agent] = {}  # the running agents: this platform's only record
         self._lock = threading.Lock()  # guards `_agents`
@@ -166,11 +117,7 @@ class ProcessDriver:
         self._cgroups: SandboxCgroups | None = None
         cgroups: tuple[bool, str | None, str] = (False, "not root: sandbox cgroups cannot be made", "none")
         if directories.chown:
-            limits = SandboxLimits(
-                cpus=settings.sandbox_cpus, memory_bytes=settings.sandbox_memory_mb * 1024 * 1024,
-                pids=settings.sandbox_pids,
-            )  # fmt: skip
-            found = SandboxCgroups(directories.uid_base, limits)
+            found = SandboxCgroups(directories.uid_base, _cgroup_limits(self.limits))
             cgroups = (found.usable, found.reason, found.limited_by)
             if found.usable:
                 self._cgroups = found
@@ -187,12 +134,8 @@ class ProcessDriver:
                 "process-backend sandboxes are NOT isolated from each other or the host network %s",
                 kv(reason=self.isolation.reason, network=self.isolation.process_network),
             )
-        self._answer_limits = answer_limits(settings)
         self._spawner = SpawnThread()
         self._warden = Warden(None)  # thaws our SIGSTOPped agents, kills our cgroups, should we vanish
-
-    def new_slot(self, user_id: int) -> AgentSlot:
-        return AgentSlot(user_id)
 
     def launch_options(self) -> dict[str, Any]:
         namespaced = self._bwrap is not None
@@ -203,9 +146,6 @@ class ProcessDriver:
             "parent_pid": None if namespaced else os.getpid(),
             "private_network": self.isolation.process_network == "namespace",
         }
-
-    def api_error(self, exc: BaseException) -> str:
-        return repr(exc)
 
     # --- facts ------------------------------------------------------------------------------
     def wanted(self, user: SandboxUser) -> Wanted:
@@ -281,32 +221,18 @@ class ProcessDriver:
     def discard(self, found: Found) -> None:
         self._terminate(found.handle)
 
-    def client(self, slot: AgentSlot, token: str) -> AgentClient:
-        """As root, only a socket served by the user's own uid is spoken to (SO_PEERCRED): the
-        socket dir is the user's, and a link there could lead anywhere."""
-        run_as = self.directories.sandbox_uid(slot.user_id) if self.directories.chown else None
-        peer = ExpectedPeer(uid=run_as) if run_as is not None else None
-        return AgentClient(
-            self.layout.socket_path(slot.user_id), token, expected_peer=peer, answer_limits=self._answer_limits
-        )  # fmt: skip
-
-    def start(self, slot: AgentSlot, seen: Inspection) -> None:
-        raise AssertionError("an agent is never stopped to start again: the table says recreate")
-
-    def restart(self, slot: AgentSlot, seen: Inspection) -> None:
-        raise AssertionError("an agent is never restarted in place: the table says recreate")
+    def expected_peer(self, slot: AgentSlot) -> ExpectedPeer | None:
+        """As root, the user's own uid (SO_PEERCRED): the socket dir is the user's."""
+        return ExpectedPeer(uid=self.directories.sandbox_uid(slot.user_id)) if self.directories.chown else None
 
     def remove(self, slot: AgentSlot, seen: Inspection | None, *, kill: bool) -> None:
         agent = self._agent(slot.user_id)
         if agent is not None:
-            agent.stalled = kill  # a stalled agent is killed without asking
-            self._terminate(agent, paused=slot.count.paused)
+            self._terminate(agent, paused=slot.count.paused, kill=kill)
 
     def stop(self, slot: AgentSlot, reason: str) -> None:
-        agent = self._agent(slot.user_id)
-        if agent is not None:
-            agent.stalled = slot.stalled  # a stalled agent is killed without asking
-            self._terminate(agent, paused=slot.count.paused)
+        if self._agent(slot.user_id) is not None:
+            self.remove(slot, None, kill=slot.stalled)  # a stalled agent is killed without asking
             log.info("agent stopped %s", kv(user=slot.user_id, reason=reason))
 
     def progress(self, slot: AgentSlot) -> Progress:
@@ -317,9 +243,6 @@ class ProcessDriver:
             time.sleep(0.05)  # let the stderr forwarder catch the last lines
             return Progress(failed=f"the agent exited with code {agent.proc.returncode}: {' | '.join(agent.stderr_tail)[-500:]}")
         return Progress()
-
-    def refused_for_good(self, error: AgentUnavailable) -> bool:
-        return False
 
     def start_failed(self, slot: AgentSlot) -> dict[str, str]:
         agent = self._agent(slot.user_id)
@@ -405,7 +328,11 @@ class ProcessDriver:
                 bwrap=binary,
             )
         try:
-            self._remove_stale_socket(launch.socket_path)
+            # So that readiness can only be the new agent. The socket dir is the user's: whatever
+            # sits at the socket's name (even a directory) goes. Safe as root: `sockets/` is
+            # root's, so `sockets/{uid}` cannot be swapped for a link, and the removal never
+            # follows a link.
+            remove_tree(launch.socket_path)
         except OSError as exc:  # the user's shell keeps changing its socket dir under us
             raise sandbox_unavailable(user_id, f"clearing its socket path failed: {exc}") from exc
         identity: dict[str, Any] = {}
@@ -416,7 +343,7 @@ class ProcessDriver:
             identity = {"user": run_as, "group": run_as, "extra_groups": extra_groups}
             if self._cgroups is not None:
                 try:
-                    cgroup = self._cgroups.prepare(run_as, self._limits_of(user))
+                    cgroup = self._cgroups.prepare(run_as, _cgroup_limits(self.limits.for_user(user.cpus, user.memory_mb)))
                 except CgroupError as exc:
                     raise sandbox_unavailable(user_id, f"its cgroup: {exc}") from exc
                 self._warden.watch_cgroup(cgroup.v2_dir)
@@ -444,7 +371,7 @@ class ProcessDriver:
             self._end_cgroup(cgroup)
             raise sandbox_unavailable(user_id, f"starting it failed: {exc}") from exc
         agent = _Agent(
-            user_id, proc, None, user.plan.plan_hash, release.build, launch.config.instance_id, run_as,
+            user_id, proc, user.plan.plan_hash, release.build, run_as,
             group_gids=user.plan.group_gids, cgroup=cgroup,
         )  # fmt: skip
         threading.Thread(target=self._forward_stderr, args=(agent,), daemon=True, name=f"agent-{user_id}-stderr").start()
@@ -456,16 +383,8 @@ class ProcessDriver:
     def _ca_mounts(self) -> tuple[str, ...]:
         """The sandbox CA bundle when it lives outside /etc (the deployment CA's, under the
         data dir): bwrap shows it read-only at its own path."""
-        bundle = self.settings.sandbox_ca_bundle
-        if self.settings.egress == "off" or not bundle.is_file() or str(bundle).startswith("/etc/"):
-            return ()
-        return (str(bundle),)
-
-    def _remove_stale_socket(self, socket_path: Path) -> None:
-        """So that readiness can only be the new agent. The socket dir is the user's: whatever
-        sits at the socket's name (even a directory) goes. Safe as root: `sockets/` is root's,
-        so `sockets/{uid}` cannot be swapped for a link, and the removal never follows a link."""
-        remove_tree(socket_path)
+        bundle = self.ca_bundle()
+        return (str(bundle),) if bundle is not None and not str(bundle).startswith("/etc/") else ()
 
     def _forward_stderr(self, agent: _Agent) -> None:
         stream = agent.proc.stderr
@@ -488,8 +407,9 @@ class ProcessDriver:
         self._cgroups.kill(cgroup)
         self._warden.forget_cgroup(cgroup.v2_dir)
 
-    def _terminate(self, agent: _Agent, *, paused: bool = False) -> None:
-        """Stop the agent and everything it started (shells run in their own sessions)."""
+    def _terminate(self, agent: _Agent, *, paused: bool = False, kill: bool = False) -> None:
+        """Stop the agent and everything it started (shells run in their own sessions); `kill`:
+        it missed a call's deadline, so it is killed, not asked to stop."""
         with self._lock:
             if self._agents.get(agent.user_id) is agent:
                 del self._agents[agent.user_id]
@@ -501,7 +421,7 @@ class ProcessDriver:
                 tree = psutil.Process(agent.proc.pid).children(recursive=True)
             except psutil.Error:
                 pass
-        if agent.alive and agent.stalled:
+        if agent.alive and kill:
             agent.proc.kill()  # a stopped agent would not see SIGTERM; SIGKILL needs no cooperation
         elif agent.alive:
             try:
@@ -526,16 +446,6 @@ class ProcessDriver:
             except psutil.Error:
                 pass
 
-    def _limits_of(self, user: SandboxUser) -> SandboxLimits | None:
-        """The user's own CPU and memory (an admin's override), None for the default."""
-        if user.cpus is None and user.memory_mb is None:
-            return None
-        return SandboxLimits(
-            cpus=user.cpus or self.settings.sandbox_cpus,
-            memory_bytes=(user.memory_mb or self.settings.sandbox_memory_mb) * 1024 * 1024,
-            pids=self.settings.sandbox_pids,
-        )
-
     def close(self) -> None:
         with self._lock:
             agents = list(self._agents.values())
@@ -547,7 +457,12 @@ class ProcessDriver:
             self._cgroups.close()
 
 
-class ProcessBackend(LifecycleEngine[AgentSlot]):
+def _cgroup_limits(limits: Limits) -> SandboxLimits:
+    """A sandbox's limits as its cgroup takes them."""
+    return SandboxLimits(cpus=limits.cpus, memory_bytes=limits.memory_mb * 1024 * 1024, pids=limits.pids)
+
+
+class ProcessBackend(LifecycleEngine):
     """The process backend: the lifecycle engine on `ProcessDriver`."""
 
     def __init__(
@@ -561,9 +476,6 @@ class ProcessBackend(LifecycleEngine[AgentSlot]):
         )  # fmt: skip
         self.isolation = self.driver.isolation
         self.cgroup_of = self.driver.cgroup_of
-        self._warden = self.driver._warden
-        self._agents = self.driver._agents
-        self._forward_stderr = self.driver._forward_stderr
 
 
 def template_unsupported(user: SandboxUser) -> ToolError:

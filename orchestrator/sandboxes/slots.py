@@ -1,7 +1,6 @@
 """What the lifecycle engine keeps per user: the slot of one user's sandbox (its agent's clients,
 its call count, what it runs, the flags a failed call sets), and the table of them with the
-parts of the backend interface that only touch slots (`forget`, `cancel_calls`). A driver adds
-what its platform needs to its own slot."""
+parts of the backend interface that only touch slots (`forget`, `cancel_calls`)."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
 
 from orchestrator.log import kv
 from orchestrator.sandboxes.agent_calls import HEALTH_TIMEOUT_S
@@ -17,7 +15,7 @@ from orchestrator.sandboxes.agent_launch import read_agent_token
 from orchestrator.call_ledger import SandboxEntry
 from orchestrator.sandboxes.base import LiveAgent
 from orchestrator.users.dirs import UserDirectories
-from sandbox_agent.client import AgentClient, AsyncAgentClient
+from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
 
 log = logging.getLogger(__name__)
@@ -44,21 +42,16 @@ class AgentSlot:
 
     def forget_agent(self) -> None:
         if self.live is not None:
-            self.live.blocking.close()
-            self.live.calls.close()
+            self.live.blocking.close()  # and `calls`, the transport it runs
         self.live = None
         self.running_build = None
         self.forgotten = False
 
 
-def live_agent(slot: AgentSlot, agent: AgentClient, token: str) -> LiveAgent:
-    """Both clients of one agent: the event loop's one reaches it as the blocking one does
-    (the same socket or connector, peer check and answer bounds), on the slot's call count."""
-    calls = AsyncAgentClient(
-        agent.socket_path, token, connector=agent.connector, expected_peer=agent.expected_peer,
-        answer_limits=agent.answer_limits,
-    )  # fmt: skip
-    return LiveAgent(slot.user_id, agent, calls, slot.count)
+def live_agent(slot: AgentSlot, agent: AgentClient) -> LiveAgent:
+    """Both faces of one agent's client, on the slot's call count: the event loop's calls go
+    through its transport, which the blocking façade runs too (one pool, per loop)."""
+    return LiveAgent(slot.user_id, agent, agent.transport, slot.count)
 
 
 def reconnect(slot: AgentSlot, directories: UserDirectories, client_for: Callable[[str], AgentClient]) -> bool:
@@ -84,33 +77,29 @@ def reconnect(slot: AgentSlot, directories: UserDirectories, client_for: Callabl
         return False
     slot.running_build = health.build
     slot.count.note_processes(health.processes)
-    slot.live = live_agent(slot, agent, token)
+    slot.live = live_agent(slot, agent)
     return True
 
 
-S = TypeVar("S", bound=AgentSlot)
-
-
-class SlotTable(Generic[S]):
+class SlotTable:
     """The slots by user, made on first use. Thread-safe; a slot's own state is under its lock."""
 
-    def __init__(self, make: Callable[[int], S]) -> None:
-        self._make = make
-        self._slots: dict[int, S] = {}
+    def __init__(self) -> None:
+        self._slots: dict[int, AgentSlot] = {}
         self._lock = threading.Lock()
 
-    def get(self, user_id: int) -> S | None:
+    def get(self, user_id: int) -> AgentSlot | None:
         with self._lock:
             return self._slots.get(user_id)
 
-    def slot(self, user_id: int) -> S:
+    def slot(self, user_id: int) -> AgentSlot:
         with self._lock:
             slot = self._slots.get(user_id)
             if slot is None:
-                slot = self._slots[user_id] = self._make(user_id)
+                slot = self._slots[user_id] = AgentSlot(user_id)
             return slot
 
-    def all(self) -> list[S]:
+    def all(self) -> list[AgentSlot]:
         with self._lock:
             return list(self._slots.values())
 

@@ -143,7 +143,7 @@ def test_cpu_and_memory_are_set_within_the_operators_maxima(api) -> None:
     run_id = start_run(client, session_of(client, 41), trigger="web")["run_id"]
     assert tool(client, run_id, "shell", command="true")["ok"]
     assert client.post("/v1/admin/users/41/sandbox/restart", headers=ADMIN).status_code == 200
-    cgroup = service.sandboxes.backends["process"]._agents[41].cgroup
+    cgroup = service.sandboxes.backends["process"].driver._agents[41].cgroup
     assert cgroup is not None or os.geteuid() != 0  # as root the sandbox has its cgroup
     if cgroup is not None and cgroup.limited_by != "none":
         memory = [value for path, value in cgroup.writes if path.name in ("memory.max", "memory.limit_in_bytes")]

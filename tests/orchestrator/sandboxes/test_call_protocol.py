@@ -23,7 +23,7 @@ from kubernetes import client
 from kubernetes.stream import stream
 
 from orchestrator.errors import ToolError
-from orchestrator.sandboxes.kubernetes import kube_configuration
+from orchestrator.sandboxes.kubernetes_api import kube_configuration
 from orchestrator.service import OrchestratorService
 from sandbox_agent.client import REUSE_IDLE_S
 from tests.orchestrator.sandboxes.call_wording import died_mid_call

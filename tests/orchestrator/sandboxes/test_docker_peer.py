@@ -1,9 +1,9 @@
 """What the docker backend takes as proof that a socket's peer is the user's sandbox
-(docker.sandbox_peer), pure: its uid under runc, its container under gVisor."""
+(docker_spec.sandbox_peer), pure: its uid under runc, its container under gVisor."""
 
 from __future__ import annotations
 
-from orchestrator.sandboxes.docker import sandbox_peer
+from orchestrator.sandboxes.docker_spec import sandbox_peer
 from sandbox_agent.peer import ExpectedPeer
 
 CID = "4e894cbbefb71df57e4772495d91e3fba5eeaf1a726cfdac8f779984c624d16a"

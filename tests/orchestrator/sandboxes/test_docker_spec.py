@@ -17,17 +17,21 @@ from orchestrator.sandboxes.docker_spec import (
     LABEL_INSTANCE,
     LABEL_PLAN,
     LABEL_USER,
-    Action,
     Desired,
     Limits,
     Observed,
     container_name,
+    container_outdated,
     container_spec,
-    decide,
+    container_state,
     instance_id,
     observed_from_attrs,
     user_of,
 )
+from orchestrator.sandboxes.lifecycle_decision import LifecycleAction as Action
+from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
+from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
+from orchestrator.sandboxes.lifecycle_decision import fit_of
 
 LAYOUT = DataLayout(Path("/srv/orch/data"))
 
@@ -122,6 +126,15 @@ def test_instance_id_separates_data_directories() -> None:
 
 
 DESIRED = Desired(plan_hash="p1", image_id="i1", agent_build="b1")
+
+
+def decide(observed: Observed | None, desired: Desired, *, running_build: str | None, busy: bool) -> Action:
+    """What the lifecycle engine decides for the container docker reports (its state and whether
+    it is outdated, then the one table; a container can restart its agent in place)."""
+    state = SandboxState.ABSENT if observed is None else container_state(observed)
+    outdated = observed is not None and container_outdated(observed, desired)
+    fit = fit_of(outdated=outdated, running_build=running_build, wanted_build=desired.agent_build)
+    return decide_action(state, fit, busy=busy, restarts_in_place=True)
 
 
 def observed(

@@ -23,17 +23,21 @@ from orchestrator.sandboxes.kubernetes_spec import (
     DataVolume,
     DesiredPod,
     ObservedPod,
-    PodAction,
     Requests,
-    decide_pod,
     network_policy,
     observed_pod,
     pod_manifest,
     pod_name,
+    pod_outdated,
     pod_problem,
+    pod_state,
     selector,
     user_of,
 )
+from orchestrator.sandboxes.lifecycle_decision import LifecycleAction as PodAction
+from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
+from orchestrator.sandboxes.lifecycle_decision import decide as decide_action
+from orchestrator.sandboxes.lifecycle_decision import fit_of
 
 ROOT = Path("/srv/orch/data")
 LAYOUT = DataLayout(ROOT)
@@ -186,6 +190,15 @@ def test_the_network_policy_denies_all_ingress_and_egress_of_this_instances_sand
 # --- the decision table -------------------------------------------------------------------
 
 DESIRED = DesiredPod(plan_hash="p1", image="i1", agent_build="b1")
+
+
+def decide_pod(observed: ObservedPod | None, desired: DesiredPod, *, running_build: str | None, busy: bool) -> PodAction:
+    """What the lifecycle engine decides for the pod the API reports (its state and whether it is
+    outdated, then the one table; a pod is never restarted in place)."""
+    state = SandboxState.ABSENT if observed is None else pod_state(observed)
+    outdated = observed is not None and pod_outdated(observed, desired)
+    fit = fit_of(outdated=outdated, running_build=running_build, wanted_build=desired.agent_build)
+    return decide_action(state, fit, busy=busy, restarts_in_place=False)
 
 
 def pod(

@@ -52,14 +52,10 @@ class FakeSandbox:
 class FakeAgentClient:
     """Stands in for `AgentClient`: answers from the fake platform's sandbox."""
 
-    connector = None
-    expected_peer = None
-    answer_limits = None
-
     def __init__(self, platform: FakePlatform, user_id: int) -> None:
         self.platform = platform
         self.user_id = user_id
-        self.socket_path = "/nonexistent/agent.sock"
+        self.transport = self  # the event loop's face: the engine never calls through it
         self.closed = False
 
     def health(self, timeout_s: float) -> Health:
@@ -111,9 +107,6 @@ class FakeDriver:
 
     def verbs(self, user_id: int = USER) -> list[str]:
         return [verb for verb, user in self.platform.verbs if user == user_id]
-
-    def new_slot(self, user_id: int) -> AgentSlot:
-        return AgentSlot(user_id)
 
     def launch_options(self) -> dict[str, Any]:
         return {}
@@ -237,7 +230,7 @@ class FakeDeployment:
 
 @dataclass
 class World:
-    engine: LifecycleEngine[AgentSlot]
+    engine: LifecycleEngine
     driver: FakeDriver
     deployment: FakeDeployment
     layout: DataLayout
@@ -254,7 +247,7 @@ def make_world(traversable_tmp: Path, **driver_options: bool) -> World:
     settings = make_settings(layout.root, pause_after_s=60.0, idle_timeout_s=600.0)
     driver = FakeDriver(layout, **driver_options)
     deployment = FakeDeployment()
-    engine: LifecycleEngine[AgentSlot] = LifecycleEngine(
+    engine: LifecycleEngine = LifecycleEngine(
         driver, settings, directories, deployment,  # type: ignore[arg-type]
         known_user=lambda user_id: user_id != 99,
     )  # fmt: skip
@@ -468,7 +461,7 @@ def test_cancel_asks_the_live_agent_and_stops_one_that_does_not_answer(world: Wo
 
 def test_an_adopted_sandbox_s_agent_is_asked_for_its_processes_before_an_idle_stop(world: World) -> None:
     world.engine.ensure(world.user())  # a predecessor started it: its token is on disk
-    successor: LifecycleEngine[AgentSlot] = LifecycleEngine(
+    successor: LifecycleEngine = LifecycleEngine(
         world.driver, world.engine.settings, world.engine.directories, world.deployment,  # type: ignore[arg-type]
         known_user=lambda _: True,
     )  # fmt: skip

@@ -138,9 +138,9 @@ def test_the_warden_ends_a_paused_agent_when_the_orchestrators_pipe_ends(agent_d
         backend.reap_idle(now=time.monotonic() + 31)
         assert _stopped(pid, backend)
         cgroup = backend.cgroup_of(USER)
-        warden = backend._warden._proc
+        warden = backend.driver._warden._proc
         assert warden is not None and warden.poll() is None
-        backend._warden.close()  # EOF on the warden's stdin
+        backend.driver._warden.close()  # EOF on the warden's stdin
         assert warden.returncode == 0
         if cgroup is not None:
             assert not cgroup.v2_dir.exists()  # killed to the last process, and removed

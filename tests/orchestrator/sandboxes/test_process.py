@@ -231,17 +231,13 @@ def test_an_agent_stderr_line_without_an_end_is_forwarded_in_bounded_pieces(agen
     import subprocess
     import sys
 
-    from orchestrator.sandboxes.base import LiveAgent
     from orchestrator.sandboxes.process import STDERR_LINE_MAX, _Agent
-    from sandbox_agent.client import AgentClient, AsyncAgentClient
 
     writer = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stderr.write('x' * 1_000_000); sys.stderr.flush()"],
         stderr=subprocess.PIPE,
     )
-    agent = _Agent(
-        USER, writer, LiveAgent(USER, AgentClient("/nonexistent", "t"), AsyncAgentClient("/nonexistent", "t")), "plan", "build", "instance", None
-    )
-    agent_service.sandboxes.backends["process"]._forward_stderr(agent)
+    agent = _Agent(USER, writer, "plan", "build", None)
+    agent_service.sandboxes.backends["process"].driver._forward_stderr(agent)
     writer.wait()
     assert agent.stderr_tail and all(len(line) <= STDERR_LINE_MAX for line in agent.stderr_tail)

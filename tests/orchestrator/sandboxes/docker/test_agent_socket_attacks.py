@@ -78,7 +78,7 @@ def shell(client: TestClient, run_id: str, command: str) -> dict:
 
 def container_of(engine: docker.DockerClient, service: OrchestratorService, user_id: int):  # type: ignore[no-untyped-def]
     assert service.sandboxes.backends.get("docker") is not None
-    found = [c for c in service.sandboxes.backends.get("docker")._managed_containers() if c.labels.get(LABEL_USER) == str(user_id)]
+    found = [c for c in service.sandboxes.backends.get("docker").driver._managed_containers() if c.labels.get(LABEL_USER) == str(user_id)]
     assert len(found) == 1
     return found[0]
 

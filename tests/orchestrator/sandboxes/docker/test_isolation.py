@@ -65,7 +65,7 @@ def test_b_cannot_see_as_runtime_uploads_or_home_and_there_is_no_network(
 
     # the containers ran under the runtime asked for, and /healthz says which kernel that is
     backend = docker_service.sandboxes.backends["docker"]
-    assert {c.attrs["HostConfig"]["Runtime"] for c in backend._managed_containers()} == {sandbox_runtime}  # type: ignore[attr-defined]
+    assert {c.attrs["HostConfig"]["Runtime"] for c in backend.driver._managed_containers()} == {sandbox_runtime}  # type: ignore[attr-defined]
     boundary = docker_client.get("/healthz", headers=admin_headers()).json()["kernel_boundary"]["docker"]
     assert boundary == {"kernel": "gvisor" if sandbox_runtime == "runsc" else "host", "runtime": sandbox_runtime}
 

@@ -61,7 +61,7 @@ def ensured_build(backend: DockerBackend, user: SandboxUser) -> str | None:
 
 def containers_of(engine: docker.DockerClient, service: OrchestratorService, user_id: int) -> list:
     backend = backend_of(service)
-    return [c for c in backend._managed_containers() if c.labels.get(LABEL_USER) == str(user_id)]
+    return [c for c in backend.driver._managed_containers() if c.labels.get(LABEL_USER) == str(user_id)]
 
 
 def in_background(backend: DockerBackend, user: SandboxUser, command: str, cwd: str) -> tuple[threading.Thread, list]:

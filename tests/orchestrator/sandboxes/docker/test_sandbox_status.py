@@ -8,7 +8,7 @@ from datetime import datetime
 import pytest
 from fastapi.testclient import TestClient
 
-from orchestrator.sandboxes.docker import docker_time
+from orchestrator.sandboxes.docker_spec import docker_time
 from orchestrator.service import OrchestratorService
 from tests.api_calls import OWNER, group_session, start_run, tool
 
