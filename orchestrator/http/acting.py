@@ -9,7 +9,7 @@ naming another user id is 403.
 from __future__ import annotations
 
 from orchestrator.errors import Forbidden, NotFound
-from orchestrator.runs.records import RunRecord
+from orchestrator.runs.records import RunRecord, person_of
 from orchestrator.service import OrchestratorService
 
 
@@ -19,11 +19,6 @@ def require_self(acting: int | None, user_id: int) -> None:
         raise Forbidden(
             f"X-Acting-User {acting} may act on user {acting} only, not on user {user_id}", field="X-Acting-User"
         )
-
-
-def person_of(run: RunRecord) -> int:
-    """The person a run is for: its speaker, else the session owner (web, scheduled, ...)."""
-    return run.speaker_user_id if run.speaker_user_id is not None else run.owner_user_id
 
 
 def visible_run(service: OrchestratorService, run_id: str, acting: int | None) -> RunRecord:

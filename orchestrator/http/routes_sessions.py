@@ -250,28 +250,31 @@ async def call_tool(
     service: OrchestratorService = Depends(service_of),
     caller: Caller = Depends(require_bot),
 ) -> Response:
-    if acting is not None:  # costs one run read, and only with the header
-        await run_in_threadpool(own_run, service, run_id, acting)
-    return await answer_tool_call(service, run_id, name, body, caller, request.headers.get("accept"))
+    return await answer_tool_call(service, run_id, name, body, caller, request.headers.get("accept"), acting)
 
 
 async def answer_tool_call(
-    service: OrchestratorService, run_id: str, name: str, body: ToolCallIn, caller: Caller, accept: str | None
-) -> Response:
+    service: OrchestratorService, run_id: str, name: str, body: ToolCallIn, caller: Caller, accept: str | None,
+    person: int | None,
+) -> Response:  # fmt: skip
     """A tool call's answer, once its request is known to be well formed (this route and the
-    fast path of orchestrator/http/tool_call_fast_path.py both end here)."""
+    fast path of orchestrator/http/tool_call_fast_path.py both end here). `person`: the
+    `X-Acting-User`, checked against the run where the dispatcher reads it, once."""
     # The hot path (docs/performance.md): the dispatcher awaits the sandbox on the loop and does its
     # blocking work in threads of its own, never in the default pool; its outcome is plain
     # JSON already, so it skips FastAPI's response validation.
     if name in STREAMED_TOOLS and wants_events(accept):  # docs/processes.md
+        if person is not None:  # before the stream's descriptors are held for the run's user
+            await run_in_threadpool(own_run, service, run_id, person)
         return await stream_tool_call(
             lambda on_output: service.dispatcher.dispatch_async(
-                run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, on_output=on_output
+                run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, on_output=on_output,
+                person=person,
             ),
             await hold_stream_descriptors(service, run_id),
         )
     outcome = await service.dispatcher.dispatch_async(
-        run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, stream=True
+        run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, stream=True, person=person
     )
     if outcome.stream is not None:  # a large read_bytes: verified in its spool, sent from there
         return StreamedReadBytesResponse(outcome.stream)

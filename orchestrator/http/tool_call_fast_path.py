@@ -3,12 +3,13 @@ formed, served without the framework's per-request machinery.
 
 A tool call is the one route a model calls thousands of times a run. FastAPI spends a fifth of
 the server's time on it resolving the route's dependencies (the token, the run id, the acting
-person, the body model) and matching it against every route before it. This route sits first in
-the router and answers the common request itself: a valid token, a well-formed run id and tool
-name, no `X-Acting-User`, a JSON body that `ToolCallIn` accepts. The answer is the same one
-(`routes_sessions.answer_tool_call` builds it for both). Anything else (a wrong token, a bad id,
-a body the model refuses, a person header) goes on to the framework's route untouched, so every
-refusal keeps the exact shape and status the OpenAPI document and docs/api.md give. The
+person, the body model) and matching it against every route before it. This route sits first
+in the router and answers the common request itself: a valid token, a well-formed run id and
+tool name, at most an `X-Acting-User` naming a user id, a JSON body that `ToolCallIn` accepts.
+The answer is the same one (`routes_sessions.answer_tool_call` builds it for both; the person
+is checked where the dispatcher reads the run). Anything else (a wrong token, a bad id, a body
+the model refuses, a platform identity to name) goes on to the framework's route untouched, so
+every refusal keeps the exact shape and status the OpenAPI document and docs/api.md give. The
 middlewares (request id, access log, the body guard) and the error handlers run as for any route.
 """
 
@@ -21,7 +22,8 @@ from pydantic import ValidationError
 from starlette.routing import Match, Route
 
 from mounts import ids
-from orchestrator.http.auth import caller_for
+from orchestrator.errors import OrchestratorError
+from orchestrator.http.auth import caller_for, parse_acting_user
 from orchestrator.http.models import ToolCallIn
 from orchestrator.http.request_guard import Message, Receive, Scope, Send
 from orchestrator.http.routes_sessions import TOOL_CALL_PATH, TOOL_NAME_MAX_CHARS, answer_tool_call
@@ -32,7 +34,7 @@ _PASSED_ON = "orchestrator.tool_call_passed_on"  # set on a scope this path hand
 
 def well_formed(run_id: str, name: str, headers: dict[bytes, bytes], body: bytes) -> ToolCallIn | None:
     """The body of a request the framework's route would accept as it is, else None (pure)."""
-    if len(name) > TOOL_NAME_MAX_CHARS or b"x-acting-user" in headers:
+    if len(name) > TOOL_NAME_MAX_CHARS:
         return None
     try:
         ids.session_id(run_id, "run_id")
@@ -46,6 +48,16 @@ def well_formed(run_id: str, name: str, headers: dict[bytes, bytes], body: bytes
         return ToolCallIn.model_validate(parsed) if isinstance(parsed, dict) else None
     except (ValueError, ValidationError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
+
+
+def plain_person(value: str) -> int | None:
+    """An `X-Acting-User` naming our user id as the route takes it, else None (a platform
+    identity is named on first sight, a malformed one refused: the framework's route does both)."""
+    try:
+        person = parse_acting_user([value])
+    except OrchestratorError:
+        return None
+    return person if isinstance(person, int) else None
 
 
 class ToolCallFastPath(Route):
@@ -72,15 +84,20 @@ class ToolCallFastPath(Route):
             return
         params = scope["path_params"]
         call = None
+        person = None
         if caller is not None and len(headers) == len(scope["headers"]):
             call = well_formed(params["run_id"], params["name"], headers, body)
+            if b"x-acting-user" in headers:
+                person = plain_person(headers[b"x-acting-user"].decode("latin-1"))
+                if person is None or self._service.users.purged.is_purged(person):  # the route's 422 or 410
+                    call = None
         if call is None:  # the framework's route answers it, refusals and all
             scope[_PASSED_ON] = True
             await self._router(scope, _replayed(body, receive), send)
             return
         scope["route"] = self  # the access log's route template: the same path as the framework's route
         accept = _header(headers, b"accept")
-        response = await answer_tool_call(self._service, params["run_id"], params["name"], call, caller, accept)
+        response = await answer_tool_call(self._service, params["run_id"], params["name"], call, caller, accept, person)
         await response(scope, receive, send)
 
 

@@ -51,6 +51,11 @@ class RunRecord:
 MAX_RUN_SEQ = 2**63 - 1
 
 
+def person_of(run: RunRecord) -> int:
+    """The person a run is for: its speaker, else the session owner (web, scheduled, ...)."""
+    return run.speaker_user_id if run.speaker_user_id is not None else run.owner_user_id
+
+
 def run_from_row(row: sqlite3.Row) -> RunRecord:
     return RunRecord(
         run_id=row["run_id"],

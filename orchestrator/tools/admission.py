@@ -16,8 +16,9 @@ from typing import Any, Union
 from pydantic import BaseModel, ValidationError
 
 from orchestrator.errors import NotFound, OrchestratorError, RunEnded, ToolError
-from orchestrator.runs.records import RunRecord, RunStatus
+from orchestrator.runs.records import RunRecord, RunStatus, person_of
 from orchestrator.sessions.records import SessionRecord
+from orchestrator.sessions.visibility import IsMember, Sight, cleanup_pending, sight
 from orchestrator.tools.identity_table import acting_user_for
 from orchestrator.tools.registry import ToolSpec
 
@@ -80,6 +81,23 @@ def admit(
     except ValidationError as exc:
         return Refused(invalid_arguments(exc), acting_user)
     return Admitted(spec, acting_user, arguments)
+
+
+def person_refusal(
+    run_id: str, run: RunRecord | None, session: SessionRecord | None, acting: int, is_member: IsMember
+) -> OrchestratorError | None:
+    """With `X-Acting-User`, a person calls tools only in a run it is the person of, in a
+    session it sees (docs/decisions.md): otherwise the run is not found, as the other run routes
+    answer (a deleted session whose cleanup its owner has yet to finish: that 503). Checked
+    before anything else, a repeat's record included."""
+    if run is None:
+        return NotFound(f"run {run_id} not found")
+    seen = sight(session, acting, is_member)
+    if seen is Sight.CLEANUP_PENDING:
+        return cleanup_pending(run.session_id, "repeat DELETE to finish it")
+    if seen is Sight.HIDDEN or acting != person_of(run):
+        return NotFound(f"run {run_id} not found")
+    return None
 
 
 def invalid_arguments(exc: ValidationError) -> ToolError:

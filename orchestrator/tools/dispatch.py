@@ -45,7 +45,8 @@ from orchestrator.sandboxes.calling import OutputSink
 from orchestrator.sandboxes.router import Routed, SandboxRouter
 from orchestrator.sessions.records import SessionRecord, SessionRepository
 from orchestrator.state_store import StateStore
-from orchestrator.tools.admission import Admitted, Refused, Repeat, admit
+from orchestrator.users.repository import UserRepository
+from orchestrator.tools.admission import Admitted, Refused, Repeat, admit, person_refusal
 from orchestrator.tools.call_records import CallRecords, Repeats, interrupted_body, utc_now
 from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadBytes, spool_failed
 from orchestrator.tools.transfer_slots import TransferSlots
@@ -171,18 +172,19 @@ class ToolDispatcher:
 
     async def dispatch_async(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
-        on_output: OutputSink | None = None, stream: bool = False,
+        on_output: OutputSink | None = None, stream: bool = False, person: int | None = None,
     ) -> ToolOutcome:  # fmt: skip
         """One call; with `on_output` a container tool streams its output as it comes (the
         outcome is the same; a repeat answered from its record streams nothing). With
         `stream`, a large read_bytes may answer a streamed outcome (`ToolOutcome.stream`): the
-        caller sends it and must `close()` it."""
+        caller sends it and must `close()` it. `person`: the request's `X-Acting-User`, who
+        must be the run's person (`admission.person_refusal`, checked on the admission's read)."""
         # Under way from before the run is read: the idle-run sweeper never ends a run mid-call.
         with self._ledger.holding(RunCall(run_id)):
             answer = await self._repeats.answer(
                 run_id, tool_call_id, partial(self._repeat_wait_s, name, raw_arguments),
                 partial(self._dispatch_once, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor,
-                        on_output=on_output, stream=stream),
+                        on_output=on_output, stream=stream, person=person),
             )  # fmt: skip
         if isinstance(answer, ToolOutcome):
             return answer
@@ -192,15 +194,19 @@ class ToolDispatcher:
 
     async def _dispatch_once(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
-        on_output: OutputSink | None = None, stream: bool = False,
+        on_output: OutputSink | None = None, stream: bool = False, person: int | None = None,
     ) -> ToolOutcome | Repeat:  # fmt: skip
         spec = self._registry.get(name)
         if spec is not None and spec.place is ToolPlace.HOST:
             # A host tool blocks anyway: its checks, its work and its audit in one thread.
-            host_call = partial(self._dispatch_host, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+            host_call = partial(
+                self._dispatch_host, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, person=person
+            )
             return await self._in_thread(host_call)
         admitted = await self._in_thread(
-            partial(self._admit, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, route=True)
+            partial(
+                self._admit, run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, person=person, route=True
+            )
         )
         if isinstance(admitted, Repeat):
             return admitted
@@ -234,9 +240,10 @@ class ToolDispatcher:
         return self._threads.run(work)
 
     def _dispatch_host(
-        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str
+        self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
+        person: int | None = None,
     ) -> ToolOutcome | Repeat:
-        admitted = self._admit(run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor)
+        admitted = self._admit(run_id, name, raw_arguments, tool_call_id=tool_call_id, actor=actor, person=person)
         if isinstance(admitted, Repeat):
             return admitted
         if admitted.refused is not None:
@@ -260,7 +267,7 @@ class ToolDispatcher:
 
     def _admit(
         self, run_id: str, name: str, raw_arguments: dict[str, Any], *, tool_call_id: str | None, actor: str,
-        route: bool = False,
+        person: int | None = None, route: bool = False,
     ) -> _Call | Repeat:
         """Decide (`admit`, with its repeats), take a slot of the acting user, and write the
         audit row and the call's record, in one transaction (a worker thread). A refusal that
@@ -273,6 +280,11 @@ class ToolDispatcher:
             # session refuses at once.
             run = RunRepository.get_in(tx, run_id)
             session = SessionRepository.get_in(tx, run.session_id) if run is not None else None
+            if person is not None:
+                is_member = partial(UserRepository.is_group_member_in, tx)
+                refused_person = person_refusal(run_id, run, session, person, is_member)
+                if refused_person is not None:
+                    raise refused_person
             spec = self._registry.get(name)
             decision = self._repeats.admit(
                 tx, admit(run_id, run, session, name, spec, raw_arguments, tool_names=self._registry.names),

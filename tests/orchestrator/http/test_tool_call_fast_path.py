@@ -27,7 +27,6 @@ JSON = {b"content-type": b"application/json"}
         ("r1", "x" * 101, JSON, b"{}", False),  # the route's 422 on the name
         ("../r", "read_file", JSON, b"{}", False),  # the route's 422 on the run id
         ("r" * 129, "read_file", JSON, b"{}", False),
-        ("r1", "read_file", {**JSON, b"x-acting-user": b"17"}, b"{}", False),  # the person's check
         ("r1", "read_file", {}, b"{}", False),  # no content type: the framework decides
         ("r1", "read_file", {b"content-type": b"text/plain"}, b"{}", False),
         ("r1", "read_file", JSON, b"", False),
@@ -62,7 +61,10 @@ def _requests(run_id: str) -> list[tuple[str, dict[str, str], bytes]]:
         (f"/v1/runs/{run_id}/tools/read_file", as_json, b"{not json"),
         (f"/v1/runs/{run_id}/tools/read_file", as_json, b"[]"),
         (f"/v1/runs/{run_id}/tools/read_file", {**auth, "Content-Type": "text/plain"}, b"{}"),
-        (f"/v1/runs/{run_id}/tools/read_file", {**as_json, "X-Acting-User": "99"}, b"{}"),
+        (f"/v1/runs/{run_id}/tools/read_file", {**as_json, "X-Acting-User": "99"}, b"{}"),  # not its person
+        (f"/v1/runs/{run_id}/tools/read_file", {**as_json, "X-Acting-User": "17"}, b'{"arguments": {"path": "x"}}'),
+        (f"/v1/runs/{run_id}/tools/read_file", {**as_json, "X-Acting-User": "017"}, b"{}"),
+        (f"/v1/runs/{run_id}/tools/read_file", {**as_json, "X-Acting-User": "slack:U1"}, b"{}"),
         (f"/v1/runs/{run_id}/tools/read_file", {"Authorization": "Bearer wrong", "Content-Type": "application/json"}, b"{}"),
     ]
 
@@ -92,13 +94,13 @@ def test_every_answer_is_the_framework_routes_answer(agent_client: TestClient, m
     # The well-formed ones (a file, an unknown tool, arguments the tool refuses, a name with a
     # `/`, an unknown run) were the fast path's; the rest went on to the framework's route.
     assert served == [(run_id, "read_file"), (run_id, "no_such_tool"), (run_id, "read_file"), (run_id, "a/b"),
-                      ("no-such-run", "read_file")]  # fmt: skip
+                      ("no-such-run", "read_file"), (run_id, "read_file"), (run_id, "read_file")]  # fmt: skip
     routes = client.app.router.routes  # type: ignore[attr-defined]
     assert isinstance(routes[0], ToolCallFastPath)
     routes.pop(0)
     framework = _answers(client, requests)
     assert fast == framework
-    assert [status for status, _ in fast] == [200, 200, 200, 200, 422, 404, 422, 422, 422, 422, 422, 404, 401]
+    assert [status for status, _ in fast] == [200, 200, 200, 200, 422, 404, 422, 422, 422, 422, 422, 404, 200, 422, 404, 401]
     assert fast[0][1]["error"]["code"] == "not_found"
     assert fast[1][1]["error"]["code"] == "unknown_tool"
     assert fast[2][1]["error"]["code"] == "invalid_arguments"

@@ -9,11 +9,12 @@ import threading
 
 import pytest
 
-from orchestrator.errors import NotFound, RunEnded, ToolError
+from orchestrator.errors import CleanupPending, NotFound, RunEnded, ToolError
 from orchestrator.identity import IdentityMode, Trigger
 from orchestrator.runs.records import RunRecord, RunStatus
 from orchestrator.sessions.records import SessionRecord
-from orchestrator.tools.admission import Admitted, Refused, Repeat, admit
+from mounts.layout import GroupRef
+from orchestrator.tools.admission import Admitted, Refused, Repeat, admit, person_refusal
 from orchestrator.tools.call_records import CallRecords, Repeats
 from orchestrator.tools.container_tools import CONTAINER_TOOL_SPECS
 
@@ -124,3 +125,28 @@ def test_a_repeat_that_waited_too_long_says_the_call_is_still_running() -> None:
 def test_every_ended_status_refuses(status: RunStatus) -> None:
     decision = decide("read_file", {"path": "a"}, run=run_record(status))
     assert isinstance(decision, Refused) and decision.error.code == "run_ended"
+
+
+def test_x_acting_user_calls_only_in_a_run_it_is_the_person_of() -> None:
+    """The person check the tool route made with a run read of its own, now made on the
+    admission's read (one read of the run per call)."""
+    from dataclasses import replace
+
+    nobody_is_member = lambda group, user: False  # noqa: E731 - a personal session asks nobody
+    assert person_refusal("r-1", run_record(), session_record(), OWNER, nobody_is_member) is None
+    gone = person_refusal("r-9", None, None, OWNER, nobody_is_member)
+    assert isinstance(gone, NotFound) and gone.message == "run r-9 not found"
+    stranger = person_refusal("r-1", run_record(), session_record(), 99, nobody_is_member)
+    assert isinstance(stranger, NotFound) and stranger.message == "run r-1 not found"
+    # A group run is its speaker's (a member of the group): the session's owner is not its person.
+    spoken = replace(run_record(), speaker_user_id=67)
+    group_session = replace(session_record(), group=GroupRef("slack", "C1"))
+    members = lambda group, user: group == GroupRef("slack", "C1") and user == 67  # noqa: E731
+    assert person_refusal("r-1", spoken, group_session, 67, members) is None
+    assert isinstance(person_refusal("r-1", spoken, group_session, OWNER, members), NotFound)
+    assert isinstance(person_refusal("r-1", spoken, group_session, 67, nobody_is_member), NotFound)  # left the group
+    # A deleted session: not found, except for its owner while its cleanup is unfinished (503).
+    deleted = session_record(deleted=True)
+    assert isinstance(person_refusal("r-1", run_record(), deleted, OWNER, nobody_is_member), CleanupPending)
+    assert isinstance(person_refusal("r-1", run_record(), deleted, 99, nobody_is_member), NotFound)
+
