@@ -59,7 +59,10 @@ def create_namespace(kube: client.CoreV1Api, prefix: str = "so-test") -> str:
 
 
 def delete_namespace(kube: client.CoreV1Api, name: str, *, wait_s: float = 60.0) -> None:
-    """Its pods first, at once (a namespace waits for its pods' graceful end), then itself."""
+    """Its pods first, at once (a namespace waits for its pods' graceful end), then itself.
+    Waits until none of its pods is left on the API server (what later tests' pods compete
+    for), not for the namespace controller to finalize the namespace itself: that takes about
+    five seconds per namespace, runs on in the background, and nothing reuses a random name."""
     try:
         kube.delete_collection_namespaced_pod(name, grace_period_seconds=0)
         kube.delete_namespace(name, grace_period_seconds=0)
@@ -69,12 +72,14 @@ def delete_namespace(kube: client.CoreV1Api, name: str, *, wait_s: float = 60.0)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            kube.read_namespace(name)
+            if not kube.list_namespaced_pod(name).items:
+                return
         except ApiException as exc:
             if exc.status == 404:
                 return
             raise
-        time.sleep(0.5)
+        time.sleep(0.1)
+    raise AssertionError(f"the pods of namespace {name} were still there after {wait_s:.0f} s")
 
 
 @pytest.fixture(scope="module")
