@@ -110,8 +110,13 @@ def k8s_data_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def k8s_service(k8s_data_dir: Path, k8s_namespace: str, k8s_image: str, kube: client.CoreV1Api) -> Iterator[OrchestratorService]:
-    service = OrchestratorService(k8s_settings(k8s_data_dir, k8s_namespace, k8s_image))
+def k8s_service(
+    request: pytest.FixtureRequest, k8s_data_dir: Path, k8s_namespace: str, k8s_image: str, kube: client.CoreV1Api
+) -> Iterator[OrchestratorService]:
+    """The backend of k8s_settings; a test marked `k8s_settings(name=value, ...)` changes them."""
+    marker = request.node.get_closest_marker("k8s_settings")
+    overrides = marker.kwargs if marker is not None else {}
+    service = OrchestratorService(k8s_settings(k8s_data_dir, k8s_namespace, k8s_image, **overrides))
     try:
         yield service
     finally:
@@ -135,14 +140,17 @@ def separate_uid_block(settings: Settings, index: int = 0) -> dict[str, int]:
 
 def k8s_settings(data_dir: Path, namespace: str, image: str, **overrides: object) -> Settings:
     """Settings of a kubernetes backend in `namespace` of the test cluster: small sandboxes
-    (the node has two cores; pods request what they limit), images loaded, not pulled."""
+    (the node has two cores; pods request what they limit, as the local cluster runs only
+    Guaranteed pods: its kubelet's OOM-score patch leaves Burstable ones no valid score), images
+    loaded, not pulled. A quarter of a core: at a tenth, the agent's start alone (half a second
+    of CPU) took five seconds of every pod's start, and every call was throttled likewise."""
     values: dict[str, object] = {
         "backend": "kubernetes",
         "k8s_kubeconfig": KUBECONFIG,
         "k8s_namespace": namespace,
         "k8s_image_pull_policy": "Never",
         "sandbox_image": image,
-        "sandbox_cpus": 0.1,
+        "sandbox_cpus": 0.25,
         "sandbox_memory_mb": 256,
         "sandbox_ready_timeout_s": 60.0,
     }
