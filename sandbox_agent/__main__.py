@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -29,8 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     from sandbox_agent.server import load_config, serve
 
-    serve(load_config(args.config))
-    return 0
+    try:
+        serve(load_config(args.config))
+        code = 0
+    except SystemExit as stop:  # SIGTERM, after uvicorn's graceful shutdown (server.py)
+        code = stop.code if isinstance(stop.code, int) else 0
+    # serve() has cleaned up (its processes, kernels, socket): exit without the interpreter's
+    # teardown of every module and object, a good part of each sandbox's stop.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

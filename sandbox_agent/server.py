@@ -3,6 +3,7 @@ the pod's loopback, where a port-forward of the Kubernetes API reaches it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import resource
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import FrameType
 
 import psutil
 import uvicorn
@@ -84,6 +86,32 @@ def bind_loopback_port(port: int) -> socket.socket:
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
     return sock
+
+
+class AgentServer(uvicorn.Server):
+    """uvicorn's server, except that a signal to stop wakes its main loop at once instead of at
+    its next tick (uvicorn looks every 0.1 s): every sandbox stop waits for its agent to exit."""
+
+    _wake: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None and self._wake is not None:
+            self._loop.call_soon_threadsafe(self._wake.set)
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop (`on_tick` every 0.1 s until it says stop), woken early by a signal."""
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 1) % 864000
+            try:
+                await asyncio.wait_for(self._wake.wait(), 0.1)
+            except asyncio.TimeoutError:
+                pass
+            should_exit = await self.on_tick(counter)
 
 
 def _watch_parent(server: uvicorn.Server, parent_pid: int) -> None:
@@ -183,7 +211,7 @@ def serve(config: AgentConfig) -> None:
     # Previews reach the sandbox's ports through CONNECT on these sockets (port_tunnel.py),
     # never the agent's own port or the egress forwarder's.
     tunnels = PortTunnels(state.token_ok, _own_ports(config.listen_port, proxy_env), state.enter, state.leave)
-    server = uvicorn.Server(
+    server = AgentServer(
         uvicorn.Config(
             create_app(state),
             http=protocol_class(AutoHTTPProtocol, tunnels),

@@ -1,13 +1,13 @@
 """A venv holding one agent framework, pinned, for tests that drive the framework's own MCP client
 against our live server from a process of its own: the frameworks pin MCP SDKs the server's venv
 cannot hold (langchain-mcp-adapters requires the SDK 1.x, the server the 2.x), and their
-dependencies are not the server's to carry. Built once per requirement set and Python, cached
-under the test root (pip from PyPI, ~20 s each)."""
+dependencies are not the server's to carry. Built once per requirement set and Python, kept in
+the suite's build cache (tests/build_cache.py: every checkout on the machine reuses it; pip from
+the package index, ~15-25 s each)."""
 
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import shutil
 import subprocess
@@ -15,7 +15,7 @@ import sys
 import venv
 from pathlib import Path
 
-from tests.conftest import TEST_ROOT
+from tests.build_cache import cache_key, cache_root
 
 FRAMEWORKS = {
     "pydantic-ai": ["pydantic-ai-slim[mcp]==2.78.0"],
@@ -28,9 +28,8 @@ DRIVERS = Path(__file__).resolve().parent / "framework_drivers"
 def framework_python(framework: str) -> Path:
     """The python of the framework's venv, built first when the cache has none."""
     requirements = FRAMEWORKS[framework]
-    key = hashlib.sha256(json.dumps([requirements, sys.version]).encode()).hexdigest()[:12]
-    root = TEST_ROOT / "framework-venvs" / f"{framework}-{key}"
-    root.parent.mkdir(parents=True, exist_ok=True)
+    root = cache_root() / "framework-venvs" / f"{framework}-{cache_key(requirements, sys.version)}"
+    root.parent.mkdir(exist_ok=True)
     python = root / "bin" / "python"
     with open(root.parent / f"{root.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two test runs at once build it once

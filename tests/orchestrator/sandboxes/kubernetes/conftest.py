@@ -59,7 +59,10 @@ def create_namespace(kube: client.CoreV1Api, prefix: str = "so-test") -> str:
 
 
 def delete_namespace(kube: client.CoreV1Api, name: str, *, wait_s: float = 60.0) -> None:
-    """Its pods first, at once (a namespace waits for its pods' graceful end), then itself."""
+    """Its pods first, at once (a namespace waits for its pods' graceful end), then itself.
+    Waits until none of its pods is left on the API server (what later tests' pods compete
+    for), not for the namespace controller to finalize the namespace itself: that takes about
+    five seconds per namespace, runs on in the background, and nothing reuses a random name."""
     try:
         kube.delete_collection_namespaced_pod(name, grace_period_seconds=0)
         kube.delete_namespace(name, grace_period_seconds=0)
@@ -69,12 +72,14 @@ def delete_namespace(kube: client.CoreV1Api, name: str, *, wait_s: float = 60.0)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            kube.read_namespace(name)
+            if not kube.list_namespaced_pod(name).items:
+                return
         except ApiException as exc:
             if exc.status == 404:
                 return
             raise
-        time.sleep(0.5)
+        time.sleep(0.1)
+    raise AssertionError(f"the pods of namespace {name} were still there after {wait_s:.0f} s")
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +110,13 @@ def k8s_data_dir() -> Iterator[Path]:
 
 
 @pytest.fixture
-def k8s_service(k8s_data_dir: Path, k8s_namespace: str, k8s_image: str, kube: client.CoreV1Api) -> Iterator[OrchestratorService]:
-    service = OrchestratorService(k8s_settings(k8s_data_dir, k8s_namespace, k8s_image))
+def k8s_service(
+    request: pytest.FixtureRequest, k8s_data_dir: Path, k8s_namespace: str, k8s_image: str, kube: client.CoreV1Api
+) -> Iterator[OrchestratorService]:
+    """The backend of k8s_settings; a test marked `k8s_settings(name=value, ...)` changes them."""
+    marker = request.node.get_closest_marker("k8s_settings")
+    overrides = marker.kwargs if marker is not None else {}
+    service = OrchestratorService(k8s_settings(k8s_data_dir, k8s_namespace, k8s_image, **overrides))
     try:
         yield service
     finally:
@@ -130,14 +140,17 @@ def separate_uid_block(settings: Settings, index: int = 0) -> dict[str, int]:
 
 def k8s_settings(data_dir: Path, namespace: str, image: str, **overrides: object) -> Settings:
     """Settings of a kubernetes backend in `namespace` of the test cluster: small sandboxes
-    (the node has two cores; pods request what they limit), images loaded, not pulled."""
+    (the node has two cores; pods request what they limit, as the local cluster runs only
+    Guaranteed pods: its kubelet's OOM-score patch leaves Burstable ones no valid score), images
+    loaded, not pulled. A quarter of a core: at a tenth, the agent's start alone (half a second
+    of CPU) took five seconds of every pod's start, and every call was throttled likewise."""
     values: dict[str, object] = {
         "backend": "kubernetes",
         "k8s_kubeconfig": KUBECONFIG,
         "k8s_namespace": namespace,
         "k8s_image_pull_policy": "Never",
         "sandbox_image": image,
-        "sandbox_cpus": 0.1,
+        "sandbox_cpus": 0.25,
         "sandbox_memory_mb": 256,
         "sandbox_ready_timeout_s": 60.0,
     }

@@ -85,10 +85,9 @@ def second_node(kube: client.CoreV1Api, k8s_image: str) -> Iterator[str]:
 def two_node_client(
     second_node: str, k8s_data_dir: Path, k8s_namespace: str, k8s_image: str, kube: client.CoreV1Api
 ) -> Iterator[TestClient]:
-    # Small sandboxes: four pods fit beside everyone else's on two cores.
-    settings = k8s_settings(
-        k8s_data_dir, k8s_namespace, k8s_image, k8s_tolerations=(TAINT,), sandbox_cpus=0.05, sandbox_memory_mb=128
-    )
+    # Small sandboxes: four pods (a quarter of a core each, k8s_settings) fit beside everyone
+    # else's on two cores.
+    settings = k8s_settings(k8s_data_dir, k8s_namespace, k8s_image, k8s_tolerations=(TAINT,), sandbox_memory_mb=128)
     service = OrchestratorService(settings)
     try:
         with TestClient(create_app(service), headers={"Authorization": f"Bearer {API_TOKEN}"}) as test_client:
