@@ -41,7 +41,7 @@ import httptools
 from pydantic import ValidationError
 
 from sandbox_agent.answer_limits import DEFAULT_ANSWER_LIMITS, HEADER_MAX_BYTES, AnswerLimits, cap_text_fields
-from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable, ContextRefused
+from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable, ContextRefused, ToolFailure
 from sandbox_agent.peer import ExpectedPeer, check_socket_peer
 from sandbox_agent.unix_path import reachable
 from sandbox_agent.wire import RAW_RESULT_HEADER, CallContext, Health, ReadBytesResult
@@ -147,9 +147,9 @@ def cancelled_of(answer: _Answer) -> int:
 
 
 def tool_result(tool: str, answer: _Answer, limits: AnswerLimits, context: CallContext | None = None) -> Any:
-    """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
-    tool-level failure, `ContextRefused` when an agent of an earlier BUILD refused the call's
-    `context`, and `AgentUnavailable` for an answer that is not the protocol."""
+    """The tool's result (`read_bytes`: a `ReadBytesResult`) or its `ToolFailure`; raises
+    `ContextRefused` when an agent of an earlier BUILD refused the call's `context`, and
+    `AgentUnavailable` for an answer that is not the protocol."""
     if context is not None and answer.status == 422:
         # An agent of an earlier BUILD (it serves until idle) refuses the `context` field
         # before running anything: the caller sends the call again as that agent knows it.
@@ -159,7 +159,7 @@ def tool_result(tool: str, answer: _Answer, limits: AnswerLimits, context: CallC
         try:
             return ReadBytesResult.from_raw(answer.raw_header, answer.content, spooled=answer.spooled)
         except ValueError as exc:
-            raise AgentToolError("agent_error", f"The sandbox agent answered read_bytes without usable fields: {exc}") from None
+            return ToolFailure("agent_error", f"The sandbox agent answered read_bytes without usable fields: {exc}")
     try:
         payload = json.loads(answer.content)
     except ValueError:
@@ -171,7 +171,7 @@ def tool_result(tool: str, answer: _Answer, limits: AnswerLimits, context: CallC
                 try:  # an agent of an earlier BUILD (it serves until idle) answers in JSON
                     return ReadBytesResult.from_json_result(result)
                 except ValueError as exc:
-                    raise AgentToolError("agent_error", f"The sandbox agent {exc}") from None
+                    return ToolFailure("agent_error", f"The sandbox agent {exc}")
             if len(answer.content) > limits.output_cap_bytes:  # else no field can be over it
                 result, _ = cap_text_fields(result, limits.output_cap_bytes)
             return result
@@ -179,16 +179,16 @@ def tool_result(tool: str, answer: _Answer, limits: AnswerLimits, context: CallC
         code = str(error.pop("code", "agent_error"))
         message = str(error.pop("message", "the sandbox agent reported an error"))
         path = error.pop("path", None)
-        raise AgentToolError(code, message, path, **error)
+        return ToolFailure(code, message, path, error)
     error = payload.get("error", {}) if isinstance(payload, dict) else {}
     if answer.status == 401:
         raise AgentUnavailable("the agent rejected the token", delivered=False)
     if answer.status == 404:
-        raise AgentToolError("unknown_tool", f"The sandbox agent has no tool {tool}.")
+        return ToolFailure("unknown_tool", f"The sandbox agent has no tool {tool}.")
     if answer.status == 422:
-        raise AgentToolError("invalid_arguments", f"The sandbox agent refused the request: {error or payload}")
+        return ToolFailure("invalid_arguments", f"The sandbox agent refused the request: {error or payload}")
     message = error.get("message", payload) if isinstance(error, dict) else payload
-    raise AgentToolError("agent_error", f"The sandbox agent answered {answer.status}: {message}")
+    return ToolFailure("agent_error", f"The sandbox agent answered {answer.status}: {message}")
 
 
 # --- the transport ---------------------------------------------------------------------------
@@ -615,14 +615,18 @@ class AsyncAgentClient:
         timeout_s: float | None = None,
         spool: RawSpool | None = None,
     ) -> Any:
-        """The tool's result (`read_bytes`: a `ReadBytesResult`); raises `AgentToolError` for a
-        tool-level failure, `ContextRefused` for an agent that does not know `context`, and
-        `AgentUnavailable` when the agent could not be reached. With a `spool`, a large raw
-        read_bytes answer goes to its file (`RawSpool`) and the result's `data` is empty."""
+        """The tool's result (`read_bytes`: a `ReadBytesResult`) or its `ToolFailure` (also an
+        answer refused unread: too large, no length); raises `ContextRefused` for an agent that
+        does not know `context`, and `AgentUnavailable` when the agent could not be reached.
+        With a `spool`, a large raw read_bytes answer goes to its file (`RawSpool`) and the
+        result's `data` is empty."""
         accept = OCTET_STREAM if tool == "read_bytes" else None
         spool = spool if tool == "read_bytes" else None
         body = tool_request(arguments, cwd, context)
-        answer = await self._send("POST", f"/v1/tools/{tool}", body=body, accept=accept, timeout_s=timeout_s, spool=spool)
+        try:
+            answer = await self._send("POST", f"/v1/tools/{tool}", body=body, accept=accept, timeout_s=timeout_s, spool=spool)
+        except AgentToolError as refused:
+            return refused.failure()
         return tool_result(tool, answer, self.answer_limits, context)
 
     async def stream(
@@ -639,9 +643,12 @@ class AsyncAgentClient:
         arrives, then the result as `call` returns it. Bounded like every answer: each line,
         and all of them together; an answer that is not a stream (an error) is read as one."""
         body = tool_request(arguments, cwd, context)
-        answer = await self._send(
-            "POST", f"/v1/tools/{tool}", body=body, accept=NDJSON, timeout_s=timeout_s, on_output=on_output
-        )
+        try:
+            answer = await self._send(
+                "POST", f"/v1/tools/{tool}", body=body, accept=NDJSON, timeout_s=timeout_s, on_output=on_output
+            )
+        except AgentToolError as refused:
+            return refused.failure()
         return tool_result(tool, answer, self.answer_limits, context)
 
     async def cancel(self, *, run_id: str | None = None, session_id: str | None = None, timeout_s: float = CANCEL_TIMEOUT_S) -> int:
@@ -718,8 +725,9 @@ def blocking(work: Coroutine[Any, Any, T]) -> T:
 
 
 class AgentClient:
-    """The sync façade of `AsyncAgentClient` (thread-safe): the same arguments, the same
-    answers and errors; read_bytes' raw bytes go to a `sink` file as they arrive."""
+    """The sync façade of `AsyncAgentClient` (thread-safe): the same arguments and answers,
+    except that a tool's failure is raised (`AgentToolError`), as its sync callers (starts,
+    scripts, tests) handle it; read_bytes' raw bytes go to a `sink` file as they arrive."""
 
     def __init__(self, socket_path: str | Path, token: str, **options: Any) -> None:
         self.transport = AsyncAgentClient(socket_path, token, **options)
@@ -741,7 +749,10 @@ class AgentClient:
         read_bytes' raw bytes are written to it in pieces as they arrive (never held whole) and
         the result's `data` is empty."""
         spool = SinkSpool(sink) if sink is not None else None
-        return blocking(self.transport.call(tool, arguments, spool=spool, **options))
+        result = blocking(self.transport.call(tool, arguments, spool=spool, **options))
+        if isinstance(result, ToolFailure):
+            raise result.raised()
+        return result
 
     def cancel(self, **options: Any) -> int:
         """As `AsyncAgentClient.cancel` (`run_id`, `session_id`, `timeout_s`)."""

@@ -1,13 +1,37 @@
 """Errors of the agent and of its client, free of any orchestrator type.
 
-`AgentToolError` is a tool-level failure the model should see (`{code, message, path}`);
-the orchestrator's backends translate it into their own `ToolError`. `AgentUnavailable`
-means the agent could not be reached or did not answer properly.
+`ToolFailure` is a tool-level failure the model should see (`{code, message, path}`) as a
+value: a call's result is the tool's result or a `ToolFailure`, carried to the bot as it is.
+`AgentToolError` raises one where a value cannot travel (the agent's tools, the client's own
+reading of an answer, the sync façade). `AgentUnavailable` means the agent could not be
+reached or did not answer properly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass(frozen=True)
+class ToolFailure:
+    code: str
+    message: str
+    path: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        # `path` only when the error is about one: a null key on every other error reads as
+        # "the path was null" (the host's errors name their field the same way).
+        body: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.path is not None:
+            body["path"] = self.path
+        body.update(self.details)
+        return body
+
+    def raised(self) -> AgentToolError:
+        return AgentToolError(self.code, self.message, self.path, **self.details)
 
 
 class AgentToolError(Exception):
@@ -18,14 +42,11 @@ class AgentToolError(Exception):
         self.path = path
         self.details = details
 
+    def failure(self) -> ToolFailure:
+        return ToolFailure(self.code, self.message, self.path, self.details)
+
     def body(self) -> dict[str, Any]:
-        # `path` only when the error is about one: a null key on every other error reads as
-        # "the path was null" (the host's errors name their field the same way).
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.path is not None:
-            body["path"] = self.path
-        body.update(self.details)
-        return body
+        return self.failure().body()
 
 
 class AgentUnavailable(Exception):

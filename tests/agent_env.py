@@ -58,15 +58,21 @@ def agent_client(agent_service: OrchestratorService) -> Iterator[TestClient]:
 
 def blocking_call(backend, user, tool: str, arguments: dict, *, cwd: str, context=None):  # type: ignore[no-untyped-def]
     """One call to a backend's sandbox the router's way (`SandboxCaller`: ensure, count, the
-    one retry, the error mapping), from a test thread: on an event loop of its own."""
+    one retry, the error mapping), from a test thread: on an event loop of its own. A
+    sandbox's failure is raised as `router.call_blocking` raises it (a `ToolError`)."""
     import functools
 
     import anyio
 
+    from orchestrator.sandboxes.agent_calls import tool_error
     from orchestrator.sandboxes.calling import SandboxCaller
+    from sandbox_agent.errors import ToolFailure
 
     caller = SandboxCaller(backend.settings)
-    return anyio.run(functools.partial(caller.call, backend, user, tool, arguments, cwd=cwd, context=context))
+    result = anyio.run(functools.partial(caller.call, backend, user, tool, arguments, cwd=cwd, context=context))
+    if isinstance(result, ToolFailure):
+        raise tool_error(result)
+    return result
 
 
 Served = tuple[TestClient, OrchestratorService]

@@ -10,7 +10,7 @@ from orchestrator.sandboxes.agent_launch import agent_limits
 from orchestrator.errors import ToolError
 from orchestrator.settings import Settings
 from sandbox_agent.answer_limits import AnswerLimits
-from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable
+from sandbox_agent.errors import AgentTimedOut, AgentUnavailable, ToolFailure
 from sandbox_agent.wire import KERNEL_START_MARGIN_S, TIMED_TOOLS
 
 # A shell's own deadline is enforced by the agent (it kills the tree and answers); this much
@@ -46,10 +46,17 @@ def answer_limits(settings: Settings) -> AnswerLimits:
     return AnswerLimits.of(agent_limits(settings))
 
 
-def tool_error(exc: AgentToolError) -> ToolError:
+def tool_error(failure: ToolFailure) -> ToolError:
+    """A sandbox's failure raised, for the host's code that handles failures as exceptions
+    (host tools reading a sandbox's bytes, the disk quotas' rewording of no_space)."""
     # `path` only when the error is about one (no `"path": null` on the others).
-    located = {"path": exc.path} if exc.path is not None else {}
-    return ToolError(exc.code, exc.message, **located, **exc.details)
+    located = {"path": failure.path} if failure.path is not None else {}
+    return ToolError(failure.code, failure.message, **located, **failure.details)
+
+
+def tool_failure(error: ToolError) -> ToolFailure:
+    details = dict(error.details)
+    return ToolFailure(error.code, error.message, details.pop("path", None), details)
 
 
 def sandbox_unavailable(user_id: int, why: str, *, may_have_run: bool = False, **details: Any) -> ToolError:

@@ -19,11 +19,11 @@ from orchestrator import metrics
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
 from orchestrator.call_ledger import SandboxPaused, on_sandbox
-from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s, tool_error
+from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s
 from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxUser
 from orchestrator.settings import Settings
 from sandbox_agent.client import RawSpool
-from sandbox_agent.errors import AgentTimedOut, AgentToolError, AgentUnavailable, ContextRefused
+from sandbox_agent.errors import AgentTimedOut, AgentUnavailable, ContextRefused, ToolFailure
 from sandbox_agent.wire import CallContext
 
 log = logging.getLogger(__name__)
@@ -65,11 +65,13 @@ class SandboxCaller:
     async def call(
         self, backend: SandboxBackend, user: SandboxUser, tool: str, arguments: dict[str, Any], *, cwd: str,
         context: CallContext | None = None, on_output: OutputSink | None = None, spool: RawSpool | None = None,
-    ) -> Any:  # fmt: skip
-        """On any event loop: no thread is held while the agent works, only a start waits in a
-        worker thread; the warm path hops no thread at all. `spool`: where a large raw
-        read_bytes answer goes (`RawSpool`; it hands out an empty file for each send)."""
-        with _recorded(backend, tool):
+    ) -> Any | ToolFailure:  # fmt: skip
+        """The tool's result or its `ToolFailure`, as the agent answered; raises `ToolError`
+        only for what the host decides (no sandbox, an agent that stopped answering). On any
+        event loop: no thread is held while the agent works, only a start waits in a worker
+        thread; the warm path hops no thread at all. `spool`: where a large raw read_bytes
+        answer goes (`RawSpool`; it hands out an empty file for each send)."""
+        with _recorded(backend, tool) as outcome:
             timeout = call_timeout_s(self._settings, tool, arguments)
             agent = backend.warm(user) or await self._started(_resumed_or_ready, backend, user)
             resent_to_fresh = False
@@ -82,9 +84,7 @@ class SandboxCaller:
                             )
                         else:
                             result = await agent.calls.call(tool, arguments, cwd=cwd, context=context, timeout_s=timeout, spool=spool)
-                    return self._noted(agent, tool, result)
-                except AgentToolError as exc:
-                    raise tool_error(exc) from None
+                    return outcome.of(self._noted(agent, tool, result))
                 except (AgentUnavailable, SandboxPaused, ContextRefused) as exc:
                     failure = exc
                 if isinstance(failure, AgentUnavailable):
@@ -124,18 +124,25 @@ def _start_pool() -> ThreadPoolExecutor:
 
 
 @contextmanager
-def _recorded(backend: SandboxBackend, tool: str) -> Iterator[None]:
-    """The call on /metrics: its tool, backend, outcome (`ok` or the tool error's code) and
+def _recorded(backend: SandboxBackend, tool: str) -> Iterator[_Outcome]:
+    """The call on /metrics: its tool, backend, outcome (`ok` or the failure's code) and
     latency, whichever way it ends."""
-    started, outcome = time.perf_counter(), "internal_error"
+    started, outcome = time.perf_counter(), _Outcome()
     try:
-        yield
-        outcome = "ok"
+        yield outcome
     except ToolError as exc:
-        outcome = exc.code
+        outcome.code = exc.code
         raise
     finally:
-        metrics.observe_tool_call(tool, backend.name, outcome, time.perf_counter() - started)
+        metrics.observe_tool_call(tool, backend.name, outcome.code, time.perf_counter() - started)
+
+
+class _Outcome:
+    code = "internal_error"  # until the call returns or raises a tool error
+
+    def of(self, result: Any | ToolFailure) -> Any | ToolFailure:
+        self.code = result.code if isinstance(result, ToolFailure) else "ok"
+        return result
 
 
 def _resumed_or_ready(backend: SandboxBackend, user: SandboxUser) -> LiveAgent:

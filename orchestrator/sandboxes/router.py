@@ -16,6 +16,7 @@ import anyio
 from mounts.layout import DataLayout, GroupRef
 from mounts.plan import MountPlan, plan_mounts
 from orchestrator.call_ledger import CallLedger, RoutedCall
+from orchestrator.sandboxes.agent_calls import tool_error, tool_failure
 from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxStatus, SandboxTemplate, SandboxUser
 from orchestrator.sandboxes.calling import OutputSink, SandboxCaller
 from orchestrator.errors import InvalidInput, ToolError
@@ -24,6 +25,7 @@ from orchestrator.log import kv
 from orchestrator.settings import Settings
 from orchestrator.users.repository import UserRecord, UserRepository
 from sandbox_agent.client import RawSpool, SinkSpool, blocking
+from sandbox_agent.errors import ToolFailure
 from sandbox_agent.wire import CallContext
 
 # A call's backend and the sandbox it runs in.
@@ -201,7 +203,8 @@ class SandboxRouter:
         self, user_id: int, tool: str, arguments: dict[str, Any], *, cwd: str, context: CallContext | None = None,
         on_output: OutputSink | None = None, spool: RawSpool | None = None, routed: Routed | Exception | None = None,
     ) -> Any:  # fmt: skip
-        """Run one tool in the user's sandbox on the event loop (`SandboxCaller.call`); with
+        """Run one tool in the user's sandbox on the event loop (`SandboxCaller.call`): its
+        result or its `ToolFailure` (a host refusal raises `ToolError`); with
         `on_output`, streamed (its output as it comes); `spool`: where a large raw read_bytes
         answer goes. `routed`: `route()`'s answer, read in a worker thread the caller was in
         anyway (the tool dispatcher's admission); without it the reads are made here, on the
@@ -214,15 +217,14 @@ class SandboxRouter:
         for hook in self.call_hooks:
             hook(user_id, context)
         with self.ledger.holding(_routed(user_id, context)):
-            try:  # free unless raised (zero-cost try)
-                return await self.caller.call(
-                    backend, user, tool, arguments, cwd=cwd, context=context, on_output=on_output, spool=spool
-                )
-            except ToolError as exc:
-                if exc.code != "no_space" or self.explain_no_space is None:
-                    raise
+            result = await self.caller.call(
+                backend, user, tool, arguments, cwd=cwd, context=context, on_output=on_output, spool=spool
+            )
+            if isinstance(result, ToolFailure) and result.code == "no_space" and self.explain_no_space is not None:
                 # Naming who fills a shared place walks it: in a worker thread, not on the loop.
-                raise await anyio.to_thread.run_sync(self.explain_no_space, user_id, exc) from None
+                explained = await anyio.to_thread.run_sync(self.explain_no_space, user_id, tool_error(result))
+                return tool_failure(explained)
+            return result
 
     def warm_agent(self, user_id: int) -> LiveAgent | None:
         """The user's agent when it can take a connection as it is (the event loop's path)."""
@@ -241,9 +243,13 @@ class SandboxRouter:
     ) -> Any:  # fmt: skip
         """`call` for code running in a worker thread (host tools), through the agent client's
         sync façade: `sink` receives read_bytes' bytes as they arrive (a seekable file,
-        emptied before each send)."""
+        emptied before each send). A host tool handles failures as exceptions: a
+        `ToolFailure` is raised as the `ToolError` its answer will carry."""
         spool = SinkSpool(sink) if sink is not None else None
-        return blocking(self.call(user_id, tool, arguments, cwd=cwd, context=context, spool=spool))
+        result = blocking(self.call(user_id, tool, arguments, cwd=cwd, context=context, spool=spool))
+        if isinstance(result, ToolFailure):
+            raise tool_error(result)
+        return result
 
     def cancel_calls(self, user_id: int, *, run_id: str | None = None, session_id: str | None = None) -> int:
         """Stop the user's calls for this run or session (whole process trees) and return how

@@ -52,6 +52,7 @@ from orchestrator.tools.read_bytes_stream import ReadBytesSpool, StreamedReadByt
 from orchestrator.tools.transfer_slots import TransferSlots
 from orchestrator.tools.process_audit import process_events
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
+from sandbox_agent.errors import ToolFailure
 from sandbox_agent.wire import CallContext, ReadBytesResult
 
 log = logging.getLogger(__name__)
@@ -375,6 +376,10 @@ class ToolDispatcher:
             if spool is not None:
                 spool.close()
             raise
+        if isinstance(result, ToolFailure):  # the sandbox's answer, carried as it is
+            if spool is not None:
+                spool.close()
+            return ToolOutcome(ok=False, error=result.body())
         if spool is not None:
             if spool.file is not None and isinstance(result, ReadBytesResult):
                 try:

@@ -26,6 +26,7 @@ from orchestrator.errors import ToolError
 from orchestrator.sandboxes.kubernetes_api import kube_configuration
 from orchestrator.service import OrchestratorService
 from sandbox_agent.client import REUSE_IDLE_S
+from sandbox_agent.errors import ToolFailure
 from tests.orchestrator.sandboxes.call_wording import died_mid_call
 from tests.orchestrator.sandboxes.kubernetes.conftest import k8s_image, k8s_namespace, k8s_settings, kube, separate_uid_block  # noqa: F401 - fixtures
 from tests.orchestrator.sandboxes.kubernetes.life_env import data_dir, ended
@@ -178,3 +179,15 @@ def test_a_call_that_never_reached_its_agent_is_sent_once_more_to_a_fresh_one(
     wait_for(lambda: dead(service, first), "the unreachable agent was not stopped")
     retried = [r for r in caplog.records if "was unreachable" in r.getMessage()]
     assert len(retried) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_a_tools_failure_is_the_calls_value_and_raised_only_for_a_thread(agent_service: OrchestratorService) -> None:
+    """The agent's `{"ok": false, "error": ...}` is returned, not raised, on the loop's road to
+    the dispatcher; a host tool's thread (`call_blocking`) gets it raised, with the same body."""
+    cwd = workdir(agent_service)
+    failure = call(agent_service, "async", "read_file", {"path": "missing.txt"}, cwd)
+    assert isinstance(failure, ToolFailure), failure
+    assert failure.code == "not_found" and failure.path == f"{cwd}/missing.txt"
+    with pytest.raises(ToolError) as raised:
+        call(agent_service, "blocking", "read_file", {"path": "missing.txt"}, cwd)
+    assert raised.value.body() == failure.body()
