@@ -57,6 +57,7 @@ from orchestrator.sessions.upkeep import SessionUpkeep
 from orchestrator.sessions.records import SessionRepository
 from orchestrator.sessions.service import SessionService
 from orchestrator.settings import (
+    CallSettings,
     CredentialSettings,
     DescriptorSettings,
     DiskQuotaSettings,
@@ -225,7 +226,7 @@ class OrchestratorService:
                 credentials=injection,
             )  # fmt: skip
         self.sandboxes = SandboxRouter(
-            settings,
+            CallSettings.of(settings),
             self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
             process_sandbox=settings.process_sandbox, ledger=self.call_ledger,
             # over quota (scan), over a share of a shared place
@@ -329,7 +330,7 @@ class OrchestratorService:
                 max_result_bytes=settings.tool_call_result_max_bytes,
                 copies=self.host_copies,
             ),
-            repeat_wait_s=partial(repeat_wait_s, settings),
+            repeat_wait_s=partial(repeat_wait_s, CallSettings.of(settings)),
             transfers=host_tools.transfers,  # a large read_bytes takes a slot like send_file
         )
         with self.store.read() as tx:  # the counters start from what is on disk: one query each

@@ -694,9 +694,20 @@ class HostToolSettings(Section):
     transfer_wait_s: float
 
 
+class CallSettings(Section):
+    """The calls to the sandboxes' agents (orchestrator/sandboxes/router.py, calling.py,
+    agent_calls.py; a repeat's wait in tools/call_records.py): deadlines and the per-user cap."""
+
+    agent_call_timeout_s: float
+    tool_timeout_s: float
+    tool_timeout_max_s: float
+    process_max_runtime_s: float
+    user_max_concurrent_calls: int
+
+
 SECTIONS: tuple[type[Section], ...] = (
     EgressSettings, PreviewSettings, DiskQuotaSettings, TemplateSettings, CredentialSettings, DescriptorSettings,
-    HostToolSettings,
+    HostToolSettings, CallSettings,
 )  # fmt: skip
 
 

@@ -66,9 +66,10 @@ def blocking_call(backend, user, tool: str, arguments: dict, *, cwd: str, contex
 
     from orchestrator.sandboxes.agent_calls import tool_error
     from orchestrator.sandboxes.calling import SandboxCaller
+    from orchestrator.settings import CallSettings
     from sandbox_agent.errors import ToolFailure
 
-    caller = SandboxCaller(backend.settings)
+    caller = SandboxCaller(CallSettings.of(backend.settings))
     result = anyio.run(functools.partial(caller.call, backend, user, tool, arguments, cwd=cwd, context=context))
     if isinstance(result, ToolFailure):
         raise tool_error(result)

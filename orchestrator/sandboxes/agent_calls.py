@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.sandboxes.agent_launch import agent_limits
 from orchestrator.errors import ToolError
-from orchestrator.settings import Settings
+from orchestrator.settings import CallSettings, Settings
 from sandbox_agent.answer_limits import AnswerLimits
 from sandbox_agent.errors import AgentTimedOut, AgentUnavailable, ToolFailure
 from sandbox_agent.wire import KERNEL_START_MARGIN_S, TIMED_TOOLS
@@ -27,7 +27,7 @@ MAY_HAVE_RUN = (
 DID_NOT_RUN = "The tool did not run; try again, and tell the user if it keeps failing."
 
 
-def call_timeout_s(settings: Settings, tool: str, arguments: dict[str, Any]) -> float:
+def call_timeout_s(settings: CallSettings, tool: str, arguments: dict[str, Any]) -> float:
     """How long the host waits for the agent's answer to this call."""
     if tool == "process_output":  # a long poll: its own wait on top
         waited = arguments.get("wait_s")

@@ -21,7 +21,7 @@ from orchestrator.log import kv
 from orchestrator.call_ledger import SandboxPaused, on_sandbox
 from orchestrator.sandboxes.agent_calls import call_failure, call_timeout_s
 from orchestrator.sandboxes.base import LiveAgent, SandboxBackend, SandboxUser
-from orchestrator.settings import Settings
+from orchestrator.settings import CallSettings
 from sandbox_agent.client import RawSpool
 from sandbox_agent.errors import AgentTimedOut, AgentUnavailable, ContextRefused, ToolFailure
 from sandbox_agent.wire import CallContext
@@ -58,7 +58,7 @@ def next_send(failure: Exception, *, resent_to_fresh: bool) -> Send:
 
 
 class SandboxCaller:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: CallSettings) -> None:
         self._settings = settings
         self._start_threads = _start_pool()
 

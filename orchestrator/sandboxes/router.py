@@ -22,7 +22,7 @@ from orchestrator.sandboxes.calling import OutputSink, SandboxCaller
 from orchestrator.errors import InvalidInput, ToolError
 from orchestrator.users.group_gids import GroupGids, GroupGidsExhausted
 from orchestrator.log import kv
-from orchestrator.settings import Settings
+from orchestrator.settings import CallSettings
 from orchestrator.users.repository import UserRecord, UserRepository
 from sandbox_agent.client import RawSpool, SinkSpool, blocking
 from sandbox_agent.errors import ToolFailure
@@ -84,7 +84,7 @@ def _routed(user_id: int, context: CallContext | None) -> RoutedCall:
 class SandboxRouter:
     def __init__(
         self,
-        settings: Settings,
+        calls: CallSettings,
         layout: DataLayout,
         users: UserRepository,
         group_gids: GroupGids,
@@ -107,8 +107,8 @@ class SandboxRouter:
         self.process_sandbox = process_sandbox
         # The calls in flight (orchestrator/call_ledger.py): each is a `RoutedCall` from the
         # sandbox's choice to its answer, so a cancel refuses the next and waits for these.
-        self.ledger = ledger if ledger is not None else CallLedger(user_max_calls=settings.user_max_concurrent_calls)
-        self.caller = SandboxCaller(settings)
+        self.ledger = ledger if ledger is not None else CallLedger(user_max_calls=calls.user_max_concurrent_calls)
+        self.caller = SandboxCaller(calls)
         # Disk quotas (orchestrator/quotas/): checks before a call (scan mode refuses an
         # over-quota user's writes; none on the kernel path) and the rewording of a no_space
         # answer so it names the quota.

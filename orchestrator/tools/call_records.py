@@ -35,7 +35,7 @@ from orchestrator.clock import iso
 from orchestrator.errors import Conflict, RunEnded
 from orchestrator.quotas.host_copies import HostCopies, HostCopyRefused
 from orchestrator.sandboxes.agent_calls import call_timeout_s
-from orchestrator.settings import Settings
+from orchestrator.settings import CallSettings
 from orchestrator.state_store import Transaction
 from orchestrator.tools.admission import Admission, Admitted, Refused, Repeat
 
@@ -46,7 +46,7 @@ SWEEP_BATCH = 100  # expired rows removed per write: the sweep never makes one c
 REPEAT_WAIT_MARGIN_S = 10.0
 
 
-def repeat_wait_s(settings: Settings, tool: str, arguments: dict[str, Any]) -> float:
+def repeat_wait_s(settings: CallSettings, tool: str, arguments: dict[str, Any]) -> float:
     return call_timeout_s(settings, tool, arguments) + REPEAT_WAIT_MARGIN_S
 
 
