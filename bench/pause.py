@@ -31,7 +31,7 @@ from mounts.plan import plan_mounts  # noqa: E402
 from orchestrator.sandboxes.base import SandboxUser  # noqa: E402
 from orchestrator.sandboxes.calling import SandboxCaller  # noqa: E402
 from orchestrator.service import OrchestratorService  # noqa: E402
-from orchestrator.settings import load_settings  # noqa: E402
+from orchestrator.settings import CallSettings, load_settings  # noqa: E402
 from sandbox_agent.client import blocking  # noqa: E402
 
 USER = 17
@@ -50,7 +50,7 @@ def measure(backend_name: str, rounds: int) -> dict[str, list[float]]:
         backend = service.sandboxes.backends[backend_name]
         user = SandboxUser(USER, plan_mounts(service.layout, USER, [], {}))
         cwd = str(service.directories.ensure_session_runtime(USER, "s1", is_owner=True))
-        caller = SandboxCaller(settings)
+        caller = SandboxCaller(CallSettings.of(settings))
 
         def read() -> float:
             t0 = time.perf_counter()
