@@ -25,7 +25,7 @@ from mounts import ids
 from orchestrator.errors import OrchestratorError
 from orchestrator.http.auth import caller_for, parse_acting_user
 from orchestrator.http.models import ToolCallIn
-from orchestrator.http.request_guard import Message, Receive, Scope, Send
+from orchestrator.http.request_guard import Receive, Scope, Send, replay_body
 from orchestrator.http.routes_sessions import TOOL_CALL_PATH, TOOL_NAME_MAX_CHARS, answer_tool_call
 from orchestrator.service import OrchestratorService
 
@@ -93,7 +93,7 @@ class ToolCallFastPath(Route):
                     call = None
         if call is None:  # the framework's route answers it, refusals and all
             scope[_PASSED_ON] = True
-            await self._router(scope, _replayed(body, receive), send)
+            await self._router(scope, replay_body(body, receive), send)
             return
         scope["route"] = self  # the access log's route template: the same path as the framework's route
         accept = _header(headers, b"accept")
@@ -117,16 +117,3 @@ async def _whole_body(receive: Receive) -> tuple[bytes, bool]:
         chunks.append(message.get("body", b""))
         if not message.get("more_body", False):
             return b"".join(chunks), True
-
-
-def _replayed(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if sent:
-            return await receive()
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay

@@ -25,7 +25,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -39,7 +39,6 @@ from orchestrator.call_ledger import CallLedger, Held, RunCall, UserCall
 from orchestrator.clock import now_iso
 from orchestrator.errors import ToolError
 from orchestrator.log import kv, run_logger
-from sandbox_agent.loop_threads import LoopThreads
 from orchestrator.runs.records import RunRecord, RunRepository
 from orchestrator.sandboxes.calling import OutputSink
 from orchestrator.sandboxes.router import Routed, SandboxRouter
@@ -53,6 +52,7 @@ from orchestrator.tools.transfer_slots import TransferSlots
 from orchestrator.tools.process_audit import process_events
 from orchestrator.tools.registry import ToolCall, ToolPlace, ToolRegistry, ToolSpec
 from sandbox_agent.errors import ToolFailure
+from sandbox_agent.loop_threads import LoopThreads
 from sandbox_agent.wire import CallContext, ReadBytesResult
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,15 @@ class _RuntimePaths:
     outputs_dir: str  # a session's results (run_code's images)
 
 
-_PATHS_KEPT = 4096  # (user, session) pairs whose paths are kept; all are forgotten past it
+@lru_cache(maxsize=4096)
+def _runtime_paths(layout: DataLayout, user_id: int, session_id: str) -> _RuntimePaths:
+    """A session's runtime directories as strings, pure in its arguments: built once per
+    (user, session) instead of three `Path`s from the validated ids on every call."""
+    return _RuntimePaths(
+        str(layout.runtime_dir(user_id, session_id)),
+        str(layout.shell_output_dir(user_id, session_id)),
+        str(layout.outputs_dir(user_id, session_id)),
+    )
 
 
 def _context(run: RunRecord, paths: _RuntimePaths) -> CallContext:
@@ -154,8 +162,7 @@ class ToolDispatcher:
         self._repeats = Repeats(call_records)
         self._repeat_wait_s = repeat_wait_s
         self._transfers = transfers  # None: read_bytes is never streamed
-        self._paths: dict[tuple[int, str], _RuntimePaths] = {}  # written by the tool-call threads: a dict's set is atomic
-        # Two hops a call (admission, completion): orchestrator/loop_threads.py's are the cheapest.
+        # Two hops a call (admission, completion): sandbox_agent/loop_threads.py's are the cheapest.
         self._threads = LoopThreads(TOOL_THREADS, "tool-call")
 
     def close(self) -> None:
@@ -324,7 +331,7 @@ class ToolDispatcher:
                 if isinstance(decision, Admitted) and decision.tool_call_id is not None:
                     self._repeats.completed(run_id, decision.tool_call_id)
                 raise
-        paths = self._runtime_paths(run.runtime_user_id, run.session_id)
+        paths = _runtime_paths(self._layout, run.runtime_user_id, run.session_id)
         admitted = decision if isinstance(decision, Admitted) else None
         context = _context(run, paths) if route and admitted is not None else None
         return _Call(
@@ -332,21 +339,6 @@ class ToolDispatcher:
             started, refused, admitted.tool_call_id if admitted else None, actor, slot, context,
             self._sandboxes.route(acting_user, context) if context is not None else None,
         )  # fmt: skip
-
-    def _runtime_paths(self, user_id: int, session_id: str) -> _RuntimePaths:
-        """The session's runtime directories as strings, built once per (user, session): a
-        call would otherwise build three `Path`s from the validated ids every time."""
-        key = (user_id, session_id)
-        paths = self._paths.get(key)
-        if paths is None:
-            if len(self._paths) >= _PATHS_KEPT:
-                self._paths.clear()
-            paths = self._paths[key] = _RuntimePaths(
-                str(self._layout.runtime_dir(user_id, session_id)),
-                str(self._layout.shell_output_dir(user_id, session_id)),
-                str(self._layout.outputs_dir(user_id, session_id)),
-            )
-        return paths
 
     async def _run_in_sandbox(
         self, call: _Call, on_output: OutputSink | None = None, stream: bool = False
