@@ -7,7 +7,8 @@ a Content-Length until the client hangs up; `overcap` answers a valid shell resu
 stdout is 1 MiB (within the answer bound, over the output cap); `health` answers /health;
 `streamflood` answers a streamed shell with output events without end; `streamforged` with
 an output event of a stream that does not exist; `trickle` answers a byte every 0.2 s (a header
-line without end), never long silent.
+line without end), never long silent; `forgedfailures` answers every call with a tool failure of
+a new code each time, a `path` that is not a string and details of its own.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 HUGE = 300 * 1024 * 1024
+_forged = iter(range(10**9))
 CHUNK = b"A" * (1024 * 1024)
 
 
@@ -85,6 +87,11 @@ def _serve(conn: socket.socket, mode: str) -> None:
                     time.sleep(0.2)
             elif mode in ("streamflood", "streamforged"):
                 _stream_events(conn, mode)
+            elif mode == "forgedfailures":
+                n = next(_forged)
+                error = {"code": f"forged_{n}", "message": "lies", "path": {"nested": [n]}, "note": "x" * 100}
+                body = json.dumps({"ok": False, "error": error}).encode()
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
             elif mode == "overcap":
                 result = {"exit_code": 0, "stdout": "B" * (1024 * 1024), "stderr": "", "timed_out": False, "truncated": False}
                 body = json.dumps({"ok": True, "result": result}).encode()

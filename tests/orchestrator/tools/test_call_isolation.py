@@ -128,6 +128,42 @@ def test_item4_a_shells_deadline_is_its_own_timeout_plus_a_margin(agent_data_dir
 
 
 @pytest.mark.skipif(not AS_ROOT, reason="the impersonating listener runs as the sandbox uid")
+def test_failures_a_sandbox_forges_on_its_socket_are_its_own_answers_and_bound_the_metrics_labels(
+    traversable_tmp: Path, agent_data_dir: Path
+) -> None:
+    """A tool's failure now travels as a value from the agent's answer to the bot. A sandbox
+    answering every call with a failure of a new code (and a `path` that is an object) gets
+    exactly that as its own tool result, never a 500; /metrics keeps at most its bounded set
+    of outcome labels; another user's calls are untouched."""
+    from orchestrator.metrics import OUTCOME_LABELS_MAX
+    from tests.sandbox_agent.lying_agent import lying_agent
+
+    with serving(agent_data_dir) as (service, http):
+        run, other = personal_run(http, ATTACKER), personal_run(http, OWNER)
+        assert call(http, run, "list_dir")["ok"] and call(http, other, "list_dir")["ok"]
+        uid = service.directories.sandbox_uid(ATTACKER)
+        with lying_agent(traversable_tmp, "forgedfailures", uid=uid) as fake:
+            socket_path = service.layout.socket_path(ATTACKER)
+            os.rename(socket_path, f"{socket_path}.real")
+            os.rename(fake, socket_path)
+            time.sleep(3.2)  # the pooled connection to the real agent is too old to be reused
+            answers = [call(http, run, "read_file", path="a.txt") for _ in range(OUTCOME_LABELS_MAX + 20)]
+            victim = call(http, other, "list_dir")
+        exposition = http.get("/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).text
+    codes = [answer["error"]["code"] for answer in answers]
+    assert all(answer["ok"] is False for answer in answers)
+    assert len(set(codes)) == len(codes) and all(code.startswith("forged_") for code in codes)
+    assert answers[0]["error"] == {"code": codes[0], "message": "lies", "path": {"nested": [int(codes[0][7:])]}, "note": "x" * 100}
+    assert victim["ok"] is True
+    outcomes = {
+        line.split('outcome="', 1)[1].split('"', 1)[0]
+        for line in exposition.splitlines()
+        if line.startswith("orchestrator_tool_calls_total{")
+    }
+    assert "other" in outcomes and len(outcomes) <= OUTCOME_LABELS_MAX + 1, sorted(outcomes)
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the impersonating listener runs as the sandbox uid")
 def test_item6_a_sandbox_lying_on_its_socket_with_300_mib_gets_an_error_and_no_memory(
     traversable_tmp: Path, agent_data_dir: Path
 ) -> None:
