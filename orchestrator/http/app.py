@@ -34,6 +34,7 @@ from orchestrator.http.access_log import AccessLog
 from orchestrator.http.auth import has_valid_token
 from orchestrator.http.errors import install_error_handlers
 from orchestrator.http.openapi import install_docs
+from orchestrator.http.parts import ApiParts
 from orchestrator.http.request_guard import RequestGuard
 from orchestrator.http.request_id import RequestId
 from orchestrator.http.tool_call_fast_path import ToolCallFastPath
@@ -72,6 +73,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
         **_NO_TELEMETRY,
     )
     app.state.service = service
+    app.state.parts = ApiParts.of(service)  # what routes depend on (orchestrator/http/parts.py)
     install_error_handlers(app)
     settings = service.settings
     app.add_middleware(

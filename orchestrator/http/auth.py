@@ -21,9 +21,7 @@ from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
 from orchestrator.http.openapi import ABSOLUTE_CAP
 from orchestrator.service import OrchestratorService
 from orchestrator.settings import Settings
-from orchestrator.system_status import SystemStatus
 from orchestrator.users.identities import PlatformIdentity, parse_platform_identity
-from orchestrator.users.listing import UserListing
 
 
 @dataclass(frozen=True)
@@ -37,14 +35,6 @@ class Caller:
 
 async def service_of(request: Request) -> OrchestratorService:
     return request.app.state.service
-
-
-async def system_status_of(request: Request) -> SystemStatus:
-    return request.app.state.service.status
-
-
-async def user_listing_of(request: Request) -> UserListing:
-    return request.app.state.service.user_listing
 
 
 def _bearer(authorization: str | None) -> str | None:

@@ -10,7 +10,8 @@ from orchestrator import audit
 from mounts.layout import GroupRef
 from orchestrator.errors import Forbidden, NotFound
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, optional_caller, require_admin, require_bot, service_of, system_status_of
+from orchestrator.http.auth import Caller, acting_user, optional_caller, require_admin, require_bot, service_of
+from orchestrator.http.parts import system_status_of
 from orchestrator.http.models import (
     TemplateChoiceOut,
     GroupOut,

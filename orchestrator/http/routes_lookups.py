@@ -10,7 +10,8 @@ from pydantic import BaseModel
 
 from orchestrator.errors import NotFound
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, require_bot, service_of, user_listing_of
+from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.parts import user_listing_of
 from orchestrator.http.models import RunOut
 from orchestrator.http.params import session_id_param, user_id_param
 from orchestrator.http.people import with_run_identities
