@@ -705,9 +705,35 @@ class CallSettings(Section):
     user_max_concurrent_calls: int
 
 
+class ApiSettings(Section):
+    """orchestrator/http/, orchestrator/console/ and the MCP endpoint: the tokens, the request
+    guard's and the server's bounds, and the few values routes read."""
+
+    api_token: SecretStr | None
+    admin_token: SecretStr | None
+    auth_enabled: bool  # either token set (a property of Settings)
+    access_log: bool
+    http_body_max_bytes: int
+    http_body_stall_s: float
+    http_body_timeout_s: float
+    http_keep_alive_s: float
+    http_limit_concurrency: int
+    http_max_header_bytes: int
+    skill_upload_max_bytes: int
+    skill_upload_max_files: int
+    upload_max_bytes: int
+    read_bytes_max: int
+    max_user_id: int
+    tool_timeout_max_s: float
+    collaboration_inbox_wait_max_s: float
+    console_session_ttl_s: float
+    mcp_progress_interval_s: float
+    egress: Literal["off", "allowlist"]
+
+
 SECTIONS: tuple[type[Section], ...] = (
     EgressSettings, PreviewSettings, DiskQuotaSettings, TemplateSettings, CredentialSettings, DescriptorSettings,
-    HostToolSettings, CallSettings,
+    HostToolSettings, CallSettings, ApiSettings,
 )  # fmt: skip
 
 

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from orchestrator.sessions.projects import ProjectRepository
     from orchestrator.sessions.records import SessionRepository
     from orchestrator.sessions.service import SessionService
-    from orchestrator.settings import CallSettings, CredentialSettings, Settings
+    from orchestrator.settings import ApiSettings, CallSettings, CredentialSettings, Settings
     from orchestrator.skills.admin import SkillAdmin
     from orchestrator.system_status import SystemStatus
     from orchestrator.templates.service import TemplateService
@@ -109,12 +109,13 @@ class ApiParts:
     credentials: CredentialStore | None
     previews: PreviewService | None
     records: Records
+    api: ApiSettings
     calls: CallSettings
     credential_settings: CredentialSettings
 
     @classmethod
     def of(cls, service: OrchestratorService) -> ApiParts:
-        from orchestrator.settings import CallSettings, CredentialSettings
+        from orchestrator.settings import ApiSettings, CallSettings, CredentialSettings
 
         settings: Settings = service.settings
         return cls(
@@ -147,6 +148,7 @@ class ApiParts:
             credentials=service.credentials,
             previews=service.previews,
             records=Records(service.store, service.layout),
+            api=ApiSettings.of(settings),
             calls=CallSettings.of(settings),
             credential_settings=CredentialSettings.of(settings),
         )
@@ -281,3 +283,7 @@ async def call_settings_of(request: Request) -> CallSettings:
 
 async def credential_settings_of(request: Request) -> CredentialSettings:
     return parts_of(request).credential_settings
+
+
+async def api_settings_of(request: Request) -> ApiSettings:
+    return parts_of(request).api
