@@ -58,6 +58,7 @@ from orchestrator.sessions.records import SessionRepository
 from orchestrator.sessions.service import SessionService
 from orchestrator.settings import (
     CallSettings,
+    CollaborationSettings,
     CredentialSettings,
     DescriptorSettings,
     DiskQuotaSettings,
@@ -241,7 +242,7 @@ class OrchestratorService:
             mailbox=self.mailbox,
             state=self.store,
             end_run=self._cancel_run,
-            limits=CollaborationLimits.from_settings(settings),
+            limits=CollaborationLimits.from_settings(CollaborationSettings.of(settings)),
         )
         self.runs = RunService(
             layout=self.layout,

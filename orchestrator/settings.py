@@ -731,9 +731,20 @@ class ApiSettings(Section):
     egress: Literal["off", "allowlist"]
 
 
+
+class CollaborationSettings(Section):
+    """orchestrator/collaboration/ (docs/collaboration.md): the bounds of requests between sessions."""
+
+    queue_max: int = Field(validation_alias="collaboration_queue_max")
+    clarifications_max: int = Field(validation_alias="collaboration_clarifications_max")
+    continuations_max: int = Field(validation_alias="collaboration_continuations_max")
+    merge_max: int = Field(validation_alias="collaboration_merge_max")
+    message_max_chars: int = Field(validation_alias="collaboration_message_max_chars")
+    claim_timeout_s: float = Field(validation_alias="collaboration_claim_timeout_s")
+
 SECTIONS: tuple[type[Section], ...] = (
     EgressSettings, PreviewSettings, DiskQuotaSettings, TemplateSettings, CredentialSettings, DescriptorSettings,
-    HostToolSettings, CallSettings, ApiSettings,
+    HostToolSettings, CallSettings, ApiSettings, CollaborationSettings,
 )  # fmt: skip
 
 

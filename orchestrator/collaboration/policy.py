@@ -15,7 +15,7 @@ from typing import Any
 from orchestrator.collaboration.records import Direction, MessageKind, Request, Side
 from orchestrator.collaboration.states import ContinuationState, RequestEvent, RequestState, weakest
 from orchestrator.identity import Trigger
-from orchestrator.settings import Settings
+from orchestrator.settings import CollaborationSettings
 
 # A run with one of these triggers and no delivery is new work by a user: it begins a new
 # work generation on its session, which makes older generations receive-only.
@@ -49,15 +49,8 @@ class CollaborationLimits:
     claim_timeout_s: float = 120.0  # a claim not started by then becomes `review`
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> CollaborationLimits:
-        return cls(
-            queue_max=settings.collaboration_queue_max,
-            clarifications_max=settings.collaboration_clarifications_max,
-            continuations_max=settings.collaboration_continuations_max,
-            merge_max=settings.collaboration_merge_max,
-            message_max_chars=settings.collaboration_message_max_chars,
-            claim_timeout_s=settings.collaboration_claim_timeout_s,
-        )
+    def from_settings(cls, settings: CollaborationSettings) -> CollaborationLimits:
+        return cls(**settings.model_dump())  # progress_max is no setting: its default stays
 
 
 @dataclass(frozen=True)
