@@ -64,6 +64,7 @@ from orchestrator.settings import (
     DiskQuotaSettings,
     EgressSettings,
     HostToolSettings,
+    IdentitySettings,
     PreviewSettings,
     Settings,
     TemplateSettings,
@@ -152,7 +153,7 @@ class OrchestratorService:
         self.session_repo = SessionRepository(self.store)
         self.chat = ChatStore(self.layout, transcript_turns=settings.transcript_turns)
         self.run_repo = RunRepository(self.store)
-        self.switch = RuntimeIdentitySwitch(self.store, settings)
+        self.switch = RuntimeIdentitySwitch(self.store, IdentitySettings.of(settings))
         self.disk_quotas = DiskQuotas(
             DiskQuotaSettings.of(settings),
             sandbox_uid=partial(sandbox_uid, uid_base=settings.sandbox_uid_base, max_user_id=settings.max_user_id),

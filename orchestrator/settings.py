@@ -577,6 +577,11 @@ class Settings(BaseSettings):
     def auth_enabled(self) -> bool:
         return self.api_token is not None or self.admin_token is not None
 
+    @property
+    def runtime_identity_set(self) -> bool:
+        """Whether ORCH_RUNTIME_IDENTITY was given (environment, settings file or constructor)."""
+        return "runtime_identity" in self.model_fields_set
+
 
 # --- each package's own section -----------------------------------------------------------
 # A package receives its section, never the whole `Settings`: the few values it reads, named
@@ -742,9 +747,18 @@ class CollaborationSettings(Section):
     message_max_chars: int = Field(validation_alias="collaboration_message_max_chars")
     claim_timeout_s: float = Field(validation_alias="collaboration_claim_timeout_s")
 
+
+class IdentitySettings(Section):
+    """orchestrator/runs/identity_switch.py: the configured runtime identity mode and the
+    settings file watched for its edits."""
+
+    runtime_identity: str
+    runtime_identity_set: bool  # given, not the default
+    settings_file: Path | None
+
 SECTIONS: tuple[type[Section], ...] = (
     EgressSettings, PreviewSettings, DiskQuotaSettings, TemplateSettings, CredentialSettings, DescriptorSettings,
-    HostToolSettings, CallSettings, ApiSettings, CollaborationSettings,
+    HostToolSettings, CallSettings, ApiSettings, CollaborationSettings, IdentitySettings,
 )  # fmt: skip
 
 

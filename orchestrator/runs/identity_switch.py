@@ -27,7 +27,7 @@ from orchestrator import audit, runtime_overrides
 from orchestrator.clock import now_iso
 from orchestrator.log import kv
 from orchestrator.identity import IdentityMode, parse_identity_mode
-from orchestrator.settings import Settings
+from orchestrator.settings import IdentitySettings
 from orchestrator.state_store import StateStore, Transaction
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,8 @@ def read_settings_file_value(path: Path) -> str | None:
     return dotenv_values(path).get(ENV_KEY)
 
 
-def configured_source(settings: Settings, file_value: str | None) -> str:
-    if "runtime_identity" not in settings.model_fields_set:
+def configured_source(settings: IdentitySettings, file_value: str | None) -> str:
+    if not settings.runtime_identity_set:
         return "default"
     if ENV_KEY not in os.environ and file_value is not None:
         return "settings_file"
@@ -84,12 +84,12 @@ def configured_source(settings: Settings, file_value: str | None) -> str:
 
 
 class RuntimeIdentitySwitch:
-    def __init__(self, store: StateStore, settings: Settings) -> None:
+    def __init__(self, store: StateStore, settings: IdentitySettings) -> None:
         self._store = store
         self._settings_file = settings.settings_file
         self._lock = threading.Lock()
         self._file_value = read_settings_file_value(self._settings_file) if self._settings_file else None
-        mode, invalid = settings.identity_mode
+        mode, invalid = parse_identity_mode(settings.runtime_identity)
         source = configured_source(settings, self._file_value)
         if invalid is not None:
             log.warning(
