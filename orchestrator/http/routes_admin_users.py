@@ -19,19 +19,30 @@ from orchestrator.http.admin_models import (
     ResourcesOut,
     SandboxActionOut,
 )
-from orchestrator.http.auth import Caller, require_admin, service_of
+from orchestrator.http.auth import Caller, require_admin
 from orchestrator.http.models import GroupOut, PersonOut
 from orchestrator.http.params import purged_or_live_user_id_param, user_id_param
-from orchestrator.runs.listing import ListedRun, list_runs, run_filter
-from orchestrator.service import OrchestratorService
-from orchestrator.users.listing import UserFilter, UserSummary, parse_cursor
-from orchestrator.users.sandbox_control import SandboxAction
+from orchestrator.http.parts import (
+    Records,
+    purge_of,
+    records_of,
+    resources_of,
+    sandbox_control_of,
+    user_listing_of,
+    users_of,
+)
+from orchestrator.runs.listing import ListedRun, run_filter
+from orchestrator.users.listing import UserFilter, UserListing, UserSummary, parse_cursor
+from orchestrator.users.purge import UserPurge
+from orchestrator.users.repository import UserRepository
+from orchestrator.users.resources import ResourceOverrides
+from orchestrator.users.sandbox_control import SandboxAction, SandboxControl
 
 router = APIRouter()
 
 
-def user_out(service: OrchestratorService, summary: UserSummary) -> AdminUserOut:
-    resources = service.resources.of(summary.user_id)
+def user_out(overrides: ResourceOverrides, summary: UserSummary) -> AdminUserOut:
+    resources = overrides.of(summary.user_id)
     return AdminUserOut(
         user_id=summary.user_id,
         display_name=summary.display_name,
@@ -42,7 +53,7 @@ def user_out(service: OrchestratorService, summary: UserSummary) -> AdminUserOut
         groups=[GroupOut(channel=g.channel, chat_id=g.chat_id) for g in summary.groups],
         cpus=resources.cpus,
         memory_mb=resources.memory_mb,
-        resources_override=service.resources.has_override(summary.user_id),
+        resources_override=overrides.has_override(summary.user_id),
         created_at=summary.created_at,
     )
 
@@ -65,16 +76,17 @@ def get_users(
     state: str | None = Query(None, max_length=16, description="Only users whose sandbox is in this state (stopped: none runs)."),
     cursor: str | None = Query(None, max_length=20),
     limit: int = Query(50, ge=1, le=500),
-    service: OrchestratorService = Depends(service_of),
+    user_listing: UserListing = Depends(user_listing_of),
+    resources: ResourceOverrides = Depends(resources_of),
     _: Caller = Depends(require_admin),
 ) -> AdminUsersOut:
-    found, next_after = service.user_listing.page(
+    found, next_after = user_listing.page(
         UserFilter(platform=platform or None, backend=backend or None, state=state or None),
         after=parse_cursor(cursor),
         limit=limit,
     )
     return AdminUsersOut(
-        users=[user_out(service, s) for s in found], next_cursor=str(next_after) if next_after is not None else None
+        users=[user_out(resources, s) for s in found], next_cursor=str(next_after) if next_after is not None else None
     )
 
 
@@ -86,68 +98,69 @@ def get_runs(
     channel: str | None = Query(None, max_length=64, description="With chat_id: the runs of one group chat."),
     chat_id: str | None = Query(None, max_length=128),
     limit: int = Query(100, ge=1, le=1000),
-    service: OrchestratorService = Depends(service_of),
+    records: Records = Depends(records_of),
     _: Caller = Depends(require_admin),
 ) -> AdminRunsOut:
     wanted = run_filter(state, user_id, session_id, channel, chat_id)
-    return AdminRunsOut(runs=[run_out(r) for r in list_runs(service.store, wanted, limit=limit)])
+    return AdminRunsOut(runs=[run_out(r) for r in records.runs(wanted, limit=limit)])
 
 
 @router.post("/v1/admin/users/{user_id}/sandbox/{action}", response_model=SandboxActionOut, tags=["admin"])
 def post_sandbox_action(
     action: SandboxAction,
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    sandbox_control: SandboxControl = Depends(sandbox_control_of),
     caller: Caller = Depends(require_admin),
 ) -> SandboxActionOut:
     """Stop, restart, pause or resume the user's sandbox (a pause or resume that cannot be done
     now is a 409); audited as `sandbox.{action}`."""
-    return SandboxActionOut(user_id=user_id, state=service.sandbox_control.act(user_id, action, actor=caller.actor))
+    return SandboxActionOut(user_id=user_id, state=sandbox_control.act(user_id, action, actor=caller.actor))
 
 
-def resources_out(service: OrchestratorService, user_id: int) -> ResourcesOut:
-    resources = service.resources.of(user_id)
+def resources_out(overrides: ResourceOverrides, user_id: int) -> ResourcesOut:
+    resources = overrides.of(user_id)
     return ResourcesOut(
         user_id=user_id, cpus=resources.cpus, memory_mb=resources.memory_mb,
-        override=service.resources.has_override(user_id),
-        max_cpus=service.resources.maxima.cpus, max_memory_mb=service.resources.maxima.memory_mb,
+        override=overrides.has_override(user_id),
+        max_cpus=overrides.maxima.cpus, max_memory_mb=overrides.maxima.memory_mb,
     )  # fmt: skip
 
 
 @router.get("/v1/admin/users/{user_id}/resources", response_model=ResourcesOut, tags=["admin"])
 def get_resources(
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    resources: ResourceOverrides = Depends(resources_of),
     _: Caller = Depends(require_admin),
 ) -> ResourcesOut:
-    return resources_out(service, user_id)
+    return resources_out(resources, user_id)
 
 
 @router.put("/v1/admin/users/{user_id}/resources", response_model=ResourcesOut, tags=["admin"])
 def put_resources(
     body: ResourcesIn,
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    users: UserRepository = Depends(users_of),
+    resources: ResourceOverrides = Depends(resources_of),
     caller: Caller = Depends(require_admin),
 ) -> ResourcesOut:
     """The user's CPU and memory, within ORCH_USER_MAX_CPUS and ORCH_USER_MAX_MEMORY_MB (both
     null: back to the defaults); from the sandbox's next start (restart it to apply now)."""
-    service.users.admit(user_id)
-    service.resources.put(user_id, cpus=body.cpus, memory_mb=body.memory_mb, actor=caller.actor)
-    return resources_out(service, user_id)
+    users.admit(user_id)
+    resources.put(user_id, cpus=body.cpus, memory_mb=body.memory_mb, actor=caller.actor)
+    return resources_out(resources, user_id)
 
 
 @router.delete("/v1/admin/users/{user_id}", response_model=PurgeOut, tags=["admin"])
 def delete_user(
     body: PurgeIn,
     user_id: int = Depends(purged_or_live_user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    purge: UserPurge = Depends(purge_of),
     caller: Caller = Depends(require_admin),
 ) -> PurgeOut:
     """Purge the user: its sandbox, files, disk image, sessions, personal skills, previews and
     identities go; its id answers `410 user_purged` from then on and is never used again.
     Needs `{"confirm_user_id": uid}`. Repeating it finishes a purge cut short."""
-    report = service.purge.purge(user_id, confirm_user_id=body.confirm_user_id, actor=caller.actor)
+    report = purge.purge(user_id, confirm_user_id=body.confirm_user_id, actor=caller.actor)
     return PurgeOut(
         user_id=user_id, purged=True, already_purged=report.already_purged, sessions_deleted=report.sessions_deleted,
         volume_removed=report.volume_removed, entries_removed=report.entries_removed,
