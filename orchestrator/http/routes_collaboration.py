@@ -6,13 +6,15 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
-from orchestrator.collaboration.coordinator import REQUEST_ID
+from orchestrator.collaboration.coordinator import REQUEST_ID, CollaborationService
 from orchestrator.collaboration.long_poll import next_delivery
 from orchestrator.errors import InvalidInput
-from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, require_bot
 from orchestrator.http.collaboration_models import CollaborationListOut, CollaborationOut, InboxDeliveryOut, InboxOut, StopOut
 from orchestrator.http.params import SQLITE_INT_MAX, session_id_param
-from orchestrator.service import OrchestratorService
+from orchestrator.http.parts import api_settings_of, collaboration_of, sessions_of
+from orchestrator.sessions.service import SessionService
+from orchestrator.settings import ApiSettings
 
 router = APIRouter(tags=["collaboration"])
 
@@ -29,16 +31,18 @@ async def inbox(
     session_id: str = Depends(session_id_param),
     wait_s: float = Query(0.0, ge=0, description="Wait up to this long for a delivery (long-poll)."),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    api: ApiSettings = Depends(api_settings_of),
+    sessions: SessionService = Depends(sessions_of),
+    collaboration: CollaborationService = Depends(collaboration_of),
     _: Caller = Depends(require_bot),
 ) -> InboxOut:
     """The session's next delivery, claimed for the caller: start a run with its `delivery_id`
     within `claim_expires_at`. `{"delivery": null}` when nothing came within `wait_s`."""
-    limit = service.settings.collaboration_inbox_wait_max_s
+    limit = api.collaboration_inbox_wait_max_s
     if wait_s > limit:
         raise InvalidInput(f"wait_s may be at most {limit:g} seconds", field="wait_s")
-    await run_in_threadpool(service.sessions.get, session_id, acting_user=acting)
-    item = await next_delivery(service.collaboration, session_id, wait_s, request.is_disconnected)
+    await run_in_threadpool(sessions.get, session_id, acting_user=acting)
+    item = await next_delivery(collaboration, session_id, wait_s, request.is_disconnected)
     return InboxOut(delivery=InboxDeliveryOut.of(item) if item else None)
 
 
@@ -48,11 +52,12 @@ def list_collaborations(
     limit: int = Query(20, ge=1, le=100),
     before: int | None = Query(None, ge=1, le=SQLITE_INT_MAX, description="next_before of the previous page"),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
+    collaboration: CollaborationService = Depends(collaboration_of),
     _: Caller = Depends(require_bot),
 ) -> CollaborationListOut:
-    service.sessions.get(session_id, acting_user=acting)
-    views = service.collaboration.list(session_id, before=before, limit=limit)
+    sessions.get(session_id, acting_user=acting)
+    views = collaboration.list(session_id, before=before, limit=limit)
     next_before = views[-1].request.seq if len(views) == limit else None
     return CollaborationListOut(
         collaborations=[CollaborationOut.of(v, session_id) for v in views], next_before=next_before
@@ -64,11 +69,12 @@ def get_collaboration(
     session_id: str = Depends(session_id_param),
     request_id: str = Depends(request_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
+    collaboration: CollaborationService = Depends(collaboration_of),
     _: Caller = Depends(require_bot),
 ) -> CollaborationOut:
-    service.sessions.get(session_id, acting_user=acting)
-    return CollaborationOut.of(service.collaboration.get(session_id, request_id), session_id)
+    sessions.get(session_id, acting_user=acting)
+    return CollaborationOut.of(collaboration.get(session_id, request_id), session_id)
 
 
 @router.post("/v1/sessions/{session_id}/collaborations/{request_id}/stop", response_model=StopOut)
@@ -76,13 +82,14 @@ def stop_collaboration(
     session_id: str = Depends(session_id_param),
     request_id: str = Depends(request_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
+    collaboration: CollaborationService = Depends(collaboration_of),
     caller: Caller = Depends(require_bot),
 ) -> StopOut:
     """Stop one request this session made: its answers start nothing any more (revoked), what has
     not started is cancelled, a continuation run already started is cancelled."""
-    service.sessions.get(session_id, acting_user=acting, owner_only=True)
-    result = service.collaboration.stop(session_id, request_id, actor=caller.actor)
+    sessions.get(session_id, acting_user=acting, owner_only=True)
+    result = collaboration.stop(session_id, request_id, actor=caller.actor)
     return StopOut(
         collaboration=CollaborationOut.of(result.view, session_id), cancelled_run_ids=result.cancelled_run_ids
     )
