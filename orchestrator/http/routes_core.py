@@ -10,8 +10,18 @@ from orchestrator import audit
 from mounts.layout import GroupRef
 from orchestrator.errors import Forbidden, NotFound
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, optional_caller, require_admin, require_bot, service_of
-from orchestrator.http.parts import system_status_of
+from orchestrator.http.auth import Caller, acting_user, optional_caller, require_admin, require_bot
+from orchestrator.http.parts import (
+    Records,
+    identities_of,
+    projects_of,
+    records_of,
+    sandboxes_of,
+    switch_of,
+    system_status_of,
+    templates_of,
+    users_of,
+)
 from orchestrator.http.models import (
     TemplateChoiceOut,
     GroupOut,
@@ -26,10 +36,13 @@ from orchestrator.http.models import (
 )
 from orchestrator.clock import iso
 from orchestrator.http.params import SQLITE_INT_MAX, chat_id_param, group_channel_param, project_id_param, user_id_param
-from orchestrator.runs.identity_switch import IdentityModeState
-from orchestrator.service import OrchestratorService
+from orchestrator.runs.identity_switch import IdentityModeState, RuntimeIdentitySwitch
+from orchestrator.sandboxes.router import SandboxRouter
+from orchestrator.sessions.projects import ProjectRepository
 from orchestrator.system_status import SystemStatus
-from orchestrator.users.repository import KEEP, Keep
+from orchestrator.templates.service import TemplateService
+from orchestrator.users.identities import IdentityRepository
+from orchestrator.users.repository import KEEP, Keep, UserRepository
 
 router = APIRouter()
 
@@ -55,28 +68,36 @@ async def healthz(
     return status.host()
 
 
-def _user_out(service: OrchestratorService, user_id: int) -> UserOut:
-    record = service.users.get(user_id)
-    groups = [GroupOut(channel=g.channel, chat_id=g.chat_id) for g in service.users.groups_of(user_id)]
-    identities = [
+def _user_out(
+    users: UserRepository, identities: IdentityRepository, templates: TemplateService, user_id: int
+) -> UserOut:
+    record = users.get(user_id)
+    groups = [GroupOut(channel=g.channel, chat_id=g.chat_id) for g in users.groups_of(user_id)]
+    people = [
         PersonOut(platform=i.platform, id=i.external_id)
-        for i in sorted(service.identities.of_users([user_id]).get(user_id, ()), key=lambda i: i.created_at)
+        for i in sorted(identities.of_users([user_id]).get(user_id, ()), key=lambda i: i.created_at)
     ]
     return UserOut(
         user_id=user_id,
         display_name=record.display_name if record else None,
         backend=record.backend if record else None,
         groups=groups,
-        identities=identities,
-        template=template_choice_out(service, user_id),
+        identities=people,
+        template=choice_out(templates, user_id),
     )
 
 
-def template_choice_out(service: OrchestratorService, user_id: int) -> TemplateChoiceOut:
+def choice_out(templates: TemplateService, user_id: int) -> TemplateChoiceOut:
     """The template of the user's latest call and why (before any call since the last change:
     the one of a call outside a group's session and a run)."""
-    choice = service.templates.effective(user_id)
+    choice = templates.effective(user_id)
     return TemplateChoiceOut(name=choice.name, source=choice.source)
+
+
+def template_choice_out(service, user_id: int) -> TemplateChoiceOut:
+    """`choice_out` for routes_templates.py, which still passes the service whole (this goes
+    when that module takes its `templates` part)."""
+    return choice_out(service.templates, user_id)
 
 
 @router.put("/v1/users/{user_id}", response_model=UserOut, tags=["users"])
@@ -84,7 +105,10 @@ def put_user(
     body: UserIn,
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sandboxes: SandboxRouter = Depends(sandboxes_of),
+    users: UserRepository = Depends(users_of),
+    identities: IdentityRepository = Depends(identities_of),
+    templates: TemplateService = Depends(templates_of),
     caller: Caller = Depends(require_bot),
 ) -> UserOut:
     """A user's display name (bot); its backend override only with the admin token, and never
@@ -94,23 +118,25 @@ def put_user(
     if "backend" in body.model_fields_set:
         if caller.role == "bot":
             raise Forbidden("a user's backend override needs the admin token", field="backend")
-        service.sandboxes.check_override(body.backend)
+        sandboxes.check_override(body.backend)
         backend = body.backend
-    service.users.upsert(user_id, display_name=body.display_name, backend=backend)
-    return _user_out(service, user_id)
+    users.upsert(user_id, display_name=body.display_name, backend=backend)
+    return _user_out(users, identities, templates, user_id)
 
 
 @router.get("/v1/users/{user_id}", response_model=UserOut, tags=["users"])
 def get_user(
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    users: UserRepository = Depends(users_of),
+    identities: IdentityRepository = Depends(identities_of),
+    templates: TemplateService = Depends(templates_of),
     _: Caller = Depends(require_bot),
 ) -> UserOut:
     require_self(acting, user_id)
-    if service.users.get(user_id) is None:
+    if users.get(user_id) is None:
         raise NotFound(f"user {user_id} not found")
-    return _user_out(service, user_id)
+    return _user_out(users, identities, templates, user_id)
 
 
 @router.delete("/v1/groups/{channel}/{chat_id}/members/{user_id}", response_model=MemberRemovedOut, tags=["users"])
@@ -119,7 +145,7 @@ def remove_group_member(
     chat_id: str = Depends(chat_id_param),
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    users: UserRepository = Depends(users_of),
     caller: Caller = Depends(require_bot),
 ) -> MemberRemovedOut:
     """Revoke a membership (a person may only leave by itself). From the next call on, the
@@ -127,7 +153,7 @@ def remove_group_member(
     sandbox is ended with it. 409 while the user owns live sessions of the group."""
     require_self(acting, user_id)
     group = GroupRef(channel, chat_id)
-    removed = service.users.remove_group_member(group, user_id, actor=caller.actor)
+    removed = users.remove_group_member(group, user_id, actor=caller.actor)
     return MemberRemovedOut(channel=channel, chat_id=chat_id, user_id=user_id, removed=removed)
 
 
@@ -135,10 +161,10 @@ def remove_group_member(
 def put_project_settings(
     body: ProjectSettingsIn,
     project_id: str = Depends(project_id_param),
-    service: OrchestratorService = Depends(service_of),
+    projects: ProjectRepository = Depends(projects_of),
     _: Caller = Depends(require_bot),
 ) -> ProjectSettingsOut:
-    settings = service.projects.update(
+    settings = projects.update(
         project_id,
         cross_session_read=body.cross_session_read,
         cross_project_collaboration=body.cross_project_collaboration,
@@ -149,26 +175,26 @@ def put_project_settings(
 @router.get("/v1/projects/{project_id}/settings", response_model=ProjectSettingsOut, tags=["projects"])
 def get_project_settings(
     project_id: str = Depends(project_id_param),
-    service: OrchestratorService = Depends(service_of),
+    projects: ProjectRepository = Depends(projects_of),
     _: Caller = Depends(require_bot),
 ) -> ProjectSettingsOut:
-    return ProjectSettingsOut.model_validate(service.projects.get(project_id))
+    return ProjectSettingsOut.model_validate(projects.get(project_id))
 
 
 @router.get("/v1/admin/runtime-identity", response_model=IdentityModeOut, tags=["admin"])
 def get_runtime_identity(
-    service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
+    switch: RuntimeIdentitySwitch = Depends(switch_of), _: Caller = Depends(require_admin)
 ) -> IdentityModeOut:
-    return _mode_out(service.switch.state())
+    return _mode_out(switch.state())
 
 
 @router.put("/v1/admin/runtime-identity", response_model=IdentityModeOut, tags=["admin"])
 def put_runtime_identity(
     body: IdentityModeIn,
-    service: OrchestratorService = Depends(service_of),
+    switch: RuntimeIdentitySwitch = Depends(switch_of),
     caller: Caller = Depends(require_admin),
 ) -> IdentityModeOut:
-    return _mode_out(service.switch.set_by_admin(body.mode, actor=caller.actor))
+    return _mode_out(switch.set_by_admin(body.mode, actor=caller.actor))
 
 
 def audit_filter(
@@ -199,16 +225,16 @@ def audit_filter(
 def get_audit(
     where: audit.AuditFilter = Depends(audit_filter),
     limit: int = Query(100, ge=1, le=1000),
-    service: OrchestratorService = Depends(service_of),
+    records: Records = Depends(records_of),
     _: Caller = Depends(require_admin),
 ) -> dict:
-    entries = audit.entries(service.store, where=where, limit=limit)
+    entries = records.audit(where=where, limit=limit)
     return {"entries": [entry.__dict__ for entry in entries]}
 
 
 @router.get("/v1/admin/sandboxes", tags=["admin"])
-def get_sandboxes(service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)) -> dict:
+def get_sandboxes(sandboxes: SandboxRouter = Depends(sandboxes_of), _: Caller = Depends(require_admin)) -> dict:
     return {
-        "default_backend": service.sandboxes.default_backend,
-        "sandboxes": [status.__dict__ for status in service.sandboxes.status()],
+        "default_backend": sandboxes.default_backend,
+        "sandboxes": [status.__dict__ for status in sandboxes.status()],
     }
