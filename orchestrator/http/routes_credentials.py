@@ -20,9 +20,10 @@ from orchestrator.credentials.startup import configured_keys
 from orchestrator.credentials.store import CredentialStore
 from orchestrator.errors import Forbidden, InvalidInput, Unavailable
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot
 from orchestrator.http.params import user_id_param
-from orchestrator.service import OrchestratorService
+from orchestrator.http.parts import credential_settings_of, credentials_of, sessions_of
+from orchestrator.sessions.service import SessionService
 from orchestrator.settings import CredentialSettings
 
 router = APIRouter()
@@ -90,10 +91,10 @@ class CredentialsOff(Unavailable):
     code = "credentials_off"
 
 
-def _credentials(service: OrchestratorService) -> CredentialStore:
-    if service.credentials is None:
+def _credentials(credentials: CredentialStore | None) -> CredentialStore:
+    if credentials is None:
         raise CredentialsOff("credentials are off on this server: set ORCH_CREDENTIALS_KEY or ORCH_CREDENTIALS_KEY_FILE")
-    return service.credentials
+    return credentials
 
 
 def require_for_user(caller: Caller, acting: int | None, user_id: int) -> None:
@@ -133,11 +134,11 @@ def put_credential(
     name: str = Depends(_name),
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    credentials: CredentialStore | None = Depends(credentials_of),
     caller: Caller = Depends(require_bot),
 ) -> CredentialOut:
     require_for_user(caller, acting, user_id)
-    store = _credentials(service)
+    store = _credentials(credentials)
     try:
         spec = validate_spec(name, body.hosts, body.header, body.template, body.env, body.secret)
     except InvalidCredential as exc:
@@ -149,11 +150,11 @@ def put_credential(
 def list_credentials(
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    credentials: CredentialStore | None = Depends(credentials_of),
     caller: Caller = Depends(require_bot),
 ) -> CredentialsOut:
     require_for_user(caller, acting, user_id)
-    return CredentialsOut(credentials=[credential_out(c) for c in _credentials(service).list_metadata(user_id)])
+    return CredentialsOut(credentials=[credential_out(c) for c in _credentials(credentials).list_metadata(user_id)])
 
 
 @router.delete("/v1/users/{user_id}/credentials/{name}", status_code=204, tags=["credentials"])
@@ -161,11 +162,11 @@ def delete_credential(
     name: str = Depends(_name),
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    credentials: CredentialStore | None = Depends(credentials_of),
     caller: Caller = Depends(require_bot),
 ) -> Response:
     require_for_user(caller, acting, user_id)
-    _credentials(service).delete(user_id, name, actor=caller.actor)
+    _credentials(credentials).delete(user_id, name, actor=caller.actor)
     return Response(status_code=204)
 
 
@@ -174,13 +175,14 @@ def post_grant(
     body: GrantIn,
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    credentials: CredentialStore | None = Depends(credentials_of),
+    sessions: SessionService = Depends(sessions_of),
     caller: Caller = Depends(require_bot),
 ) -> GrantOut:
     """The grantor's own credential, for runs of one session (the grantor must see it)."""
     require_for_user(caller, acting, user_id)
-    store = _credentials(service)
-    service.sessions.get(body.session_id, acting_user=user_id)  # a session the grantor is not in: 404
+    store = _credentials(credentials)
+    sessions.get(body.session_id, acting_user=user_id)  # a session the grantor is not in: 404
     if body.grantee_user_id == user_id:
         raise InvalidInput("a user's own runs use its credentials without a grant", field="grantee_user_id")
     try:
@@ -197,11 +199,11 @@ def post_grant(
 def list_grants(
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    credentials: CredentialStore | None = Depends(credentials_of),
     caller: Caller = Depends(require_bot),
 ) -> GrantsOut:
     require_for_user(caller, acting, user_id)
-    found = _credentials(service).grants_of(user_id)
+    found = _credentials(credentials).grants_of(user_id)
     return GrantsOut(granted=[grant_out(g) for g in found.granted], held=[grant_out(g) for g in found.held])
 
 
@@ -209,10 +211,10 @@ def list_grants(
 def delete_grant(
     grant_id: str = Path(..., max_length=64, pattern=r"^gr_[0-9a-f]{24}$"),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    credentials: CredentialStore | None = Depends(credentials_of),
     caller: Caller = Depends(require_bot),
 ) -> Response:
-    store = _credentials(service)
+    store = _credentials(credentials)
     if caller.role == "bot" and acting is None:
         raise Forbidden("the bot revokes a grant only acting for its grantor (X-Acting-User)", field="X-Acting-User")
     store.revoke(grant_id, acting=acting, actor=caller.actor if acting is None else f"{caller.actor}:acting:{acting}")
@@ -221,14 +223,15 @@ def delete_grant(
 
 @router.post("/v1/admin/credentials/rotate", response_model=RotationOut, tags=["credentials"])
 def rotate_credentials_key(
-    service: OrchestratorService = Depends(service_of),
+    credentials: CredentialStore | None = Depends(credentials_of),
+    settings: CredentialSettings = Depends(credential_settings_of),
     caller: Caller = Depends(require_admin),
 ) -> RotationOut:
     """Re-read the key setting (the key file: put the new key first, keep the old one after
     it) and re-encrypt every credential with the first key; no restart, nothing refused."""
-    store = _credentials(service)
+    store = _credentials(credentials)
     try:
-        keys = configured_keys(CredentialSettings.of(service.settings))
+        keys = configured_keys(settings)
     except CredentialsKeyRefused as exc:
         raise InvalidInput(str(exc), field="ORCH_CREDENTIALS_KEY_FILE") from None
     if keys is None:
