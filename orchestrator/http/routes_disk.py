@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path
 
-from orchestrator.http.auth import Caller, require_admin, service_of
+from orchestrator.http.auth import Caller, require_admin
 from orchestrator.http.disk_models import (
     DiskLimitIn,
     DiskOverviewOut,
@@ -18,31 +18,31 @@ from orchestrator.http.disk_models import (
     UserDiskOut,
 )
 from orchestrator.http.params import user_id_param
+from orchestrator.http.parts import disk_quotas_of, host_copies_of
 from orchestrator.errors import NotFound
+from orchestrator.quotas.host_copies import HostCopies
 from orchestrator.quotas.model import DiskUsage
-from orchestrator.quotas.service import SharedMembers
-from orchestrator.service import OrchestratorService
+from orchestrator.quotas.service import DiskQuotas, SharedMembers
 
 router = APIRouter()
 
 
-def _out(service: OrchestratorService, usage: DiskUsage) -> DiskUsageOut:
-    group = service.disk_quotas.group_of_volume(usage.volume)
+def _out(quotas: DiskQuotas, usage: DiskUsage) -> DiskUsageOut:
+    group = quotas.group_of_volume(usage.volume)
     chat = GroupChatOut(channel=group.channel, chat_id=group.chat_id) if group is not None else None
-    return DiskUsageOut(**usage.as_dict(), image_mb=service.disk_quotas.image_mb(usage.volume), chat=chat)
+    return DiskUsageOut(**usage.as_dict(), image_mb=quotas.image_mb(usage.volume), chat=chat)
 
 
-def _host_copies(service: OrchestratorService, user_id: int) -> HostCopiesOut:
-    used = service.host_copies.usage(user_id)
+def _host_copies(host_copies: HostCopies, user_id: int) -> HostCopiesOut:
+    used = host_copies.usage(user_id)
     return HostCopiesOut(
         deliveries=used.deliveries, results=used.results, transfers=used.transfers,
-        bytes_used=used.total, bytes_limit=service.host_copies.budget_bytes,
+        bytes_used=used.total, bytes_limit=host_copies.budget_bytes,
     )  # fmt: skip
 
 
 @router.get("/v1/admin/disk", response_model=DiskOverviewOut, tags=["admin"])
-def get_disk(service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)) -> DiskOverviewOut:
-    quotas = service.disk_quotas
+def get_disk(quotas: DiskQuotas = Depends(disk_quotas_of), _: Caller = Depends(require_admin)) -> DiskOverviewOut:
     health = quotas.health()
     return DiskOverviewOut(
         mechanism=health.mechanism,
@@ -52,22 +52,23 @@ def get_disk(service: OrchestratorService = Depends(service_of), _: Caller = Dep
         watermark_problem=health.watermark_problem,
         over_quota_users=list(health.over_quota_users),
         over_share={key: list(users) for key, users in health.over_share.items()},
-        volumes=[_out(service, usage) for usage in quotas.all_usage()],
+        volumes=[_out(quotas, usage) for usage in quotas.all_usage()],
     )
 
 
 @router.get("/v1/admin/users/{user_id}/disk", response_model=UserDiskOut, tags=["admin"])
 def get_user_disk(
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    quotas: DiskQuotas = Depends(disk_quotas_of),
+    host_copies: HostCopies = Depends(host_copies_of),
     _: Caller = Depends(require_admin),
 ) -> UserDiskOut:
-    usage = service.disk_quotas.usage(user_id)
+    usage = quotas.usage(user_id)
     return UserDiskOut(
         user_id=user_id,
-        mechanism=service.disk_quotas.mechanism.value,
-        usage=_out(service, usage) if usage is not None else None,
-        host_copies=_host_copies(service, user_id),
+        mechanism=quotas.mechanism.value,
+        usage=_out(quotas, usage) if usage is not None else None,
+        host_copies=_host_copies(host_copies, user_id),
     )
 
 
@@ -75,23 +76,24 @@ def get_user_disk(
 def put_user_disk(
     body: DiskLimitIn,
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    quotas: DiskQuotas = Depends(disk_quotas_of),
+    host_copies: HostCopies = Depends(host_copies_of),
     _: Caller = Depends(require_admin),
 ) -> UserDiskOut:
-    usage, online = service.disk_quotas.set_disk_limit(user_id, body.disk_mb)
+    usage, online = quotas.set_disk_limit(user_id, body.disk_mb)
     return UserDiskOut(
-        user_id=user_id, mechanism=service.disk_quotas.mechanism.value, usage=_out(service, usage),
-        host_copies=_host_copies(service, user_id), grown_online=online,
+        user_id=user_id, mechanism=quotas.mechanism.value, usage=_out(quotas, usage),
+        host_copies=_host_copies(host_copies, user_id), grown_online=online,
     )  # fmt: skip
 
 
 VolumeKey = Path(..., max_length=64, description="A shared volume as GET /v1/admin/disk lists it: share, group-...")
 
 
-def _members_out(service: OrchestratorService, found: SharedMembers) -> dict[str, object]:
+def _members_out(quotas: DiskQuotas, found: SharedMembers) -> dict[str, object]:
     return {
         "volume": found.usage.volume,
-        "usage": _out(service, found.usage),
+        "usage": _out(quotas, found.usage),
         "members": [MemberUsageOut(**m.as_dict()) for m in found.members],
         "partial": found.partial,
     }
@@ -99,28 +101,26 @@ def _members_out(service: OrchestratorService, found: SharedMembers) -> dict[str
 
 @router.get("/v1/admin/disk/volumes/{volume}/members", response_model=SharedMembersOut, tags=["admin"])
 def get_shared_members(
-    volume: str = VolumeKey, service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
+    volume: str = VolumeKey, quotas: DiskQuotas = Depends(disk_quotas_of), _: Caller = Depends(require_admin)
 ) -> SharedMembersOut:
-    quotas = service.disk_quotas
     found = quotas.members(quotas.shared_volume(volume))
     if found is None:
         raise NotFound(f"the shared place {volume} is not mounted")
-    return SharedMembersOut(**_members_out(service, found))
+    return SharedMembersOut(**_members_out(quotas, found))
 
 
 @router.delete("/v1/admin/disk/volumes/{volume}/members/{user_id}", response_model=MemberFreedOut, tags=["admin"])
 def delete_shared_member_files(
     volume: str = VolumeKey,
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    quotas: DiskQuotas = Depends(disk_quotas_of),
     _: Caller = Depends(require_admin),
 ) -> MemberFreedOut:
-    quotas = service.disk_quotas
     removal, found = quotas.free_member(quotas.shared_volume(volume), user_id)
     if found is None:
         raise NotFound(f"the shared place {volume} is not mounted")
     return MemberFreedOut(
-        **_members_out(service, found),
+        **_members_out(quotas, found),
         user_id=user_id,
         removed=removal.removed,
         kept_dirs=removal.kept_dirs,
