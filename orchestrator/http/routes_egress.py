@@ -9,9 +9,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.egress.service import EgressService
 from orchestrator.egress.policy import MAX_PATTERNS, InvalidPattern, UserRules
 from orchestrator.errors import InvalidInput, Unavailable
-from orchestrator.http.auth import Caller, require_admin, service_of
+from orchestrator.http.auth import Caller, require_admin
 from orchestrator.http.params import user_id_param
-from orchestrator.service import OrchestratorService
+from orchestrator.http.parts import api_settings_of, egress_of
+from orchestrator.settings import ApiSettings
 
 router = APIRouter()
 
@@ -37,18 +38,17 @@ class EgressOff(Unavailable):
     code = "egress_off"
 
 
-def _egress(service: OrchestratorService) -> EgressService:
-    if service.egress is None:
+def _egress(egress: EgressService | None) -> EgressService:
+    if egress is None:
         raise EgressOff("egress is off on this server (ORCH_EGRESS=off): sandboxes have no way out to change")
-    return service.egress
+    return egress
 
 
-def _out(service: OrchestratorService, user_id: int) -> EgressRulesOut:
-    egress = _egress(service)
+def _out(egress: EgressService, api: ApiSettings, user_id: int) -> EgressRulesOut:
     rules = egress.rules.rules_of(user_id)
     return EgressRulesOut(
         user_id=user_id,
-        mode=service.settings.egress,
+        mode=api.egress,
         allow=list(rules.allow),
         remove=list(rules.remove),
         defaults=[str(p) for p in egress.rules.defaults],
@@ -59,22 +59,24 @@ def _out(service: OrchestratorService, user_id: int) -> EgressRulesOut:
 @router.get("/v1/admin/users/{user_id}/egress", response_model=EgressRulesOut, tags=["egress"])
 def get_user_egress(
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    egress: EgressService | None = Depends(egress_of),
+    api: ApiSettings = Depends(api_settings_of),
     _: Caller = Depends(require_admin),
 ) -> EgressRulesOut:
-    return _out(service, user_id)
+    return _out(_egress(egress), api, user_id)
 
 
 @router.put("/v1/admin/users/{user_id}/egress", response_model=EgressRulesOut, tags=["egress"])
 def put_user_egress(
     body: EgressRulesIn,
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    egress: EgressService | None = Depends(egress_of),
+    api: ApiSettings = Depends(api_settings_of),
     caller: Caller = Depends(require_admin),
 ) -> EgressRulesOut:
-    egress = _egress(service)
+    running = _egress(egress)
     try:
-        egress.rules.put(user_id, UserRules(tuple(body.allow), tuple(body.remove)), actor=caller.actor)
+        running.rules.put(user_id, UserRules(tuple(body.allow), tuple(body.remove)), actor=caller.actor)
     except InvalidPattern as exc:
         raise InvalidInput(str(exc), field="allow") from None
-    return _out(service, user_id)
+    return _out(running, api, user_id)
