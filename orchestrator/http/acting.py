@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from orchestrator.errors import Forbidden, NotFound
 from orchestrator.runs.records import RunRecord, person_of
+from orchestrator.runs.service import RunService
 from orchestrator.service import OrchestratorService
+from orchestrator.sessions.service import SessionService
 
 
 def require_self(acting: int | None, user_id: int) -> None:
@@ -21,15 +23,20 @@ def require_self(acting: int | None, user_id: int) -> None:
         )
 
 
-def visible_run(service: OrchestratorService, run_id: str, acting: int | None) -> RunRecord:
+def run_visible_to(runs: RunService, sessions: SessionService, run_id: str, acting: int | None) -> RunRecord:
     """The run, when its session is visible to `acting` (a member sees its group's runs)."""
-    run = service.runs.get(run_id)
+    run = runs.get(run_id)
     if acting is not None:
         try:
-            service.sessions.get(run.session_id, acting_user=acting)
+            sessions.get(run.session_id, acting_user=acting)
         except NotFound:
             raise NotFound(f"run {run_id} not found") from None
     return run
+
+
+def visible_run(service: OrchestratorService, run_id: str, acting: int | None) -> RunRecord:
+    """`run_visible_to`, for the routes still given the service whole."""
+    return run_visible_to(service.runs, service.sessions, run_id, acting)
 
 
 def own_run(service: OrchestratorService, run_id: str, acting: int | None, *, owner_too: bool = False) -> RunRecord:
@@ -41,10 +48,10 @@ def own_run(service: OrchestratorService, run_id: str, acting: int | None, *, ow
     return run
 
 
-def check_delivery(service: OrchestratorService, session_id: str, delivery_id: str, acting: int | None) -> None:
+def check_delivery(sessions: SessionService, session_id: str, delivery_id: str, acting: int | None) -> None:
     if acting is None:
         return
     try:
-        service.sessions.get(session_id, acting_user=acting)
+        sessions.get(session_id, acting_user=acting)
     except NotFound:
         raise NotFound(f"delivery {delivery_id} not found") from None

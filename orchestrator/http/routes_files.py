@@ -12,12 +12,15 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from orchestrator.errors import NotFound
-from orchestrator.http.acting import check_delivery, visible_run
-from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.acting import check_delivery, run_visible_to
+from orchestrator.http.auth import Caller, acting_user, require_bot
 from orchestrator.http.models import FromRecord
 from orchestrator.http.params import run_id_param
-from orchestrator.deliveries.public_uploads import INLINE_TYPES, iter_fd, upload_ref
-from orchestrator.service import OrchestratorService
+from orchestrator.http.parts import deliveries_of, runs_of, sessions_of, uploads_of
+from orchestrator.deliveries.outbox import DeliveryStore
+from orchestrator.deliveries.public_uploads import INLINE_TYPES, PublishedUploads, iter_fd, upload_ref
+from orchestrator.runs.service import RunService
+from orchestrator.sessions.service import SessionService
 
 router = APIRouter()
 
@@ -42,12 +45,12 @@ def get_upload(
     request: Request,
     user_id: str = Path(..., max_length=20),
     file_name: str = Path(..., max_length=200),
-    service: OrchestratorService = Depends(service_of),
+    uploads: PublishedUploads = Depends(uploads_of),
 ) -> Response:
     # Everything that is not exactly one published, single-link regular file of that user's
     # sandbox uid is the same plain 404.
     ref = upload_ref(int(user_id), file_name) if user_id.isdigit() and not user_id.startswith("0") else None
-    opened = service.uploads.open(ref) if ref is not None else None
+    opened = uploads.open(ref) if ref is not None else None
     if opened is None:
         raise NotFound("no such upload")
     inline = opened.media_type in INLINE_TYPES
@@ -102,12 +105,13 @@ class DeliveryDeletedOut(BaseModel):
 def get_delivery(
     delivery_id: str = Path(..., max_length=100),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    deliveries: DeliveryStore = Depends(deliveries_of),
+    sessions: SessionService = Depends(sessions_of),
     _: Caller = Depends(require_bot),
 ) -> Response:
-    delivery = service.deliveries.get(delivery_id)
-    check_delivery(service, delivery.session_id, delivery_id, acting)
-    fd = service.deliveries.open_bytes(delivery)
+    delivery = deliveries.get(delivery_id)
+    check_delivery(sessions, delivery.session_id, delivery_id, acting)
+    fd = deliveries.open_bytes(delivery)
     headers = {
         "Content-Length": str(delivery.size),
         "Content-Disposition": _disposition("attachment", delivery.file_name),
@@ -125,13 +129,14 @@ def get_delivery(
 def delete_delivery(
     delivery_id: str = Path(..., max_length=100),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    deliveries: DeliveryStore = Depends(deliveries_of),
+    sessions: SessionService = Depends(sessions_of),
     _: Caller = Depends(require_bot),
 ) -> DeliveryDeletedOut:
     """The bot has posted it: free its bytes now instead of at expiry."""
     if acting is not None:
-        check_delivery(service, service.deliveries.get(delivery_id).session_id, delivery_id, acting)
-    service.deliveries.delete(delivery_id)
+        check_delivery(sessions, deliveries.get(delivery_id).session_id, delivery_id, acting)
+    deliveries.delete(delivery_id)
     return DeliveryDeletedOut(delivery_id=delivery_id, deleted=True)
 
 
@@ -139,8 +144,10 @@ def delete_delivery(
 def list_run_deliveries(
     run_id: str = Depends(run_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    runs: RunService = Depends(runs_of),
+    sessions: SessionService = Depends(sessions_of),
+    deliveries: DeliveryStore = Depends(deliveries_of),
     _: Caller = Depends(require_bot),
 ) -> DeliveryListOut:
-    visible_run(service, run_id, acting)  # 404 for an unknown (or invisible) run
-    return DeliveryListOut(run_id=run_id, deliveries=[DeliveryOut.model_validate(d) for d in service.deliveries.list_for_run(run_id)])
+    run_visible_to(runs, sessions, run_id, acting)  # 404 for an unknown (or invisible) run
+    return DeliveryListOut(run_id=run_id, deliveries=[DeliveryOut.model_validate(d) for d in deliveries.list_for_run(run_id)])
