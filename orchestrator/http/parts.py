@@ -10,7 +10,7 @@ route reads arrive as their section (`CallSettings`, `ApiSettings`, ...), built 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import Request
 
@@ -287,3 +287,39 @@ async def credential_settings_of(request: Request) -> CredentialSettings:
 
 async def api_settings_of(request: Request) -> ApiSettings:
     return parts_of(request).api
+
+
+# --- routesb ---
+# Views of the parts for what a route does with several of them at once. `ApiParts` is each
+# (so a route's dependency hands out no new object); so is the service, which the routes not
+# moved to parts yet still pass (orchestrator/http/acting.py, stream_descriptors.py).
+
+
+class RunReach(Protocol):
+    """The runs and the sessions they belong to: what says which runs a person reaches
+    (orchestrator/http/acting.py)."""
+
+    @property
+    def runs(self) -> RunService: ...
+
+    @property
+    def sessions(self) -> SessionService: ...
+
+
+class ToolCallParts(RunReach, Protocol):
+    """What answering a tool call uses: whose run it is, the dispatcher, and the descriptor
+    budget a streamed answer holds (orchestrator/http/stream_descriptors.py)."""
+
+    @property
+    def dispatcher(self) -> ToolDispatcher: ...
+
+    @property
+    def descriptors(self) -> DescriptorBudget: ...
+
+
+async def run_reach_of(request: Request) -> RunReach:
+    return parts_of(request)
+
+
+async def tool_call_parts_of(request: Request) -> ToolCallParts:
+    return parts_of(request)
