@@ -290,9 +290,10 @@ async def api_settings_of(request: Request) -> ApiSettings:
 
 
 # --- routesb ---
-# Views of the parts for what a route does with several of them at once. `ApiParts` is each
-# (so a route's dependency hands out no new object); so is the service, which the routes not
-# moved to parts yet still pass (orchestrator/http/acting.py, stream_descriptors.py).
+# Typed views for a route that uses several parts together (whose run it is; a tool call's
+# answer): their getters hand out `ApiParts` seen through the view, no new object. The service
+# fits them too, for the modules that still pass it (routes_files.py, routes_mcp.py, the tool
+# call's fast path) until they take parts.
 
 
 class RunReach(Protocol):
