@@ -9,10 +9,8 @@ naming another user id is 403.
 from __future__ import annotations
 
 from orchestrator.errors import Forbidden, NotFound
+from orchestrator.http.parts import RunReach
 from orchestrator.runs.records import RunRecord, person_of
-from orchestrator.runs.service import RunService
-from orchestrator.service import OrchestratorService
-from orchestrator.sessions.service import SessionService
 
 
 def require_self(acting: int | None, user_id: int) -> None:
@@ -23,35 +21,30 @@ def require_self(acting: int | None, user_id: int) -> None:
         )
 
 
-def run_visible_to(runs: RunService, sessions: SessionService, run_id: str, acting: int | None) -> RunRecord:
+def visible_run(reach: RunReach, run_id: str, acting: int | None) -> RunRecord:
     """The run, when its session is visible to `acting` (a member sees its group's runs)."""
-    run = runs.get(run_id)
+    run = reach.runs.get(run_id)
     if acting is not None:
         try:
-            sessions.get(run.session_id, acting_user=acting)
+            reach.sessions.get(run.session_id, acting_user=acting)
         except NotFound:
             raise NotFound(f"run {run_id} not found") from None
     return run
 
 
-def visible_run(service: OrchestratorService, run_id: str, acting: int | None) -> RunRecord:
-    """`run_visible_to`, for the routes still given the service whole."""
-    return run_visible_to(service.runs, service.sessions, run_id, acting)
-
-
-def own_run(service: OrchestratorService, run_id: str, acting: int | None, *, owner_too: bool = False) -> RunRecord:
+def own_run(reach: RunReach, run_id: str, acting: int | None, *, owner_too: bool = False) -> RunRecord:
     """The run, when `acting` is its person (tool calls run as that person's identity); with
     `owner_too` also for the session owner (ending a run in one's own session)."""
-    run = visible_run(service, run_id, acting)
+    run = visible_run(reach, run_id, acting)
     if acting is not None and acting != person_of(run) and not (owner_too and acting == run.owner_user_id):
         raise NotFound(f"run {run_id} not found")
     return run
 
 
-def check_delivery(sessions: SessionService, session_id: str, delivery_id: str, acting: int | None) -> None:
+def check_delivery(reach: RunReach, session_id: str, delivery_id: str, acting: int | None) -> None:
     if acting is None:
         return
     try:
-        sessions.get(session_id, acting_user=acting)
+        reach.sessions.get(session_id, acting_user=acting)
     except NotFound:
         raise NotFound(f"delivery {delivery_id} not found") from None

@@ -10,7 +10,7 @@ route reads arrive as their section (`CallSettings`, `ApiSettings`, ...), built 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import Request
 
@@ -287,3 +287,40 @@ async def credential_settings_of(request: Request) -> CredentialSettings:
 
 async def api_settings_of(request: Request) -> ApiSettings:
     return parts_of(request).api
+
+
+# --- routesb ---
+# Typed views for a route that uses several parts together (whose run it is; a tool call's
+# answer): their getters hand out `ApiParts` seen through the view, no new object. The service
+# fits them too, for the modules that still pass it (routes_files.py, routes_mcp.py, the tool
+# call's fast path) until they take parts.
+
+
+class RunReach(Protocol):
+    """The runs and the sessions they belong to: what says which runs a person reaches
+    (orchestrator/http/acting.py)."""
+
+    @property
+    def runs(self) -> RunService: ...
+
+    @property
+    def sessions(self) -> SessionService: ...
+
+
+class ToolCallParts(RunReach, Protocol):
+    """What answering a tool call uses: whose run it is, the dispatcher, and the descriptor
+    budget a streamed answer holds (orchestrator/http/stream_descriptors.py)."""
+
+    @property
+    def dispatcher(self) -> ToolDispatcher: ...
+
+    @property
+    def descriptors(self) -> DescriptorBudget: ...
+
+
+async def run_reach_of(request: Request) -> RunReach:
+    return parts_of(request)
+
+
+async def tool_call_parts_of(request: Request) -> ToolCallParts:
+    return parts_of(request)

@@ -12,15 +12,13 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from orchestrator.errors import NotFound
-from orchestrator.http.acting import check_delivery, run_visible_to
+from orchestrator.http.acting import check_delivery, visible_run
 from orchestrator.http.auth import Caller, acting_user, require_bot
 from orchestrator.http.models import FromRecord
 from orchestrator.http.params import run_id_param
-from orchestrator.http.parts import deliveries_of, runs_of, sessions_of, uploads_of
+from orchestrator.http.parts import RunReach, deliveries_of, run_reach_of, uploads_of
 from orchestrator.deliveries.outbox import DeliveryStore
 from orchestrator.deliveries.public_uploads import INLINE_TYPES, PublishedUploads, iter_fd, upload_ref
-from orchestrator.runs.service import RunService
-from orchestrator.sessions.service import SessionService
 
 router = APIRouter()
 
@@ -106,11 +104,11 @@ def get_delivery(
     delivery_id: str = Path(..., max_length=100),
     acting: int | None = Depends(acting_user),
     deliveries: DeliveryStore = Depends(deliveries_of),
-    sessions: SessionService = Depends(sessions_of),
+    reach: RunReach = Depends(run_reach_of),
     _: Caller = Depends(require_bot),
 ) -> Response:
     delivery = deliveries.get(delivery_id)
-    check_delivery(sessions, delivery.session_id, delivery_id, acting)
+    check_delivery(reach, delivery.session_id, delivery_id, acting)
     fd = deliveries.open_bytes(delivery)
     headers = {
         "Content-Length": str(delivery.size),
@@ -130,12 +128,12 @@ def delete_delivery(
     delivery_id: str = Path(..., max_length=100),
     acting: int | None = Depends(acting_user),
     deliveries: DeliveryStore = Depends(deliveries_of),
-    sessions: SessionService = Depends(sessions_of),
+    reach: RunReach = Depends(run_reach_of),
     _: Caller = Depends(require_bot),
 ) -> DeliveryDeletedOut:
     """The bot has posted it: free its bytes now instead of at expiry."""
     if acting is not None:
-        check_delivery(sessions, deliveries.get(delivery_id).session_id, delivery_id, acting)
+        check_delivery(reach, deliveries.get(delivery_id).session_id, delivery_id, acting)
     deliveries.delete(delivery_id)
     return DeliveryDeletedOut(delivery_id=delivery_id, deleted=True)
 
@@ -144,10 +142,9 @@ def delete_delivery(
 def list_run_deliveries(
     run_id: str = Depends(run_id_param),
     acting: int | None = Depends(acting_user),
-    runs: RunService = Depends(runs_of),
-    sessions: SessionService = Depends(sessions_of),
+    reach: RunReach = Depends(run_reach_of),
     deliveries: DeliveryStore = Depends(deliveries_of),
     _: Caller = Depends(require_bot),
 ) -> DeliveryListOut:
-    run_visible_to(runs, sessions, run_id, acting)  # 404 for an unknown (or invisible) run
+    visible_run(reach, run_id, acting)  # 404 for an unknown (or invisible) run
     return DeliveryListOut(run_id=run_id, deliveries=[DeliveryOut.model_validate(d) for d in deliveries.list_for_run(run_id)])

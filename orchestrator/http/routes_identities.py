@@ -8,10 +8,10 @@ from fastapi import APIRouter, Depends, Path, Query, Response
 from mounts import ids
 from orchestrator.errors import Forbidden, InvalidInput, NotFound
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot
 from orchestrator.http.models import IdentityIn, IdentityLinkIn, IdentityListOut, IdentityOut
-from orchestrator.service import OrchestratorService
-from orchestrator.users.identities import IdentityRecord, PlatformIdentity
+from orchestrator.http.parts import identities_of
+from orchestrator.users.identities import IdentityRecord, IdentityRepository, PlatformIdentity
 
 router = APIRouter()
 
@@ -39,19 +39,19 @@ def put_identity(
     body: IdentityIn | None = None,
     identity: PlatformIdentity = Depends(identity_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    identities: IdentityRepository = Depends(identities_of),
     caller: Caller = Depends(require_bot),
 ) -> IdentityOut:
     """The person's user id, allocated on the first sighting and the same on every repeat. A
     `display_name` becomes the user's."""
     if acting is not None:
-        existing = service.identities.get(identity)
+        existing = identities.get(identity)
         if existing is None:
             raise Forbidden(
                 f"X-Acting-User {acting} may name itself only, not a new person", field="X-Acting-User"
             )
         require_self(acting, existing.user_id)
-    record = service.identities.sight(identity, display_name=(body or IdentityIn()).display_name, actor=caller.actor)
+    record = identities.sight(identity, display_name=(body or IdentityIn()).display_name, actor=caller.actor)
     return _out(record)
 
 
@@ -59,10 +59,10 @@ def put_identity(
 def get_identity(
     identity: PlatformIdentity = Depends(identity_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    identities: IdentityRepository = Depends(identities_of),
     _: Caller = Depends(require_bot),
 ) -> IdentityOut:
-    record = service.identities.get(identity)
+    record = identities.get(identity)
     if record is None or (acting is not None and acting != record.user_id):
         raise NotFound(f"no user is known as {identity.header_value()}", field="external_id")
     return _out(record)
@@ -73,13 +73,13 @@ def link_identity(
     body: IdentityLinkIn,
     response: Response,
     identity: PlatformIdentity = Depends(identity_param),
-    service: OrchestratorService = Depends(service_of),
+    identities: IdentityRepository = Depends(identities_of),
     caller: Caller = Depends(require_admin),
 ) -> IdentityOut:
     """Admin: one more platform identity for an existing user (the same person on another
     platform). 201 when linked now, 200 when it already named that user, 409 when it names
     another user (an identity is never moved: it would move a person's files)."""
-    record, created = service.identities.link(identity, body.user_id, actor=caller.actor)
+    record, created = identities.link(identity, body.user_id, actor=caller.actor)
     response.status_code = 201 if created else 200
     return _out(record)
 
@@ -90,13 +90,13 @@ def list_identities(
     user_id: int | None = Query(None, gt=0, le=ids.MAX_USER_ID),
     after: str | None = Query(None, max_length=200, description="the previous page's `next_after`"),
     limit: int = Query(100, ge=1, le=LIST_MAX),
-    service: OrchestratorService = Depends(service_of),
+    identities: IdentityRepository = Depends(identities_of),
     _: Caller = Depends(require_admin),
 ) -> IdentityListOut:
     """The mapping from platform identities to user ids, ordered by `{platform}:{id}`."""
     if platform is not None:
         platform = ids.platform(platform, "platform")
-    records = service.identities.list(platform=platform, user_id=user_id, limit=limit + 1, after=after)
+    records = identities.list(platform=platform, user_id=user_id, limit=limit + 1, after=after)
     more = len(records) > limit
     page = records[:limit]
     return IdentityListOut(

@@ -10,13 +10,14 @@ from pydantic import BaseModel
 
 from orchestrator.errors import NotFound
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
-from orchestrator.http.parts import user_listing_of
+from orchestrator.http.auth import Caller, acting_user, require_bot
 from orchestrator.http.models import RunOut
 from orchestrator.http.params import session_id_param, user_id_param
+from orchestrator.http.parts import identities_of, run_repo_of, sessions_of, user_listing_of
 from orchestrator.http.people import with_run_identities
-from orchestrator.runs.records import MAX_RUN_SEQ
-from orchestrator.service import OrchestratorService
+from orchestrator.runs.records import MAX_RUN_SEQ, RunRepository
+from orchestrator.sessions.service import SessionService
+from orchestrator.users.identities import IdentityRepository
 from orchestrator.users.listing import UserListing
 
 router = APIRouter()
@@ -43,14 +44,16 @@ def list_runs(
     limit: int = Query(20, ge=1, le=100),
     before: int | None = Query(None, ge=1, le=MAX_RUN_SEQ, description="next_before of the previous page"),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
+    run_repo: RunRepository = Depends(run_repo_of),
+    identities: IdentityRepository = Depends(identities_of),
     _: Caller = Depends(require_bot),
 ) -> RunListOut:
-    service.sessions.get(session_id, acting_user=acting)
-    page = service.run_repo.page_of_session(session_id, before=before, limit=limit)
+    sessions.get(session_id, acting_user=acting)
+    page = run_repo.page_of_session(session_id, before=before, limit=limit)
     next_before = page[-1][0] if len(page) == limit else None
     listing = RunListOut(session_id=session_id, runs=[RunOut.model_validate(run) for _, run in page], next_before=next_before)
-    with_run_identities(service, listing.runs)
+    with_run_identities(identities, listing.runs)
     return listing
 
 

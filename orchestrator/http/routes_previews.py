@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrator.errors import NotFound
 from orchestrator.http.acting import own_run, visible_run
-from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, require_bot
 from orchestrator.http.params import run_id_param
+from orchestrator.http.parts import RunReach, previews_of, run_reach_of
 from orchestrator.previews.service import PreviewService
 from orchestrator.previews.tools import preview_answer
-from orchestrator.service import OrchestratorService
 
 router = APIRouter()
 
@@ -38,10 +38,10 @@ class PreviewListOut(BaseModel):
     previews: list[PreviewOut]
 
 
-def _previews(service: OrchestratorService) -> PreviewService:
-    if service.previews is None:
+def _switched_on(previews: PreviewService | None) -> PreviewService:
+    if previews is None:
         raise NotFound("previews are off on this server (ORCH_PREVIEW_LISTEN is not set)", code="previews_off")
-    return service.previews
+    return previews
 
 
 def _preview_id(preview_id: str = Path(..., max_length=64, pattern=r"^pv_[0-9a-f]{32}$")) -> str:
@@ -53,11 +53,12 @@ def create_preview(
     body: PreviewCreate,
     run_id: str = Depends(run_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    previews: PreviewService | None = Depends(previews_of),
+    reach: RunReach = Depends(run_reach_of),
     caller: Caller = Depends(require_bot),
 ) -> PreviewOut:
-    previews = _previews(service)
-    record = previews.create(own_run(service, run_id, acting), body.port, body.ttl_s, actor=caller.actor)
+    previews = _switched_on(previews)
+    record = previews.create(own_run(reach, run_id, acting), body.port, body.ttl_s, actor=caller.actor)
     return PreviewOut(**preview_answer(previews, record))
 
 
@@ -65,11 +66,12 @@ def create_preview(
 def list_previews(
     run_id: str = Depends(run_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    previews: PreviewService | None = Depends(previews_of),
+    reach: RunReach = Depends(run_reach_of),
     _: Caller = Depends(require_bot),
 ) -> PreviewListOut:
-    previews = _previews(service)
-    visible_run(service, run_id, acting)  # 404 for an unknown (or invisible) run
+    previews = _switched_on(previews)
+    visible_run(reach, run_id, acting)  # 404 for an unknown (or invisible) run
     return PreviewListOut(run_id=run_id, previews=[PreviewOut(**preview_answer(previews, r)) for r in previews.of_run(run_id)])
 
 
@@ -77,12 +79,13 @@ def list_previews(
 def get_preview(
     preview_id: str = Depends(_preview_id),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    previews: PreviewService | None = Depends(previews_of),
+    reach: RunReach = Depends(run_reach_of),
     _: Caller = Depends(require_bot),
 ) -> PreviewOut:
-    previews = _previews(service)
+    previews = _switched_on(previews)
     record = previews.get(preview_id)
-    visible_run(service, record.run_id, acting)  # another person's preview is a plain 404
+    visible_run(reach, record.run_id, acting)  # another person's preview is a plain 404
     return PreviewOut(**preview_answer(previews, record))
 
 
@@ -90,10 +93,11 @@ def get_preview(
 def delete_preview(
     preview_id: str = Depends(_preview_id),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    previews: PreviewService | None = Depends(previews_of),
+    reach: RunReach = Depends(run_reach_of),
     caller: Caller = Depends(require_bot),
 ) -> Response:
-    previews = _previews(service)
-    visible_run(service, previews.get(preview_id).run_id, acting)
+    previews = _switched_on(previews)
+    visible_run(reach, previews.get(preview_id).run_id, acting)
     previews.revoke(preview_id, actor=caller.actor)
     return Response(status_code=204)

@@ -22,7 +22,7 @@ from orchestrator.http.chat_models import (
 
 from orchestrator.http.acting import own_run, visible_run
 from orchestrator.http.openapi import ABSOLUTE_CAP
-from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, require_bot
 from orchestrator.http.models import (
     RunContextOut,
     RunEnd,
@@ -35,16 +35,32 @@ from orchestrator.http.models import (
     ToolCallOut,
 )
 from orchestrator.http.params import run_id_param, session_id_param
+from orchestrator.http.parts import (
+    RunReach,
+    ToolCallParts,
+    api_settings_of,
+    identities_of,
+    run_reach_of,
+    runs_of,
+    sessions_of,
+    templates_of,
+    tool_call_parts_of,
+    tools_of,
+    users_of,
+)
 from orchestrator.http.people import person_user_id, with_run_identities, with_session_identities
 from orchestrator.http.streamed_json import StreamedReadBytesResponse
 from orchestrator.http.stream_descriptors import hold_stream_descriptors
 from sandbox_agent.wire import STREAMED_TOOLS
 from orchestrator.http.tool_stream import stream_tool_call, wants_events
 from orchestrator.runs.records import RunStatus
-from orchestrator.runs.service import StartRun
-from orchestrator.service import OrchestratorService
-from orchestrator.tools.registry import MAX_TOOL_SUBSET_CHARS, tool_subset
-from orchestrator.sessions.service import NewSession, SessionListRequest
+from orchestrator.runs.service import RunService, StartRun
+from orchestrator.settings import ApiSettings
+from orchestrator.templates.service import TemplateService
+from orchestrator.tools.registry import MAX_TOOL_SUBSET_CHARS, ToolRegistry, tool_subset
+from orchestrator.sessions.service import NewSession, SessionListRequest, SessionService
+from orchestrator.users.identities import IdentityRepository
+from orchestrator.users.repository import UserRepository
 
 router = APIRouter()
 
@@ -54,15 +70,18 @@ def create_session(
     body: SessionCreate,
     response: Response,
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
+    users: UserRepository = Depends(users_of),
+    identities: IdentityRepository = Depends(identities_of),
     caller: Caller = Depends(require_bot),
 ) -> SessionOut:
     """201: created. With `if_exists: "return"`, 200 and the session that already has this
     `session_id` and the same owner, channel, group, project and parent. The owner is our user
     id (`owner_user_id`) or a platform identity (`owner`), named on first sight."""
     owner_user_id = person_user_id(
-        service, body.owner_user_id, body.owner, field="owner_user_id", person_field="owner", actor=caller.actor, required=True
-    )
+        identities, users, body.owner_user_id, body.owner,
+        field="owner_user_id", person_field="owner", actor=caller.actor, required=True,
+    )  # fmt: skip
     assert owner_user_id is not None
     new = NewSession(
         owner_user_id=owner_user_id,
@@ -74,21 +93,22 @@ def create_session(
         title=body.title,
     )
     if body.if_exists == "return":
-        record, created = service.sessions.create_or_get(new, actor=caller.actor, acting_user=acting)
+        record, created = sessions.create_or_get(new, actor=caller.actor, acting_user=acting)
         response.status_code = 201 if created else 200
     else:
-        record = service.sessions.create(new, actor=caller.actor, acting_user=acting)
-    return session_out(service, record)
+        record = sessions.create(new, actor=caller.actor, acting_user=acting)
+    return session_out(identities, record)
 
 
 @router.get("/v1/sessions/{session_id}", response_model=SessionOut, tags=["sessions"])
 def get_session(
     session_id: str = Depends(session_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
+    identities: IdentityRepository = Depends(identities_of),
     _: Caller = Depends(require_bot),
 ) -> SessionOut:
-    return session_out(service, service.sessions.get(session_id, acting_user=acting))
+    return session_out(identities, sessions.get(session_id, acting_user=acting))
 
 
 @router.patch("/v1/sessions/{session_id}", response_model=SessionOut, tags=["sessions"])
@@ -96,12 +116,13 @@ def patch_session(
     body: SessionPatch,
     session_id: str = Depends(session_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
+    identities: IdentityRepository = Depends(identities_of),
     caller: Caller = Depends(require_bot),
 ) -> SessionOut:
-    service.sessions.get(session_id, acting_user=acting, owner_only=True)
+    sessions.get(session_id, acting_user=acting, owner_only=True)
     changes = body.model_dump(exclude_unset=True)
-    return session_out(service, service.sessions.update(session_id, changes, actor=caller.actor))
+    return session_out(identities, sessions.update(session_id, changes, actor=caller.actor))
 
 
 @router.get("/v1/sessions", response_model=SessionListOut, tags=["sessions"])
@@ -111,7 +132,8 @@ def list_sessions(
     channel: str | None = Query(None, max_length=200, description="with chat_id: a group chat's sessions"),
     chat_id: str | None = Query(None, max_length=200),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
+    identities: IdentityRepository = Depends(identities_of),
     _: Caller = Depends(require_bot),
 ) -> SessionListOut:
     """The live sessions of one owner in one scope (personal without `project_id`), newest first.
@@ -121,13 +143,13 @@ def list_sessions(
     `X-Acting-User`, only for a member of the group).
     """
     if channel is not None or chat_id is not None:
-        return group_sessions(service, channel, chat_id, acting)
+        return group_sessions(sessions, identities, channel, chat_id, acting)
     if project_id is not None:
         project_id = ids.project_id(project_id, "project_id")
     listing = SessionListOut.model_validate(
-        service.sessions.list(SessionListRequest(owner_user_id, project_id, acting_user=acting))
+        sessions.list(SessionListRequest(owner_user_id, project_id, acting_user=acting))
     )
-    with_session_identities(service, listing.sessions)
+    with_session_identities(identities, listing.sessions)
     return listing
 
 
@@ -135,11 +157,11 @@ def list_sessions(
 def delete_session(
     session_id: str = Depends(session_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
     caller: Caller = Depends(require_bot),
 ) -> DeletedOut:
     """Tombstone, then cleanup (docs/sessions.md). 503 `session_cleanup_pending`: repeat to continue."""
-    record = service.sessions.delete(session_id, acting_user=acting, actor=caller.actor)
+    record = sessions.delete(session_id, acting_user=acting, actor=caller.actor)
     return DeletedOut(session_id=record.session_id, deleted=True, cleanup_done=record.cleanup_done_at is not None)
 
 
@@ -148,10 +170,10 @@ def append_messages(
     body: MessagesIn,
     session_id: str = Depends(session_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
     _: Caller = Depends(require_bot),
 ) -> AppendOut:
-    result = service.sessions.append_messages(session_id, [m.new() for m in body.messages], acting_user=acting)
+    result = sessions.append_messages(session_id, [m.new() for m in body.messages], acting_user=acting)
     return AppendOut.of(session_id, result)
 
 
@@ -160,11 +182,11 @@ def read_messages(
     session_id: str = Depends(session_id_param),
     limit: int = Query(MESSAGES_READ_DEFAULT, ge=1, le=MESSAGES_READ_MAX),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    sessions: SessionService = Depends(sessions_of),
     _: Caller = Depends(require_bot),
 ) -> MessagesOut:
     """The last `limit` messages, oldest first."""
-    window, total = service.sessions.messages(session_id, acting_user=acting, last=limit)
+    window, total = sessions.messages(session_id, acting_user=acting, last=limit)
     return MessagesOut(session_id=session_id, total=total, messages=[MessageOut.model_validate(m) for m in window])
 
 
@@ -173,15 +195,19 @@ def start_run(
     body: RunStart,
     session_id: str = Depends(session_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    runs: RunService = Depends(runs_of),
+    templates: TemplateService = Depends(templates_of),
+    users: UserRepository = Depends(users_of),
+    identities: IdentityRepository = Depends(identities_of),
     caller: Caller = Depends(require_bot),
 ) -> RunContextOut:
     if body.template is not None:
-        service.templates.check_requestable(body.template)  # refused before anything changes
+        templates.check_requestable(body.template)  # refused before anything changes
     speaker = person_user_id(
-        service, body.speaker_user_id, body.speaker, field="speaker_user_id", person_field="speaker", actor=caller.actor, required=False
-    )
-    context = service.runs.start(
+        identities, users, body.speaker_user_id, body.speaker,
+        field="speaker_user_id", person_field="speaker", actor=caller.actor, required=False,
+    )  # fmt: skip
+    context = runs.start(
         session_id,
         StartRun(
             trigger=body.trigger,
@@ -194,7 +220,7 @@ def start_run(
         acting_user=acting,
     )
     out = RunContextOut.model_validate(context)
-    with_run_identities(service, [out])
+    with_run_identities(identities, [out])
     return out
 
 
@@ -202,10 +228,11 @@ def start_run(
 def get_run(
     run_id: str = Depends(run_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    reach: RunReach = Depends(run_reach_of),
+    identities: IdentityRepository = Depends(identities_of),
     _: Caller = Depends(require_bot),
 ) -> RunOut:
-    return run_out(service, visible_run(service, run_id, acting))
+    return run_out(identities, visible_run(reach, run_id, acting))
 
 
 @router.post("/v1/runs/{run_id}/end", response_model=RunOut, tags=["runs"])
@@ -213,12 +240,14 @@ def end_run(
     body: RunEnd | None = None,
     run_id: str = Depends(run_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    reach: RunReach = Depends(run_reach_of),
+    runs: RunService = Depends(runs_of),
+    identities: IdentityRepository = Depends(identities_of),
     caller: Caller = Depends(require_bot),
 ) -> RunOut:
-    own_run(service, run_id, acting, owner_too=True)
+    own_run(reach, run_id, acting, owner_too=True)
     status = RunStatus((body or RunEnd()).status)
-    return run_out(service, service.runs.end(run_id, status, actor=caller.actor))
+    return run_out(identities, runs.end(run_id, status, actor=caller.actor))
 
 
 @router.get("/v1/tools", tags=["tools"])
@@ -226,11 +255,12 @@ def list_tools(
     names: str | None = Query(
         None, max_length=MAX_TOOL_SUBSET_CHARS, description="comma-separated: only these tools (an unknown name is a 422)"
     ),
-    service: OrchestratorService = Depends(service_of),
+    tools: ToolRegistry = Depends(tools_of),
+    api: ApiSettings = Depends(api_settings_of),
     _: Caller = Depends(require_bot),
 ) -> dict:
-    wanted = tool_subset(names, service.tools.names())
-    described = service.tools.describe(shell_timeout_max_s=service.settings.tool_timeout_max_s)
+    wanted = tool_subset(names, tools.names())
+    described = tools.describe(shell_timeout_max_s=api.tool_timeout_max_s)
     return {"tools": [tool for tool in described if wanted is None or tool["name"] in wanted]}
 
 
@@ -247,14 +277,14 @@ async def call_tool(
     run_id: str = Depends(run_id_param),
     name: str = Path(..., max_length=TOOL_NAME_MAX_CHARS),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    parts: ToolCallParts = Depends(tool_call_parts_of),
     caller: Caller = Depends(require_bot),
 ) -> Response:
-    return await answer_tool_call(service, run_id, name, body, caller, request.headers.get("accept"), acting)
+    return await answer_tool_call(parts, run_id, name, body, caller, request.headers.get("accept"), acting)
 
 
 async def answer_tool_call(
-    service: OrchestratorService, run_id: str, name: str, body: ToolCallIn, caller: Caller, accept: str | None,
+    parts: ToolCallParts, run_id: str, name: str, body: ToolCallIn, caller: Caller, accept: str | None,
     person: int | None,
 ) -> Response:  # fmt: skip
     """A tool call's answer, once its request is known to be well formed (this route and the
@@ -265,15 +295,15 @@ async def answer_tool_call(
     # JSON already, so it skips FastAPI's response validation.
     if name in STREAMED_TOOLS and wants_events(accept):  # docs/processes.md
         if person is not None:  # before the stream's descriptors are held for the run's user
-            await run_in_threadpool(own_run, service, run_id, person)
+            await run_in_threadpool(own_run, parts, run_id, person)
         return await stream_tool_call(
-            lambda on_output: service.dispatcher.dispatch_async(
+            lambda on_output: parts.dispatcher.dispatch_async(
                 run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, on_output=on_output,
                 person=person,
             ),
-            await hold_stream_descriptors(service, run_id),
+            await hold_stream_descriptors(parts, run_id),
         )
-    outcome = await service.dispatcher.dispatch_async(
+    outcome = await parts.dispatcher.dispatch_async(
         run_id, name, body.arguments, tool_call_id=body.tool_call_id, actor=caller.actor, stream=True, person=person
     )
     if outcome.stream is not None:  # a large read_bytes: verified in its spool, sent from there
@@ -281,23 +311,25 @@ async def answer_tool_call(
     return JSONResponse(outcome.body())
 
 
-def group_sessions(service: OrchestratorService, channel: str | None, chat_id: str | None, acting: int | None) -> SessionListOut:
+def group_sessions(
+    sessions: SessionService, identities: IdentityRepository, channel: str | None, chat_id: str | None, acting: int | None
+) -> SessionListOut:
     if channel is None or chat_id is None:
         raise InvalidInput("channel and chat_id go together", field="chat_id" if chat_id is None else "channel")
     group = GroupRef(ids.name(channel, "channel"), ids.chat_id(chat_id, "chat_id"))
-    records = service.sessions.list_for_group(group, acting)
+    records = sessions.list_for_group(group, acting)
     listing = SessionListOut(owner_user_id=None, project_id=None, sessions=[SessionOut.model_validate(r) for r in records])
-    with_session_identities(service, listing.sessions)
+    with_session_identities(identities, listing.sessions)
     return listing
 
 
-def session_out(service: OrchestratorService, record: object) -> SessionOut:
+def session_out(identities: IdentityRepository, record: object) -> SessionOut:
     out = SessionOut.model_validate(record)
-    with_session_identities(service, [out])
+    with_session_identities(identities, [out])
     return out
 
 
-def run_out(service: OrchestratorService, record: object) -> RunOut:
+def run_out(identities: IdentityRepository, record: object) -> RunOut:
     out = RunOut.model_validate(record)
-    with_run_identities(service, [out])
+    with_run_identities(identities, [out])
     return out

@@ -6,8 +6,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Response
 
 from orchestrator.http.acting import require_self
-from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, require_admin, require_bot
 from orchestrator.http.params import skill_name_param, user_id_param
+from orchestrator.http.parts import skill_admin_of
 from orchestrator.http.skill_models import (
     SkillDetailOut,
     SkillInstalledOut,
@@ -16,21 +17,21 @@ from orchestrator.http.skill_models import (
     SkillRemovedOut,
     installed_out,
 )
-from orchestrator.service import OrchestratorService
+from orchestrator.skills.admin import SkillAdmin
 
 router = APIRouter()
 
 
 def _put(
-    service: OrchestratorService, user_id: int | None, name: str, body: SkillPut, caller: Caller, response: Response
+    skill_admin: SkillAdmin, user_id: int | None, name: str, body: SkillPut, caller: Caller, response: Response
 ) -> SkillInstalledOut:
-    report = service.skill_admin.install(user_id, name, body.package_files(), actor=caller.actor)
+    report = skill_admin.install(user_id, name, body.package_files(), actor=caller.actor)
     response.status_code = 201 if report.created else 200
     return installed_out(report)
 
 
-def _delete(service: OrchestratorService, user_id: int | None, name: str, caller: Caller) -> SkillRemovedOut:
-    previous = service.skill_admin.remove(user_id, name, actor=caller.actor)
+def _delete(skill_admin: SkillAdmin, user_id: int | None, name: str, caller: Caller) -> SkillRemovedOut:
+    previous = skill_admin.remove(user_id, name, actor=caller.actor)
     kind = "system" if user_id is None else "personal"
     return SkillRemovedOut(name=name, kind=kind, user_id=user_id, removed=True, previous_fingerprint=previous)
 
@@ -38,18 +39,18 @@ def _delete(service: OrchestratorService, user_id: int | None, name: str, caller
 # system skills (admin) ------------------------------------------------------------------------
 @router.get("/v1/admin/skills", response_model=SkillListOut, tags=["skills"])
 def list_system_skills(
-    service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
+    skill_admin: SkillAdmin = Depends(skill_admin_of), _: Caller = Depends(require_admin)
 ) -> SkillListOut:
-    return SkillListOut.model_validate(service.skill_admin.list())
+    return SkillListOut.model_validate(skill_admin.list())
 
 
 @router.get("/v1/admin/skills/{name}", response_model=SkillDetailOut, tags=["skills"])
 def get_system_skill(
     name: str = Depends(skill_name_param),
-    service: OrchestratorService = Depends(service_of),
+    skill_admin: SkillAdmin = Depends(skill_admin_of),
     _: Caller = Depends(require_admin),
 ) -> SkillDetailOut:
-    return SkillDetailOut.model_validate(service.skill_admin.get(None, name))
+    return SkillDetailOut.model_validate(skill_admin.get(None, name))
 
 
 @router.put(
@@ -62,19 +63,19 @@ def put_system_skill(
     body: SkillPut,
     response: Response,
     name: str = Depends(skill_name_param),
-    service: OrchestratorService = Depends(service_of),
+    skill_admin: SkillAdmin = Depends(skill_admin_of),
     caller: Caller = Depends(require_admin),
 ) -> SkillInstalledOut:
-    return _put(service, None, name, body, caller, response)
+    return _put(skill_admin, None, name, body, caller, response)
 
 
 @router.delete("/v1/admin/skills/{name}", response_model=SkillRemovedOut, tags=["skills"])
 def delete_system_skill(
     name: str = Depends(skill_name_param),
-    service: OrchestratorService = Depends(service_of),
+    skill_admin: SkillAdmin = Depends(skill_admin_of),
     caller: Caller = Depends(require_admin),
 ) -> SkillRemovedOut:
-    return _delete(service, None, name, caller)
+    return _delete(skill_admin, None, name, caller)
 
 
 # a user's personal skills (bot) ----------------------------------------------------------------
@@ -82,11 +83,11 @@ def delete_system_skill(
 def list_personal_skills(
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    skill_admin: SkillAdmin = Depends(skill_admin_of),
     _: Caller = Depends(require_bot),
 ) -> SkillListOut:
     require_self(acting, user_id)
-    return SkillListOut.model_validate(service.skill_admin.list(user_id))
+    return SkillListOut.model_validate(skill_admin.list(user_id))
 
 
 @router.get("/v1/users/{user_id}/skills/{name}", response_model=SkillDetailOut, tags=["skills"])
@@ -94,11 +95,11 @@ def get_personal_skill(
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
     name: str = Depends(skill_name_param),
-    service: OrchestratorService = Depends(service_of),
+    skill_admin: SkillAdmin = Depends(skill_admin_of),
     _: Caller = Depends(require_bot),
 ) -> SkillDetailOut:
     require_self(acting, user_id)
-    return SkillDetailOut.model_validate(service.skill_admin.get(user_id, name))
+    return SkillDetailOut.model_validate(skill_admin.get(user_id, name))
 
 
 @router.put(
@@ -113,11 +114,11 @@ def put_personal_skill(
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
     name: str = Depends(skill_name_param),
-    service: OrchestratorService = Depends(service_of),
+    skill_admin: SkillAdmin = Depends(skill_admin_of),
     caller: Caller = Depends(require_bot),
 ) -> SkillInstalledOut:
     require_self(acting, user_id)
-    return _put(service, user_id, name, body, caller, response)
+    return _put(skill_admin, user_id, name, body, caller, response)
 
 
 @router.delete("/v1/users/{user_id}/skills/{name}", response_model=SkillRemovedOut, tags=["skills"])
@@ -125,8 +126,8 @@ def delete_personal_skill(
     user_id: int = Depends(user_id_param),
     acting: int | None = Depends(acting_user),
     name: str = Depends(skill_name_param),
-    service: OrchestratorService = Depends(service_of),
+    skill_admin: SkillAdmin = Depends(skill_admin_of),
     caller: Caller = Depends(require_bot),
 ) -> SkillRemovedOut:
     require_self(acting, user_id)
-    return _delete(service, user_id, name, caller)
+    return _delete(skill_admin, user_id, name, caller)

@@ -9,12 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from mounts.layout import GroupRef
 from orchestrator.errors import InvalidInput
 from orchestrator.http.models import TemplateChoiceOut
-from orchestrator.http.routes_core import template_choice_out
-from orchestrator.http.auth import Caller, require_admin, service_of
+from orchestrator.http.auth import Caller, require_admin
 from orchestrator.http.params import chat_id_param, group_channel_param, user_id_param
-from orchestrator.service import OrchestratorService
+from orchestrator.http.parts import templates_of
 from orchestrator.templates.recipe import MAX_FILES, MAX_ITEMS, RecipeInvalid, recipe_of
 from orchestrator.templates.repository import TemplateRecord
+from orchestrator.templates.service import TemplateService
 
 router = APIRouter()
 
@@ -81,7 +81,7 @@ def _out(record: TemplateRecord, requestable: set[str]) -> TemplateOut:
 def put_template(
     body: TemplateIn,
     name: str = TemplateName,
-    service: OrchestratorService = Depends(service_of),
+    templates: TemplateService = Depends(templates_of),
     _: Caller = Depends(require_admin),
 ) -> TemplateOut:
     try:
@@ -89,38 +89,38 @@ def put_template(
                            files=body.files, env=body.env)  # fmt: skip
     except RecipeInvalid as exc:
         raise InvalidInput(str(exc), field=exc.field) from None
-    record = service.templates.put(name, recipe)
+    record = templates.put(name, recipe)
     if body.requestable is not None:
-        service.templates.set_requestable(name, body.requestable)
-    return _out(record, service.templates.requestable())
+        templates.set_requestable(name, body.requestable)
+    return _out(record, templates.requestable())
 
 
 @router.get("/v1/admin/templates/{name}", response_model=TemplateDetailOut, tags=["templates"])
 def get_template(
     name: str = TemplateName,
-    service: OrchestratorService = Depends(service_of),
+    templates: TemplateService = Depends(templates_of),
     _: Caller = Depends(require_admin),
 ) -> TemplateDetailOut:
-    record = service.templates.get(name)
-    return TemplateDetailOut(**_out(record, service.templates.requestable()).model_dump(), log=record.log)
+    record = templates.get(name)
+    return TemplateDetailOut(**_out(record, templates.requestable()).model_dump(), log=record.log)
 
 
 @router.get("/v1/admin/templates", response_model=TemplateListOut, tags=["templates"])
 def list_templates(
-    service: OrchestratorService = Depends(service_of), _: Caller = Depends(require_admin)
+    templates: TemplateService = Depends(templates_of), _: Caller = Depends(require_admin)
 ) -> TemplateListOut:
-    requestable = service.templates.requestable()
-    return TemplateListOut(templates=[_out(r, requestable) for r in service.templates.repo.all()])
+    requestable = templates.requestable()
+    return TemplateListOut(templates=[_out(r, requestable) for r in templates.repo.all()])
 
 
 @router.delete("/v1/admin/templates/{name}", status_code=204, tags=["templates"],
                responses={409: {"description": "template_in_use"}})  # fmt: skip
 def delete_template(
     name: str = TemplateName,
-    service: OrchestratorService = Depends(service_of),
+    templates: TemplateService = Depends(templates_of),
     _: Caller = Depends(require_admin),
 ) -> Response:
-    service.templates.delete(name)
+    templates.delete(name)
     return Response(status_code=204)
 
 
@@ -128,13 +128,14 @@ def delete_template(
 def put_user_template(
     body: UserTemplateIn,
     user_id: int = Depends(user_id_param),
-    service: OrchestratorService = Depends(service_of),
+    templates: TemplateService = Depends(templates_of),
     _: Caller = Depends(require_admin),
 ) -> UserTemplateOut:
     """From the user's next call on, an idle sandbox is recreated from the template's image
     (files kept); one with calls under way finishes them first."""
-    service.templates.assign_user(user_id, body.template)
-    return UserTemplateOut(user_id=user_id, template=template_choice_out(service, user_id))
+    templates.assign_user(user_id, body.template)
+    choice = templates.effective(user_id)
+    return UserTemplateOut(user_id=user_id, template=TemplateChoiceOut.model_validate(choice, from_attributes=True))
 
 
 @router.put("/v1/admin/groups/{channel}/{chat_id}/template", response_model=GroupTemplateOut, tags=["templates"])
@@ -142,22 +143,22 @@ def put_group_template(
     body: UserTemplateIn,
     channel: str = Depends(group_channel_param),
     chat_id: str = Depends(chat_id_param),
-    service: OrchestratorService = Depends(service_of),
+    templates: TemplateService = Depends(templates_of),
     _: Caller = Depends(require_admin),
 ) -> GroupTemplateOut:
     """The template of the group's members' sandboxes in the group's sessions (a member's own
     template, set for the user, still comes first: docs/templates.md)."""
     group = GroupRef(channel, chat_id)
-    service.templates.assign_group(group, body.template)
-    return GroupTemplateOut(channel=channel, chat_id=chat_id, template=service.templates.group_template(group))
+    templates.assign_group(group, body.template)
+    return GroupTemplateOut(channel=channel, chat_id=chat_id, template=templates.group_template(group))
 
 
 @router.get("/v1/admin/groups/{channel}/{chat_id}/template", response_model=GroupTemplateOut, tags=["templates"])
 def get_group_template(
     channel: str = Depends(group_channel_param),
     chat_id: str = Depends(chat_id_param),
-    service: OrchestratorService = Depends(service_of),
+    templates: TemplateService = Depends(templates_of),
     _: Caller = Depends(require_admin),
 ) -> GroupTemplateOut:
     group = GroupRef(channel, chat_id)
-    return GroupTemplateOut(channel=channel, chat_id=chat_id, template=service.templates.group_template(group))
+    return GroupTemplateOut(channel=channel, chat_id=chat_id, template=templates.group_template(group))

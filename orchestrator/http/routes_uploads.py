@@ -17,12 +17,13 @@ from pydantic import BaseModel
 
 from orchestrator.errors import Conflict
 from orchestrator.http.acting import own_run
-from orchestrator.http.auth import Caller, acting_user, require_bot, service_of
+from orchestrator.http.auth import Caller, acting_user, require_bot
 from orchestrator.http.params import run_id_param
+from orchestrator.http.parts import RunReach, incoming_of, run_reach_of, sessions_of
 from orchestrator.log import kv
 from orchestrator.runs.records import RunStatus
-from orchestrator.service import OrchestratorService
-from orchestrator.users.incoming import NAME_MAX_BYTES, IncomingUpload, UploadScope, UploadTooLarge
+from orchestrator.sessions.service import SessionService
+from orchestrator.users.incoming import NAME_MAX_BYTES, IncomingFiles, IncomingUpload, UploadScope, UploadTooLarge
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -56,18 +57,20 @@ async def upload_incoming(
     name: str = Path(..., min_length=1, max_length=NAME_MAX_BYTES),
     scope: UploadScope = Query(UploadScope.PERSONAL, description="personal: the runtime user's incoming/; group: the group chat's chat-files/{date}/"),
     acting: int | None = Depends(acting_user),
-    service: OrchestratorService = Depends(service_of),
+    incoming: IncomingFiles = Depends(incoming_of),
+    reach: RunReach = Depends(run_reach_of),
+    sessions: SessionService = Depends(sessions_of),
     _: Caller = Depends(require_bot),
 ) -> IncomingFileOut:
-    cap = service.incoming.max_bytes
+    cap = incoming.max_bytes
     declared = _declared_length(request)
     if declared is not None and declared > cap:
         raise UploadTooLarge(f"the upload is {declared} bytes; at most {cap} are accepted (ORCH_UPLOAD_MAX_BYTES)")
-    run = own_run(service, run_id, acting)
+    run = own_run(reach, run_id, acting)
     if run.status is not RunStatus.RUNNING:
         raise Conflict(f"run {run_id} has ended ({run.status.value}); upload into a running run")
-    group = service.sessions.get(run.session_id).group
-    upload: IncomingUpload = await anyio.to_thread.run_sync(service.incoming.begin, run, group, name, scope)
+    group = sessions.get(run.session_id).group
+    upload: IncomingUpload = await anyio.to_thread.run_sync(incoming.begin, run, group, name, scope)
     try:
         async for chunk in request.stream():
             upload.write(chunk)  # local writes of at most one network chunk: no thread hop each

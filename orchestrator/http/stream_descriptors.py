@@ -9,14 +9,14 @@ from starlette.concurrency import run_in_threadpool
 
 from orchestrator.descriptors.budget import STREAM_COST, DescriptorHold, Feature
 from orchestrator.errors import NotFound
-from orchestrator.service import OrchestratorService
+from orchestrator.http.parts import ToolCallParts
 
 
-async def hold_stream_descriptors(service: OrchestratorService, run_id: str) -> DescriptorHold | None:
+async def hold_stream_descriptors(parts: ToolCallParts, run_id: str) -> DescriptorHold | None:
     """Raises DescriptorsRefused (nothing held). None for an unknown run: nothing will stream,
     and the caller refuses it as it always did."""
     try:
-        run = await run_in_threadpool(service.runs.get, run_id)
+        run = await run_in_threadpool(parts.runs.get, run_id)
     except NotFound:
         return None
-    return service.descriptors.try_acquire(run.runtime_user_id, Feature.STREAMS, STREAM_COST)
+    return parts.descriptors.try_acquire(run.runtime_user_id, Feature.STREAMS, STREAM_COST)
