@@ -47,7 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from orchestrator.descriptors.budget import BudgetSettingsError, plan_for
-    from orchestrator.settings import DescriptorSettings
+    from orchestrator.settings import ApiSettings, DescriptorSettings
     from orchestrator.descriptors.process_limit import LimitRefused, raise_descriptor_limit
     from orchestrator.http.app import create_app
     from orchestrator.http.server_protocol import bounded_protocol
@@ -98,6 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Payload buffers go back to the OS when freed: the memory bound of docs/lifecycle.md.
     tuned = return_large_buffers()
     log.info("serving %s", kv(host=host, port=args.port, data_dir=settings.layout.root, mmap_threshold_fixed=tuned))
+    api = ApiSettings.of(settings)
     uvicorn.run(
         create_app(service),
         host=host,
@@ -106,10 +107,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         access_log=False,
         # Bounds before any token is checked (issue 12 item 5): the request head's size and
         # time (server_protocol.py), idle keep-alive connections, connections at once.
-        http=bounded_protocol(settings),
-        h11_max_incomplete_event_size=settings.http_max_header_bytes,
-        timeout_keep_alive=settings.http_keep_alive_s,
-        limit_concurrency=settings.http_limit_concurrency,
+        http=bounded_protocol(api),
+        h11_max_incomplete_event_size=api.http_max_header_bytes,
+        timeout_keep_alive=api.http_keep_alive_s,
+        limit_concurrency=api.http_limit_concurrency,
     )
     return 0
 

@@ -73,13 +73,12 @@ def create_app(service: OrchestratorService) -> FastAPI:
         **_NO_TELEMETRY,
     )
     app.state.service = service
-    app.state.parts = ApiParts.of(service)  # what routes depend on (orchestrator/http/parts.py)
+    parts = ApiParts.of(service)  # what routes depend on (orchestrator/http/parts.py)
+    app.state.parts = parts
+    api = parts.api  # the HTTP layer's settings section, built once
     install_error_handlers(app)
-    settings = service.settings
-    app.add_middleware(
-        RequestGuard, settings=settings, authorized=lambda authorization: has_valid_token(settings, authorization)
-    )
-    if settings.access_log:
+    app.add_middleware(RequestGuard, settings=api, authorized=lambda authorization: has_valid_token(api, authorization))
+    if api.access_log:
         app.add_middleware(AccessLog)  # outside the guard: its refusals are logged too
     app.add_middleware(RequestId)  # added last, so outermost: the access log and the guard see its id
     app.include_router(routes_core.router)
@@ -98,12 +97,12 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_identities.router)
     app.include_router(routes_metrics.router)
     install_console(app, service)  # /admin: the web console (docs/admin-console.md)
-    mcp = routes_mcp.mount_mcp(app, service)  # the SDK's transport: not an OpenAPI route
+    mcp = routes_mcp.mount_mcp(app, parts)  # the SDK's transport: not an OpenAPI route
     install_docs(
         app,
-        max_user_id=settings.max_user_id,
-        query_maxima={"wait_s": settings.collaboration_inbox_wait_max_s},
+        max_user_id=api.max_user_id,
+        query_maxima={"wait_s": api.collaboration_inbox_wait_max_s},
     )
     # Before every route: a well-formed tool call skips the framework's matching and dependencies.
-    app.router.routes.insert(0, ToolCallFastPath(service, app.router))
+    app.router.routes.insert(0, ToolCallFastPath(parts, app.router))
     return app

@@ -19,9 +19,11 @@ from starlette.concurrency import run_in_threadpool
 from mounts import ids
 from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
 from orchestrator.http.openapi import ABSOLUTE_CAP
+from orchestrator.http.parts import api_settings_of, identities_of, users_of
 from orchestrator.service import OrchestratorService
-from orchestrator.settings import Settings
-from orchestrator.users.identities import PlatformIdentity, parse_platform_identity
+from orchestrator.settings import ApiSettings
+from orchestrator.users.identities import IdentityRepository, PlatformIdentity, parse_platform_identity
+from orchestrator.users.repository import UserRepository
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Caller:
 
 
 async def service_of(request: Request) -> OrchestratorService:
+    """The service whole: for the route modules not yet on their parts (orchestrator/http/parts.py)."""
     return request.app.state.service
 
 
@@ -50,58 +53,51 @@ def _matches(token: str, secret) -> bool:
     return secret is not None and hmac.compare_digest(token.encode(), secret.get_secret_value().encode())
 
 
-def _caller(service: OrchestratorService, authorization: str | None) -> Caller | None:
-    settings = service.settings
-    if not settings.auth_enabled:
+def caller_for(api: ApiSettings, authorization: str | None) -> Caller | None:
+    """The role an `Authorization` header gives, None for a missing or wrong token (the route
+    dependencies below, and the ASGI apps of their own that check the token as `require_bot`
+    does: the MCP endpoint, the tool call's fast path, the console)."""
+    if not api.auth_enabled:
         return Caller("local")
     token = _bearer(authorization)
     if token is None:
         return None
-    if _matches(token, settings.admin_token):
+    if _matches(token, api.admin_token):
         return Caller("admin")
-    if _matches(token, settings.api_token):
+    if _matches(token, api.api_token):
         return Caller("bot")
     return None
 
 
-def caller_for(service: OrchestratorService, authorization: str | None) -> Caller | None:
-    """The role an `Authorization` header gives, None for a missing or wrong token (for the
-    MCP endpoint, an ASGI app of its own that checks the token as `require_bot` does)."""
-    return _caller(service, authorization)
-
-
-def has_valid_token(settings: Settings, authorization: str | None) -> bool:
+def has_valid_token(api: ApiSettings, authorization: str | None) -> bool:
     """Whether the request may reach a `/v1/` route at all (any role); checked from the headers
     before the body is read (orchestrator/http/request_guard.py)."""
-    if not settings.auth_enabled:
-        return True
-    token = _bearer(authorization)
-    return token is not None and (_matches(token, settings.admin_token) or _matches(token, settings.api_token))
+    return caller_for(api, authorization) is not None
 
 
 async def optional_caller(
-    service: OrchestratorService = Depends(service_of),
+    api: ApiSettings = Depends(api_settings_of),
     authorization: str | None = Header(None, include_in_schema=False),
 ) -> Caller | None:
     """The caller's role, None without a right token (routes open to anyone)."""
-    return _caller(service, authorization)
+    return caller_for(api, authorization)
 
 
 async def require_bot(
-    service: OrchestratorService = Depends(service_of),
+    api: ApiSettings = Depends(api_settings_of),
     authorization: str | None = Header(None, include_in_schema=False),  # bearerAuth in the OpenAPI
 ) -> Caller:
-    caller = _caller(service, authorization)
+    caller = caller_for(api, authorization)
     if caller is None:
         raise Unauthorized("missing or wrong bearer token")
     return caller
 
 
 async def require_admin(
-    service: OrchestratorService = Depends(service_of),
+    api: ApiSettings = Depends(api_settings_of),
     authorization: str | None = Header(None, include_in_schema=False),  # bearerAuth in the OpenAPI
 ) -> Caller:
-    caller = _caller(service, authorization)
+    caller = caller_for(api, authorization)
     if caller is None:
         raise Unauthorized("missing or wrong bearer token")
     if caller.role == "bot":
@@ -137,6 +133,8 @@ def parse_acting_user(values: list[str]) -> int | PlatformIdentity | None:
 async def acting_user(
     request: Request,
     _caller: Caller = Depends(require_bot),  # a platform identity is named only for an authenticated caller
+    users: UserRepository = Depends(users_of),
+    identities: IdentityRepository = Depends(identities_of),
     # The declared parameter puts the header into the OpenAPI document; the raw headers stay the
     # authority, since a lax integer parse would take "+67" and would not see a second header.
     _declared: Annotated[int, Field(ge=1, le=ids.MAX_USER_ID, json_schema_extra={ABSOLUTE_CAP: True})]
@@ -153,9 +151,8 @@ async def acting_user(
     del _declared
     acting = parse_acting_user(request.headers.getlist("x-acting-user"))
     if isinstance(acting, PlatformIdentity):
-        service = request.app.state.service
-        record = await run_in_threadpool(service.identities.sight, acting)
-        return service.users.admit(record.user_id, "X-Acting-User")
+        record = await run_in_threadpool(identities.sight, acting)
+        return users.admit(record.user_id, "X-Acting-User")
     if acting is not None:
-        request.app.state.service.users.purged.refuse(acting, "X-Acting-User")
+        users.purged.refuse(acting, "X-Acting-User")
     return acting

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Path, Request
+from fastapi import Depends, Path
 from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from mounts import ids
 from orchestrator.errors import InvalidInput, NotFound
-from orchestrator.users.identities import parse_platform_identity
+from orchestrator.http.parts import identities_of, users_of
+from orchestrator.users.identities import IdentityRepository, parse_platform_identity
+from orchestrator.users.repository import UserRepository
 
 # The largest integer SQLite stores: a cursor or count above it cannot name a row, and binding it
 # raises OverflowError (a 500) instead of a clear 422.
@@ -29,22 +31,23 @@ async def run_id_param(run_id: str = Path(..., max_length=128, json_schema_extra
 
 
 async def user_id_param(
-    request: Request,
     user_id: Annotated[int, Field(gt=0, le=ids.MAX_USER_ID)] | Annotated[str, Field(max_length=ids.PERSON_MAX_CHARS, json_schema_extra={"pattern": ids.PERSON_PATTERN})] = Path(
         ..., description="Our user id, or a person's platform identity as `{platform}:{id}` (e.g. `slack:U024BE7LH`)"
     ),
+    users: UserRepository = Depends(users_of),
+    identities: IdentityRepository = Depends(identities_of),
 ) -> int:
     """A user named by our integer id or by `{platform}:{id}`; a platform identity no bot has
     named yet is a 404 (`PUT /v1/identities/{platform}/{id}` names it); a purged user is a 410."""
-    found = await purged_or_live_user_id_param(request, user_id)
-    return request.app.state.service.users.purged.refuse(found)
+    found = await purged_or_live_user_id_param(user_id, identities)
+    return users.purged.refuse(found)
 
 
 async def purged_or_live_user_id_param(
-    request: Request,
     user_id: Annotated[int, Field(gt=0, le=ids.MAX_USER_ID)] | Annotated[str, Field(max_length=ids.PERSON_MAX_CHARS, json_schema_extra={"pattern": ids.PERSON_PATTERN})] = Path(
         ..., description="Our user id, or a person's platform identity as `{platform}:{id}` (e.g. `slack:U024BE7LH`)"
     ),
+    identities: IdentityRepository = Depends(identities_of),
 ) -> int:
     """As `user_id_param`, a purged user too (a purge repeated to finish its cleanup)."""
     # The union's str member takes "17" too (an exact type match): digits are a user id.
@@ -56,7 +59,7 @@ async def purged_or_live_user_id_param(
         except ids.InvalidIdentifier as exc:
             raise InvalidInput(exc.message, field=exc.field) from None
     identity = parse_platform_identity(user_id, "user_id")
-    record = await run_in_threadpool(request.app.state.service.identities.get, identity)
+    record = await run_in_threadpool(identities.get, identity)
     if record is None:
         raise NotFound(f"no user is known as {identity.header_value()}", field="user_id")
     return record.user_id

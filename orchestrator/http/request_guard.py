@@ -24,7 +24,7 @@ from typing import Any
 
 from orchestrator.errors import OrchestratorError
 from orchestrator.log import kv
-from orchestrator.settings import Settings
+from orchestrator.settings import ApiSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def logged_path(path: str) -> str:
     return path if len(path) <= LOGGED_PATH_MAX else f"{path[:LOGGED_PATH_MAX]}...({len(path)} chars)"
 
 
-def body_limit(method: str, path: str, settings: Settings) -> int:
+def body_limit(method: str, path: str, api: ApiSettings) -> int:
     """Pure: the largest request body a route takes, in bytes.
 
     A skill PUT carries the whole skill as JSON: base64 (4/3) or escaped text (a newline or a
@@ -60,12 +60,12 @@ def body_limit(method: str, path: str, settings: Settings) -> int:
 sandbox is the file itself, up to ORCH_UPLOAD_MAX_BYTES. Everything else is
     small (ORCH_HTTP_BODY_MAX_BYTES)."""
     if method == "PUT" and _SKILL_PUT.match(path):
-        return 2 * settings.skill_upload_max_bytes + 512 * settings.skill_upload_max_files + JSON_OVERHEAD
+        return 2 * api.skill_upload_max_bytes + 512 * api.skill_upload_max_files + JSON_OVERHEAD
     if method == "PUT" and _UPLOAD.match(path):  # the raw file, streamed to disk
-        return settings.upload_max_bytes
+        return api.upload_max_bytes
     if method == "POST" and (_TOOL_CALL.match(path) or _MCP.match(path)):  # an MCP tools/call too
-        return settings.read_bytes_max + JSON_OVERHEAD
-    return settings.http_body_max_bytes
+        return api.read_bytes_max + JSON_OVERHEAD
+    return api.http_body_max_bytes
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ def streams_body(method: str, path: str) -> bool:
 
 
 class RequestGuard:
-    def __init__(self, app: ASGIApp, *, settings: Settings, authorized: Callable[[str | None], bool]) -> None:
+    def __init__(self, app: ASGIApp, *, settings: ApiSettings, authorized: Callable[[str | None], bool]) -> None:
         self.app = app
         self.settings = settings
         self.authorized = authorized  # the Authorization header's value -> a valid bot or admin token

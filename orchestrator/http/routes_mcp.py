@@ -22,8 +22,9 @@ from orchestrator.http.auth import caller_for, parse_acting_user
 from orchestrator.http.request_guard import body_limit, replay_body
 from orchestrator.http.stream_descriptors import hold_stream_descriptors
 from orchestrator.mcp.caller import McpCaller
+from orchestrator.http.parts import ApiParts
 from orchestrator.mcp.endpoint import McpEndpoint, wants_stream
-from orchestrator.service import OrchestratorService
+from orchestrator.mcp.server import McpParts
 from orchestrator.tools.registry import tool_subset
 from orchestrator.users.identities import PlatformIdentity
 
@@ -34,8 +35,8 @@ METHODS = ["POST"]
 
 
 class McpRoute:
-    def __init__(self, service: OrchestratorService, endpoint: McpEndpoint) -> None:
-        self._service = service
+    def __init__(self, parts: ApiParts, endpoint: McpEndpoint) -> None:
+        self._parts = parts  # the token, the run and its person, the tools, a stream's descriptors
         self._endpoint = endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -50,7 +51,7 @@ class McpRoute:
         hold = None
         if stream:  # an SSE answer holds its connection as long as the call runs
             try:
-                hold = await hold_stream_descriptors(self._service, caller.run_id)
+                hold = await hold_stream_descriptors(self._parts, caller.run_id)
             except OrchestratorError as exc:
                 await JSONResponse({"error": exc.body()}, status_code=exc.status_code)(scope, receive, send)
                 return
@@ -63,7 +64,7 @@ class McpRoute:
     async def _caller(self, scope: Scope) -> McpCaller:
         headers = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
         authorization = [v for k, v in headers if k == "authorization"]
-        caller = caller_for(self._service, authorization[0] if len(authorization) == 1 else None)
+        caller = caller_for(self._parts.api, authorization[0] if len(authorization) == 1 else None)
         if caller is None:
             raise Unauthorized("missing or wrong bearer token")
         try:
@@ -73,16 +74,16 @@ class McpRoute:
         declared = parse_acting_user([v for k, v in headers if k == "x-acting-user"])
         acting: int | None
         if isinstance(declared, PlatformIdentity):
-            record = await run_in_threadpool(self._service.identities.sight, declared)
+            record = await run_in_threadpool(self._parts.identities.sight, declared)
             acting = record.user_id
         else:
             acting = declared
         if acting is not None:  # the person of the run only, as on the tool route
-            await run_in_threadpool(own_run, self._service, run_id, acting)
+            await run_in_threadpool(own_run, self._parts, run_id, acting)
         subset = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("tools")
         if subset is not None and len(subset) != 1:
             raise InvalidInput("send the tools query parameter once", field="tools")
-        tools = tool_subset(subset[0] if subset else None, self._service.tools.names(), field="tools")
+        tools = tool_subset(subset[0] if subset else None, self._parts.tools.names(), field="tools")
         return McpCaller(run_id=run_id, actor=caller.actor, acting_user=acting, tools=tools)
 
 
@@ -96,8 +97,9 @@ async def _whole_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def mount_mcp(app: FastAPI, service: OrchestratorService) -> McpEndpoint:
+def mount_mcp(app: FastAPI, parts: ApiParts) -> McpEndpoint:
     """Add the route; the caller enters the returned endpoint's `running()` in its lifespan."""
-    endpoint = McpEndpoint(service, body_max=body_limit("POST", PATH.format(run_id="r"), service.settings))
-    app.router.add_route(PATH, McpRoute(service, endpoint), methods=METHODS, include_in_schema=False)
+    server_parts = McpParts(runs=parts.runs, session_repo=parts.session_repo, tools=parts.tools, dispatcher=parts.dispatcher)
+    endpoint = McpEndpoint(server_parts, parts.api, body_max=body_limit("POST", PATH.format(run_id="r"), parts.api))
+    app.router.add_route(PATH, McpRoute(parts, endpoint), methods=METHODS, include_in_schema=False)
     return endpoint

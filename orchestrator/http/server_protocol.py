@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from orchestrator.settings import Settings
+from orchestrator.settings import ApiSettings
 from sandbox_agent.head_with_body import HeadWithBody
 
 try:
@@ -30,12 +30,12 @@ _TIMEOUT_RESPONSE = (
 )
 
 
-def bounded_protocol(settings: Settings) -> type[asyncio.Protocol] | str:
+def bounded_protocol(api: ApiSettings) -> type[asyncio.Protocol] | str:
     """The protocol class for uvicorn's `http=`; "h11" when httptools is missing."""
     if HttpToolsProtocol is None:
         return "h11"
-    max_head = settings.http_max_header_bytes
-    head_timeout = settings.http_body_stall_s
+    max_head = api.http_max_header_bytes
+    head_timeout = api.http_body_stall_s
 
     class BoundedHttpToolsProtocol(HttpToolsProtocol):  # type: ignore[misc,valid-type]
         _in_head = True

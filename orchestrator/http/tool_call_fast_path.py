@@ -25,9 +25,9 @@ from mounts import ids
 from orchestrator.errors import OrchestratorError
 from orchestrator.http.auth import caller_for, parse_acting_user
 from orchestrator.http.models import ToolCallIn
+from orchestrator.http.parts import ApiParts
 from orchestrator.http.request_guard import Receive, Scope, Send, replay_body
 from orchestrator.http.routes_sessions import TOOL_CALL_PATH, TOOL_NAME_MAX_CHARS, answer_tool_call
-from orchestrator.service import OrchestratorService
 
 _PASSED_ON = "orchestrator.tool_call_passed_on"  # set on a scope this path handed to the framework
 
@@ -64,10 +64,10 @@ class ToolCallFastPath(Route):
     """A route placed before every other: serves what `well_formed` accepts, passes the rest on
     to the router again (which then skips this route)."""
 
-    def __init__(self, service: OrchestratorService, router: Any) -> None:
+    def __init__(self, parts: ApiParts, router: Any) -> None:
         super().__init__(TOOL_CALL_PATH, endpoint=self._serve_asgi, methods=["POST"], include_in_schema=False)
         self.app = self._serve_asgi  # plain ASGI: no Request object, no dependency solving
-        self._service = service
+        self._parts = parts  # the parts the framework's route depends on, the same objects
         self._router = router
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
@@ -78,7 +78,7 @@ class ToolCallFastPath(Route):
 
     async def _serve_asgi(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = dict(scope["headers"])  # a repeated header: the request goes on (see below)
-        caller = caller_for(self._service, _header(headers, b"authorization"))
+        caller = caller_for(self._parts.api, _header(headers, b"authorization"))
         body, ended = await _whole_body(receive)
         if not ended:  # the client left while sending: nobody to answer
             return
@@ -89,7 +89,7 @@ class ToolCallFastPath(Route):
             call = well_formed(params["run_id"], params["name"], headers, body)
             if b"x-acting-user" in headers:
                 person = plain_person(headers[b"x-acting-user"].decode("latin-1"))
-                if person is None or self._service.users.purged.is_purged(person):  # the route's 422 or 410
+                if person is None or self._parts.users.purged.is_purged(person):  # the route's 422 or 410
                     call = None
         if call is None:  # the framework's route answers it, refusals and all
             scope[_PASSED_ON] = True
@@ -97,7 +97,7 @@ class ToolCallFastPath(Route):
             return
         scope["route"] = self  # the access log's route template: the same path as the framework's route
         accept = _header(headers, b"accept")
-        response = await answer_tool_call(self._service, params["run_id"], params["name"], call, caller, accept, person)
+        response = await answer_tool_call(self._parts, params["run_id"], params["name"], call, caller, accept, person)
         await response(scope, receive, send)
 
 

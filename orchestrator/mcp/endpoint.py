@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.types import Receive, Scope, Send
 
 from orchestrator.mcp.caller import SCOPE_KEY, McpCaller
-from orchestrator.mcp.server import RunMcpServer
+from orchestrator.mcp.server import McpParts, RunMcpServer
+
+if TYPE_CHECKING:
+    from orchestrator.settings import ApiSettings
 
 # Without auth the server listens on loopback only (orchestrator serve): a browser page could
 # still reach it by DNS rebinding, so then the Host and Origin headers must be loopback ones.
@@ -34,11 +37,15 @@ LOOPBACK_ONLY = TransportSecuritySettings(
 class McpEndpoint:
     """`running()` goes into the app's lifespan; `handle()` serves one checked request."""
 
-    def __init__(self, service: Any, *, body_max: int) -> None:
-        """`body_max`: the largest POST, the request guard's cap of this route (a tools/call
-        may carry a file, like a plain tool call); the SDK checks it again."""
-        self.mcp = RunMcpServer(service, progress_interval_s=service.settings.mcp_progress_interval_s)
-        self._security = None if service.settings.auth_enabled else LOOPBACK_ONLY
+    def __init__(self, parts: McpParts, api: ApiSettings, *, body_max: int) -> None:
+        """`api`: the HTTP layer's settings, of which the endpoint reads whether tokens are
+        checked, the progress interval and the largest shell timeout. `body_max`: the largest
+        POST, the request guard's cap of this route (a tools/call may carry a file, like a plain
+        tool call); the SDK checks it again."""
+        self.mcp = RunMcpServer(
+            parts, progress_interval_s=api.mcp_progress_interval_s, shell_timeout_max_s=api.tool_timeout_max_s
+        )
+        self._security = None if api.auth_enabled else LOOPBACK_ONLY
         self._body_max = body_max
         # (json, stream) managers of each lifespan now running, innermost last: the SDK's
         # manager runs once per instance, and an app's lifespan may be entered again (a second

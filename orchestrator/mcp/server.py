@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -29,6 +30,12 @@ from orchestrator.mcp.tool_results import call_result, mcp_tools
 from orchestrator.runs.records import RunRecord, RunStatus
 from orchestrator.tools.kept_calls import keep_to_its_end
 from sandbox_agent.wire import STREAMED_TOOLS
+
+if TYPE_CHECKING:
+    from orchestrator.runs.service import RunService
+    from orchestrator.sessions.records import SessionRepository
+    from orchestrator.tools.dispatch import ToolDispatcher
+    from orchestrator.tools.registry import ToolRegistry
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +75,25 @@ def tool_call_id_of(meta: Any) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class McpParts:
+    """What the runs' MCP server uses of the orchestrator (the HTTP layer hands them in, from
+    the parts its routes depend on: orchestrator/http/parts.py)."""
+
+    runs: RunService  # the run a request names, its prompt's identity section
+    session_repo: SessionRepository  # whether the run's session was deleted
+    tools: ToolRegistry  # tools/list: the tools' names and descriptions
+    dispatcher: ToolDispatcher  # tools/call, and the skills' files read in the sandbox
+
+
 class RunMcpServer:
     """Builds the SDK server; its handlers find the run through the request (see McpCaller)."""
 
-    def __init__(self, service: Any, *, progress_interval_s: float) -> None:
-        self._service = service
+    def __init__(self, parts: McpParts, *, progress_interval_s: float, shell_timeout_max_s: float) -> None:
+        self._parts = parts
         self._progress_interval_s = progress_interval_s
-        self._skills = SkillReader(service.dispatcher)
+        self._shell_timeout_max_s = shell_timeout_max_s  # the largest shell timeout tools/list declares
+        self._skills = SkillReader(parts.dispatcher)
         self._listed: tuple[tuple[str, ...], list[types.Tool]] | None = None
         self.server: Server[Any] = Server(
             SERVER_NAME,
@@ -94,8 +113,8 @@ class RunMcpServer:
     # The run, checked: an ended run or a deleted session is a clear MCP error.
     async def _usable_run(self, caller: McpCaller) -> RunRecord:
         def read() -> RunRecord:
-            run = self._service.runs.get(caller.run_id)
-            session = self._service.session_repo.get(run.session_id)
+            run = self._parts.runs.get(caller.run_id)
+            session = self._parts.session_repo.get(run.session_id)
             check_usable(run, session is None or session.deleted)
             return run
 
@@ -107,7 +126,7 @@ class RunMcpServer:
     async def _instructions_for(self, caller: McpCaller) -> str | None:
         run = await self._usable_run(caller)
         try:
-            return await run_in_threadpool(self._service.runs.identity_section_of, run)
+            return await run_in_threadpool(self._parts.runs.identity_section_of, run)
         except OrchestratorError as exc:
             raise run_error(exc) from None
 
@@ -140,9 +159,9 @@ class RunMcpServer:
         """The registry's description as MCP tools, built once per set of registered tools:
         the SDK client lists the tools before its first call, and building every JSON schema
         again each time cost milliseconds."""
-        names = tuple(self._service.tools.names())
+        names = tuple(self._parts.tools.names())
         if self._listed is None or self._listed[0] != names:
-            described = self._service.tools.describe(shell_timeout_max_s=self._service.settings.tool_timeout_max_s)
+            described = self._parts.tools.describe(shell_timeout_max_s=self._shell_timeout_max_s)
             self._listed = (names, mcp_tools(described))
         return list(self._listed[1])
 
@@ -159,7 +178,7 @@ class RunMcpServer:
         task = keep_to_its_end(
             asyncio.ensure_future(
                 dispatch_whole(
-                    self._service.dispatcher, caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id,
+                    self._parts.dispatcher, caller.run_id, params.name, dict(params.arguments or {}), tool_call_id=tool_call_id,
                     actor=caller.actor, on_output=output.put if output is not None else None,
                 )
             ),

@@ -16,6 +16,7 @@ import pytest
 from orchestrator.http.app import create_app
 from orchestrator.http.request_guard import body_limit
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import ApiSettings
 from tests.conftest import API_TOKEN, make_settings
 from tests.agent_env import traversable_tmp  # noqa: F401 - fixture
 from tests.live_server import live_server
@@ -138,7 +139,7 @@ def test_item5_a_half_sent_body_times_out_while_healthz_answers(served) -> None:
 
 
 def test_body_limits_per_route(data_dir: Path) -> None:
-    settings = make_settings(data_dir)
+    settings = ApiSettings.of(make_settings(data_dir))
     assert body_limit("PUT", "/v1/users/17/skills/pdf", settings) > 2 * settings.skill_upload_max_bytes
     assert body_limit("PUT", "/v1/admin/skills/pdf", settings) > 2 * settings.skill_upload_max_bytes
     assert body_limit("POST", "/v1/runs/r-1/tools/write_file", settings) > settings.read_bytes_max

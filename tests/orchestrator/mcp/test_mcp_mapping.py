@@ -89,7 +89,8 @@ def test_only_a_request_for_progress_is_answered_as_a_stream() -> None:
 
 def test_an_mcp_post_may_be_as_large_as_a_tool_call(service: OrchestratorService) -> None:
     from orchestrator.http.request_guard import body_limit
+    from orchestrator.settings import ApiSettings
 
-    settings = service.settings
+    settings = ApiSettings.of(service.settings)
     assert body_limit("POST", "/v1/runs/r-1/mcp", settings) == body_limit("POST", "/v1/runs/r-1/tools/write_file", settings)
     assert body_limit("POST", "/v1/runs/r-1/mcp/x", settings) == settings.http_body_max_bytes
