@@ -20,7 +20,7 @@ from mounts import ids
 from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
 from orchestrator.http.openapi import ABSOLUTE_CAP
 from orchestrator.service import OrchestratorService
-from orchestrator.settings import Settings
+from orchestrator.settings import ApiSettings, Settings
 from orchestrator.users.identities import PlatformIdentity, parse_platform_identity
 
 
@@ -50,24 +50,25 @@ def _matches(token: str, secret) -> bool:
     return secret is not None and hmac.compare_digest(token.encode(), secret.get_secret_value().encode())
 
 
-def _caller(service: OrchestratorService, authorization: str | None) -> Caller | None:
-    settings = service.settings
-    if not settings.auth_enabled:
+def _caller(api: ApiSettings | Settings, authorization: str | None) -> Caller | None:
+    if not api.auth_enabled:
         return Caller("local")
     token = _bearer(authorization)
     if token is None:
         return None
-    if _matches(token, settings.admin_token):
+    if _matches(token, api.admin_token):
         return Caller("admin")
-    if _matches(token, settings.api_token):
+    if _matches(token, api.api_token):
         return Caller("bot")
     return None
 
 
-def caller_for(service: OrchestratorService, authorization: str | None) -> Caller | None:
+def caller_for(api: ApiSettings | OrchestratorService, authorization: str | None) -> Caller | None:
     """The role an `Authorization` header gives, None for a missing or wrong token (for the
-    MCP endpoint, an ASGI app of its own that checks the token as `require_bot` does)."""
-    return _caller(service, authorization)
+    MCP endpoint, an ASGI app of its own that checks the token as `require_bot` does, and the
+    admin console). Takes the HTTP layer's ApiSettings; a service still, until the MCP endpoint
+    and the tool call's fast path pass theirs (issue 26)."""
+    return _caller(api if isinstance(api, ApiSettings) else api.settings, authorization)
 
 
 def has_valid_token(settings: Settings, authorization: str | None) -> bool:
@@ -84,14 +85,14 @@ async def optional_caller(
     authorization: str | None = Header(None, include_in_schema=False),
 ) -> Caller | None:
     """The caller's role, None without a right token (routes open to anyone)."""
-    return _caller(service, authorization)
+    return _caller(service.settings, authorization)
 
 
 async def require_bot(
     service: OrchestratorService = Depends(service_of),
     authorization: str | None = Header(None, include_in_schema=False),  # bearerAuth in the OpenAPI
 ) -> Caller:
-    caller = _caller(service, authorization)
+    caller = _caller(service.settings, authorization)
     if caller is None:
         raise Unauthorized("missing or wrong bearer token")
     return caller
@@ -101,7 +102,7 @@ async def require_admin(
     service: OrchestratorService = Depends(service_of),
     authorization: str | None = Header(None, include_in_schema=False),  # bearerAuth in the OpenAPI
 ) -> Caller:
-    caller = _caller(service, authorization)
+    caller = _caller(service.settings, authorization)
     if caller is None:
         raise Unauthorized("missing or wrong bearer token")
     if caller.role == "bot":
