@@ -6,6 +6,8 @@ service calls as the admin API, so a change made here writes the same audit rows
 - Every change is a POST carrying the session's CSRF token as `csrf_token`.
 - Every page is sent with a strict Content-Security-Policy: only this server's own script and
   style, no inline script, no frames; Jinja2 escapes every value a user controls.
+- A route names the parts of the orchestrator it uses as dependencies (orchestrator/http/parts.py),
+  as the API's routes do; none reaches the service or the settings whole.
 """
 
 from __future__ import annotations
