@@ -6,17 +6,20 @@ service calls as the admin API, so a change made here writes the same audit rows
 - Every change is a POST carrying the session's CSRF token as `csrf_token`.
 - Every page is sent with a strict Content-Security-Policy: only this server's own script and
   style, no inline script, no frames; Jinja2 escapes every value a user controls.
+- A route names the parts of the orchestrator it uses as dependencies (orchestrator/http/parts.py),
+  as the API's routes do; none reaches the service or the settings whole.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.concurrency import run_in_threadpool
@@ -37,14 +40,45 @@ from orchestrator.console.sessions import (
     session_ids,
 )
 from orchestrator.egress.policy import InvalidPattern, UserRules
+from orchestrator.egress.service import EgressService
 from orchestrator.errors import InvalidInput, OrchestratorError
 from orchestrator.http.auth import caller_for
+from orchestrator.http.parts import (
+    ConsoleLogins,
+    Records,
+    api_settings_of,
+    console_logins_of,
+    disk_quotas_of,
+    egress_of,
+    purge_of,
+    records_of,
+    resources_of,
+    run_repo_of,
+    sandbox_control_of,
+    sandboxes_of,
+    session_repo_of,
+    switch_of,
+    system_status_of,
+    templates_of,
+    user_listing_of,
+    users_of,
+)
 from orchestrator.identity import IdentityMode
 from orchestrator.quotas.model import group_volume
-from orchestrator.runs.listing import RunFilter, list_runs, run_filter, tool_calls_of
-from orchestrator.service import OrchestratorService
-from orchestrator.users.listing import UserFilter, list_groups, parse_cursor
-from orchestrator.users.sandbox_control import SandboxAction
+from orchestrator.quotas.service import DiskQuotas
+from orchestrator.runs.identity_switch import RuntimeIdentitySwitch
+from orchestrator.runs.listing import RunFilter, run_filter
+from orchestrator.runs.records import RunRepository
+from orchestrator.sandboxes.router import SandboxRouter
+from orchestrator.sessions.records import SessionRepository
+from orchestrator.settings import ApiSettings
+from orchestrator.system_status import SystemStatus
+from orchestrator.templates.service import TemplateService
+from orchestrator.users.listing import UserFilter, UserListing, parse_cursor
+from orchestrator.users.purge import UserPurge
+from orchestrator.users.repository import UserRepository
+from orchestrator.users.resources import ResourceOverrides
+from orchestrator.users.sandbox_control import SandboxAction, SandboxControl
 
 STATIC_DIR = Path(__file__).parent / "static"
 CSP = (
@@ -84,10 +118,6 @@ class ConsoleRefusal(Exception):
         self.to_login = to_login
 
 
-def _service(request: Request) -> OrchestratorService:
-    return request.app.state.service
-
-
 def _sessions(request: Request) -> ConsoleSessions:
     return request.app.state.console_sessions
 
@@ -110,21 +140,21 @@ def redirect(url: str, *, cookie: str | None = None) -> RedirectResponse:
     return response
 
 
-def _refuse_tokens(request: Request) -> None:
+def _refuse_tokens(request: Request, api: ApiSettings) -> None:
     """The console is reached with its cookie only: the bot token is refused outright (403),
-    any other bearer token is not a login (401)."""
+    any other bearer token is not a login (401). Tokens are told apart as the API does."""
     authorization = request.headers.get("authorization")
     if authorization is None:
         return
-    caller = caller_for(_service(request), authorization)
+    caller = caller_for(api, authorization)
     if caller is not None and caller.role == "bot":
         raise ConsoleRefusal(403, "the admin console is not for the bot token")
     if caller is None or caller.role != "local":
         raise ConsoleRefusal(401, "the admin console takes its login cookie, not a bearer token")
 
 
-def _session(request: Request) -> ConsoleSession:
-    _refuse_tokens(request)
+def _session(request: Request, api: ApiSettings) -> ConsoleSession:
+    _refuse_tokens(request, api)
     found, session = _sessions(request).find_any(session_ids(request.headers.getlist("cookie")))
     if session is None:
         raise ConsoleRefusal(401, "log in", to_login=True) if found is Validity.MISSING else ConsoleRefusal(
@@ -133,9 +163,9 @@ def _session(request: Request) -> ConsoleSession:
     return session
 
 
-async def _change(request: Request) -> tuple[ConsoleSession, FormData]:
+async def _change(request: Request, api: ApiSettings) -> tuple[ConsoleSession, FormData]:
     """A change: a live session and its CSRF token in the form."""
-    session = _session(request)
+    session = _session(request, api)
     form = await request.form()
     sent = form.get("csrf_token")
     if not csrf_matches(session, sent if isinstance(sent, str) else None):
@@ -148,8 +178,10 @@ def _field(form: FormData, name: str) -> str:
     return value.strip() if isinstance(value, str) else ""
 
 
-def install_console(app: FastAPI, service: OrchestratorService) -> None:
-    app.state.console_sessions = ConsoleSessions(service.settings.console_session_ttl_s)
+def install_console(app: FastAPI, api: ApiSettings) -> None:
+    """The console's routes and its own in-memory state (logins, login attempts); the parts
+    its routes use come from the app's `ApiParts` (orchestrator/http/parts.py)."""
+    app.state.console_sessions = ConsoleSessions(api.console_session_ttl_s)
     app.state.console_login_attempts = LoginAttempts()
     app.mount("/admin/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     app.include_router(router)
@@ -166,22 +198,25 @@ def install_console(app: FastAPI, service: OrchestratorService) -> None:
 
 
 @router.get("/admin")
-def admin_root(request: Request) -> Response:
-    _refuse_tokens(request)
+def admin_root(request: Request, api: ApiSettings = Depends(api_settings_of)) -> Response:
+    _refuse_tokens(request, api)
     return redirect("/admin/")
 
 
 @router.get("/admin/login")
-def login_page(request: Request, expired: str | None = None) -> HTMLResponse:
-    _refuse_tokens(request)
+def login_page(request: Request, expired: str | None = None, api: ApiSettings = Depends(api_settings_of)) -> HTMLResponse:
+    _refuse_tokens(request, api)
     note = "Your session expired: log in again." if expired else None
     return render("login.html", note=note, title="Log in")
 
 
 @router.post("/admin/login")
-async def login(request: Request) -> Response:
-    _refuse_tokens(request)
-    service = _service(request)
+async def login(
+    request: Request,
+    api: ApiSettings = Depends(api_settings_of),
+    logins: ConsoleLogins = Depends(console_logins_of),
+) -> Response:
+    _refuse_tokens(request, api)
     attempts: LoginAttempts = request.app.state.console_login_attempts
     address = request.client.host if request.client is not None else ""
     wait = attempts.wait_s(address)
@@ -191,24 +226,23 @@ async def login(request: Request) -> Response:
         return refused
     form = await request.form()
     token = _field(form, "token")
-    caller = caller_for(service, f"Bearer {token}") if token or not service.settings.auth_enabled else None
+    caller = caller_for(api, f"Bearer {token}") if token or not api.auth_enabled else None
     if caller is None:
         attempts.failed(address)
         return render("login.html", 401, note="That is not the admin token.", title="Log in")
     if caller.role == "bot":
         return render("login.html", 403, note="The bot token cannot open the admin console.", title="Log in")
     session = _sessions(request).open()
-    with service.store.write() as tx:
-        audit.record(tx, actor=ACTOR, action="console.login")
+    logins.record(actor=ACTOR)
     cookie = cookie_header(
-        session.session_id, secure=request.url.scheme == "https", max_age=int(service.settings.console_session_ttl_s)
+        session.session_id, secure=request.url.scheme == "https", max_age=int(api.console_session_ttl_s)
     )
     return redirect("/admin/", cookie=cookie)
 
 
 @router.post("/admin/logout")
-async def logout(request: Request) -> Response:
-    session, _ = await _change(request)
+async def logout(request: Request, api: ApiSettings = Depends(api_settings_of)) -> Response:
+    session, _ = await _change(request, api)
     _sessions(request).close(session.session_id)
     return redirect("/admin/login", cookie=cookie_header("", secure=request.url.scheme == "https", max_age=0))
 
@@ -216,10 +250,10 @@ async def logout(request: Request) -> Response:
 # --- overview ---------------------------------------------------------------------------------
 
 
-def _hour(service: OrchestratorService) -> Any:
+def _hour(records: Records) -> Any:
     now = datetime.now(timezone.utc)
     since = audit.AuditFilter(action="tool.call", since=iso(now - timedelta(hours=1)))
-    rows = audit.entries(service.store, where=since, limit=100_000)
+    rows = records.audit(where=since, limit=100_000)
     samples = [
         CallSample(datetime.fromisoformat(e.at), float(e.detail.get("duration_ms") or 0.0), str(e.detail.get("outcome")))
         for e in rows
@@ -228,13 +262,17 @@ def _hour(service: OrchestratorService) -> Any:
 
 
 @router.get("/admin/")
-def overview(request: Request) -> HTMLResponse:
-    session = _session(request)
-    service = _service(request)
-    status = service.status
-    statuses = service.sandboxes.status()
+def overview(
+    request: Request,
+    api: ApiSettings = Depends(api_settings_of),
+    status: SystemStatus = Depends(system_status_of),
+    sandboxes: SandboxRouter = Depends(sandboxes_of),
+    records: Records = Depends(records_of),
+) -> HTMLResponse:
+    session = _session(request, api)
+    statuses = sandboxes.status()
     by_state = Counter((s.backend, s.state) for s in statuses)
-    hour = _hour(service)
+    hour = _hour(records)
     charts = [
         bar_chart(hour.per_minute, label="Tool calls per minute"),
         line_chart({"p50": hour.p50_ms, "p95": hour.p95_ms}, label="Tool call latency", unit="ms"),
@@ -271,28 +309,35 @@ def _mode_choice(raw: str) -> IdentityMode | None:
 
 
 @router.get("/admin/identity")
-def identity_page(request: Request) -> HTMLResponse:
-    session = _session(request)
-    service = _service(request)
-    history = audit.entries(service.store, action="runtime_identity.change", limit=50)
-    return render("identity.html", session=session, title="Runtime identity", state=service.switch.state(), history=history)
+def identity_page(
+    request: Request,
+    api: ApiSettings = Depends(api_settings_of),
+    switch: RuntimeIdentitySwitch = Depends(switch_of),
+    records: Records = Depends(records_of),
+) -> HTMLResponse:
+    session = _session(request, api)
+    history = records.audit(action="runtime_identity.change", limit=50)
+    return render("identity.html", session=session, title="Runtime identity", state=switch.state(), history=history)
 
 
 @router.post("/admin/identity")
-async def identity_change(request: Request) -> Response:
-    session, form = await _change(request)
-    service = _service(request)
+async def identity_change(
+    request: Request,
+    api: ApiSettings = Depends(api_settings_of),
+    switch: RuntimeIdentitySwitch = Depends(switch_of),
+) -> Response:
+    session, form = await _change(request, api)
     try:
         mode = _mode_choice(_field(form, "mode"))
     except InvalidInput as exc:
         raise ConsoleRefusal(422, exc.message) from None
     if _field(form, "confirm") != "yes":  # first the confirmation: what changes for the next runs
-        state = service.switch.state()
+        state = switch.state()
         after = mode if mode is not None else state.configured_mode
         return render(
             "identity_confirm.html", session=session, title="Confirm the change", state=state, mode=mode, after=after
         )
-    await run_in_threadpool(service.switch.set_by_admin, mode, actor=ACTOR)
+    await run_in_threadpool(switch.set_by_admin, mode, actor=ACTOR)
     return redirect("/admin/identity")
 
 
@@ -300,14 +345,22 @@ async def identity_change(request: Request) -> Response:
 
 
 @router.get("/admin/users")
-def users_page(request: Request, platform: str = "", backend: str = "", state: str = "", cursor: str = "") -> HTMLResponse:
-    session = _session(request)
-    service = _service(request)
+def users_page(
+    request: Request,
+    platform: str = "",
+    backend: str = "",
+    state: str = "",
+    cursor: str = "",
+    api: ApiSettings = Depends(api_settings_of),
+    user_listing: UserListing = Depends(user_listing_of),
+    sandboxes: SandboxRouter = Depends(sandboxes_of),
+) -> HTMLResponse:
+    session = _session(request, api)
     try:
         after = parse_cursor(cursor)
     except InvalidInput as exc:
         raise ConsoleRefusal(422, exc.message) from None
-    found, next_after = service.user_listing.page(
+    found, next_after = user_listing.page(
         UserFilter(platform=platform or None, backend=backend or None, state=state or None), after=after, limit=PAGE
     )
     next_url = None
@@ -316,7 +369,7 @@ def users_page(request: Request, platform: str = "", backend: str = "", state: s
     return render(
         "users.html", session=session, title="Users", users=found, next_url=next_url,
         notice=_sessions(request).take_notice(session),
-        filters={"platform": platform, "backend": backend, "state": state}, backends=sorted(service.sandboxes.backends),
+        filters={"platform": platform, "backend": backend, "state": state}, backends=sorted(sandboxes.backends),
     )  # fmt: skip
 
 
@@ -329,44 +382,55 @@ def _user_id(raw: str) -> int:
         raise ConsoleRefusal(404, exc.message) from None
 
 
-def _live_user(service: OrchestratorService, raw: str) -> int:
+def _live_user(users: UserRepository, raw: str) -> int:
     user_id = _user_id(raw)
-    if service.users.purged.is_purged(user_id):
+    if users.purged.is_purged(user_id):
         raise ConsoleRefusal(410, f"user {user_id} was purged; its id is never used again")
     return user_id
 
 
 @router.get("/admin/users/{user_id}")
-def user_page(request: Request, user_id: str) -> HTMLResponse:
-    session = _session(request)
-    service = _service(request)
-    uid = _live_user(service, user_id)
-    summary = service.user_listing.summary(uid)
+def user_page(
+    request: Request,
+    user_id: str,
+    api: ApiSettings = Depends(api_settings_of),
+    users: UserRepository = Depends(users_of),
+    user_listing: UserListing = Depends(user_listing_of),
+    templates: TemplateService = Depends(templates_of),
+    egress: EgressService | None = Depends(egress_of),
+    resources: ResourceOverrides = Depends(resources_of),
+    disk_quotas: DiskQuotas = Depends(disk_quotas_of),
+    session_repo: SessionRepository = Depends(session_repo_of),
+    records: Records = Depends(records_of),
+) -> HTMLResponse:
+    session = _session(request, api)
+    uid = _live_user(users, user_id)
+    summary = user_listing.summary(uid)
     if summary is None:
         raise ConsoleRefusal(404, f"user {uid} is not known here")
-    template = service.templates.effective(uid)
-    egress = None
-    if service.egress is not None:
-        rules = service.egress.rules.rules_of(uid)
-        egress = {"allow": rules.allow, "remove": rules.remove, "effective": [str(p) for p in service.egress.rules.allow_for(uid)]}
+    template = templates.effective(uid)
+    egress_rules = None
+    if egress is not None:
+        rules = egress.rules.rules_of(uid)
+        egress_rules = {"allow": rules.allow, "remove": rules.remove, "effective": [str(p) for p in egress.rules.allow_for(uid)]}
     return render(
         "user.html",
         session=session,
         title=f"User {uid}",
         user=summary,
         notice=_sessions(request).take_notice(session),
-        resources=service.resources.of(uid),
-        resources_override=service.resources.has_override(uid),
-        maxima=service.resources.maxima,
-        disk_mechanism=service.disk_quotas.mechanism.value,
-        disk=service.disk_quotas.usage(uid),
-        egress=egress,
+        resources=resources.of(uid),
+        resources_override=resources.has_override(uid),
+        maxima=resources.maxima,
+        disk_mechanism=disk_quotas.mechanism.value,
+        disk=disk_quotas.usage(uid),
+        egress=egress_rules,
         template=template,
         template_why=TEMPLATE_WHY.get(template.source, template.source),
-        template_assigned=service.templates.repo.assigned("user", str(uid)),
-        template_names=[r.name for r in service.templates.repo.all()],
-        sessions=service.session_repo.latest_of_owner(uid, limit=PAGE),
-        runs=list_runs(service.store, RunFilter(user_id=uid), limit=20),
+        template_assigned=templates.repo.assigned("user", str(uid)),
+        template_names=[r.name for r in templates.repo.all()],
+        sessions=session_repo.latest_of_owner(uid, limit=PAGE),
+        runs=records.runs(RunFilter(user_id=uid), limit=20),
         actions=[a.value for a in SandboxAction],
     )
 
@@ -376,29 +440,37 @@ def _back_to(request: Request, session: ConsoleSession, url: str, notice: str) -
     return redirect(url)
 
 
-async def _act(request: Request, user_id: str, do: Any) -> Response:
+async def _act(
+    request: Request, api: ApiSettings, users: UserRepository, user_id: str, do: Callable[[int, FormData], str]
+) -> Response:
     """Run one change for a user off the event loop; a refusal is shown as a page."""
-    session, form = await _change(request)
-    service = _service(request)
-    uid = _live_user(service, user_id)
+    session, form = await _change(request, api)
+    uid = _live_user(users, user_id)
     try:
-        notice = await run_in_threadpool(do, service, uid, form)
+        notice = await run_in_threadpool(do, uid, form)
     except OrchestratorError as exc:
         raise ConsoleRefusal(exc.status_code if exc.status_code >= 400 else 409, exc.message) from None
     return _back_to(request, session, f"/admin/users/{uid}", notice)
 
 
 @router.post("/admin/users/{user_id}/sandbox/{action}")
-async def user_sandbox(request: Request, user_id: str, action: str) -> Response:
+async def user_sandbox(
+    request: Request,
+    user_id: str,
+    action: str,
+    api: ApiSettings = Depends(api_settings_of),
+    users: UserRepository = Depends(users_of),
+    sandbox_control: SandboxControl = Depends(sandbox_control_of),
+) -> Response:
     try:
         wanted = SandboxAction(action)
     except ValueError:
         raise ConsoleRefusal(404, "no such sandbox action") from None
 
-    def do(service: OrchestratorService, uid: int, _form: FormData) -> str:
-        return f"sandbox {service.sandbox_control.act(uid, wanted, actor=ACTOR)}"
+    def do(uid: int, _form: FormData) -> str:
+        return f"sandbox {sandbox_control.act(uid, wanted, actor=ACTOR)}"
 
-    return await _act(request, user_id, do)
+    return await _act(request, api, users, user_id, do)
 
 
 def _number(form: FormData, name: str, kind: type) -> Any:
@@ -412,15 +484,21 @@ def _number(form: FormData, name: str, kind: type) -> Any:
 
 
 @router.post("/admin/users/{user_id}/disk")
-async def user_disk(request: Request, user_id: str) -> Response:
-    def do(service: OrchestratorService, uid: int, form: FormData) -> str:
+async def user_disk(
+    request: Request,
+    user_id: str,
+    api: ApiSettings = Depends(api_settings_of),
+    users: UserRepository = Depends(users_of),
+    disk_quotas: DiskQuotas = Depends(disk_quotas_of),
+) -> Response:
+    def do(uid: int, form: FormData) -> str:
         disk_mb = _number(form, "disk_mb", int)
         if disk_mb is None or not 8 <= disk_mb <= 16 * 1024 * 1024:
             raise InvalidInput("disk_mb must be between 8 and 16777216", field="disk_mb")
-        _, online = service.disk_quotas.set_disk_limit(uid, disk_mb)
+        _, online = disk_quotas.set_disk_limit(uid, disk_mb)
         return f"disk quota {disk_mb} MiB" + ("" if online else " (the sandbox was stopped for the resize)")
 
-    return await _act(request, user_id, do)
+    return await _act(request, api, users, user_id, do)
 
 
 def _patterns(form: FormData, name: str) -> tuple[str, ...]:
@@ -428,52 +506,74 @@ def _patterns(form: FormData, name: str) -> tuple[str, ...]:
 
 
 @router.post("/admin/users/{user_id}/egress")
-async def user_egress(request: Request, user_id: str) -> Response:
-    def do(service: OrchestratorService, uid: int, form: FormData) -> str:
-        if service.egress is None:
+async def user_egress(
+    request: Request,
+    user_id: str,
+    api: ApiSettings = Depends(api_settings_of),
+    users: UserRepository = Depends(users_of),
+    egress: EgressService | None = Depends(egress_of),
+) -> Response:
+    def do(uid: int, form: FormData) -> str:
+        if egress is None:
             raise InvalidInput("egress is off on this server (ORCH_EGRESS=off)", field="allow")
         try:
-            service.egress.rules.put(uid, UserRules(_patterns(form, "allow"), _patterns(form, "remove")), actor=ACTOR)
+            egress.rules.put(uid, UserRules(_patterns(form, "allow"), _patterns(form, "remove")), actor=ACTOR)
         except InvalidPattern as exc:
             raise InvalidInput(str(exc), field="allow") from None
         return "egress rules saved"
 
-    return await _act(request, user_id, do)
+    return await _act(request, api, users, user_id, do)
 
 
 @router.post("/admin/users/{user_id}/resources")
-async def user_resources(request: Request, user_id: str) -> Response:
-    def do(service: OrchestratorService, uid: int, form: FormData) -> str:
+async def user_resources(
+    request: Request,
+    user_id: str,
+    api: ApiSettings = Depends(api_settings_of),
+    users: UserRepository = Depends(users_of),
+    resources: ResourceOverrides = Depends(resources_of),
+) -> Response:
+    def do(uid: int, form: FormData) -> str:
         cpus, memory_mb = _number(form, "cpus", float), _number(form, "memory_mb", int)
         if (cpus is not None and cpus <= 0) or (memory_mb is not None and memory_mb <= 0):
             raise InvalidInput("cpus and memory_mb must be above 0 (empty: the default)", field="cpus")
-        service.users.admit(uid)
-        service.resources.put(uid, cpus=cpus, memory_mb=memory_mb, actor=ACTOR)
+        users.admit(uid)
+        resources.put(uid, cpus=cpus, memory_mb=memory_mb, actor=ACTOR)
         return "CPU and memory saved (from the sandbox's next start)"
 
-    return await _act(request, user_id, do)
+    return await _act(request, api, users, user_id, do)
 
 
 @router.post("/admin/users/{user_id}/template")
-async def user_template(request: Request, user_id: str) -> Response:
-    def do(service: OrchestratorService, uid: int, form: FormData) -> str:
+async def user_template(
+    request: Request,
+    user_id: str,
+    api: ApiSettings = Depends(api_settings_of),
+    users: UserRepository = Depends(users_of),
+    templates: TemplateService = Depends(templates_of),
+) -> Response:
+    def do(uid: int, form: FormData) -> str:
         name = _field(form, "template") or None
-        service.users.admit(uid)
-        service.templates.assign_user(uid, name)
+        users.admit(uid)
+        templates.assign_user(uid, name)
         return f"template {name or 'none'} saved (from the user's next call)"
 
-    return await _act(request, user_id, do)
+    return await _act(request, api, users, user_id, do)
 
 
 @router.post("/admin/users/{user_id}/purge")
-async def user_purge(request: Request, user_id: str) -> Response:
-    session, form = await _change(request)
-    service = _service(request)
+async def user_purge(
+    request: Request,
+    user_id: str,
+    api: ApiSettings = Depends(api_settings_of),
+    purge: UserPurge = Depends(purge_of),
+) -> Response:
+    session, form = await _change(request, api)
     uid = _user_id(user_id)
     confirm = _field(form, "confirm_user_id")
     try:
         await run_in_threadpool(
-            lambda: service.purge.purge(uid, confirm_user_id=int(confirm) if confirm.isdecimal() else None, actor=ACTOR)
+            lambda: purge.purge(uid, confirm_user_id=int(confirm) if confirm.isdecimal() else None, actor=ACTOR)
         )
     except OrchestratorError as exc:
         raise ConsoleRefusal(exc.status_code, exc.message) from None
@@ -484,49 +584,65 @@ async def user_purge(request: Request, user_id: str) -> Response:
 
 
 @router.get("/admin/groups")
-def groups_page(request: Request) -> HTMLResponse:
-    session = _session(request)
-    service = _service(request)
-    usage = {u.volume: u for u in service.disk_quotas.all_usage()}
+def groups_page(
+    request: Request,
+    api: ApiSettings = Depends(api_settings_of),
+    disk_quotas: DiskQuotas = Depends(disk_quotas_of),
+    session_repo: SessionRepository = Depends(session_repo_of),
+    records: Records = Depends(records_of),
+) -> HTMLResponse:
+    session = _session(request, api)
+    usage = {u.volume: u for u in disk_quotas.all_usage()}
     groups = [
         {
             "group": g.group,
             "members": g.members,
-            "usage": usage.get(group_volume(service.layout, g.group).key),
-            "sessions": service.session_repo.list_for_group(g.group),
+            "usage": usage.get(group_volume(records.layout, g.group).key),
+            "sessions": session_repo.list_for_group(g.group),
         }
-        for g in list_groups(service.store)
+        for g in records.groups()
     ]
     return render("groups.html", session=session, title="Groups", groups=groups)
 
 
 @router.get("/admin/runs")
 def runs_page(
-    request: Request, state: str = "recent", user_id: str = "", session_id: str = "", channel: str = "", chat_id: str = ""
+    request: Request,
+    state: str = "recent",
+    user_id: str = "",
+    session_id: str = "",
+    channel: str = "",
+    chat_id: str = "",
+    api: ApiSettings = Depends(api_settings_of),
+    records: Records = Depends(records_of),
 ) -> HTMLResponse:
-    session = _session(request)
-    service = _service(request)
+    session = _session(request, api)
     try:
         wanted = run_filter(state, _user_id(user_id) if user_id else None, session_id or None, channel or None, chat_id or None)
     except InvalidInput as exc:
         raise ConsoleRefusal(422, exc.message) from None
     return render(
-        "runs.html", session=session, title="Runs", runs=list_runs(service.store, wanted, limit=200),
+        "runs.html", session=session, title="Runs", runs=records.runs(wanted, limit=200),
         filters={"state": state, "user_id": user_id, "session_id": session_id, "channel": channel, "chat_id": chat_id},
     )  # fmt: skip
 
 
 @router.get("/admin/runs/{run_id}")
-def run_page(request: Request, run_id: str) -> HTMLResponse:
-    session = _session(request)
-    service = _service(request)
+def run_page(
+    request: Request,
+    run_id: str,
+    api: ApiSettings = Depends(api_settings_of),
+    run_repo: RunRepository = Depends(run_repo_of),
+    records: Records = Depends(records_of),
+) -> HTMLResponse:
+    session = _session(request, api)
     try:
-        run = service.run_repo.get(ids.session_id(run_id, "run_id"))
+        run = run_repo.get(ids.session_id(run_id, "run_id"))
     except ids.InvalidIdentifier:
         run = None
     if run is None:
         raise ConsoleRefusal(404, "no such run")
-    return render("run.html", session=session, title=f"Run {run.run_id}", run=run, calls=tool_calls_of(service.store, run.run_id))
+    return render("run.html", session=session, title=f"Run {run.run_id}", run=run, calls=records.tool_calls(run.run_id))
 
 
 def _moment(raw: str, name: str) -> str | None:
@@ -549,14 +665,15 @@ def audit_page(
     outcome: str = "",
     since: str = "",
     until: str = "",
+    api: ApiSettings = Depends(api_settings_of),
+    records: Records = Depends(records_of),
 ) -> HTMLResponse:
-    session = _session(request)
-    service = _service(request)
+    session = _session(request, api)
     where = audit.AuditFilter(
         action=action or None, user_id=_user_id(user_id) if user_id else None, session_id=session_id or None,
         tool=tool or None, outcome=outcome or None, since=_moment(since, "since"), until=_moment(until, "until"),
     )  # fmt: skip
-    entries = audit.entries(service.store, where=where, limit=200)
+    entries = records.audit(where=where, limit=200)
     filters = {"action": action, "user_id": user_id, "session_id": session_id, "tool": tool, "outcome": outcome,
                "since": since, "until": until}  # fmt: skip
     return render("audit.html", session=session, title="Audit", entries=entries, filters=filters)

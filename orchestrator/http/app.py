@@ -96,7 +96,7 @@ def create_app(service: OrchestratorService) -> FastAPI:
     app.include_router(routes_lookups.router)
     app.include_router(routes_identities.router)
     app.include_router(routes_metrics.router)
-    install_console(app, service)  # /admin: the web console (docs/admin-console.md)
+    install_console(app, parts.api)  # /admin: the web console (docs/admin-console.md)
     mcp = routes_mcp.mount_mcp(app, parts)  # the SDK's transport: not an OpenAPI route
     install_docs(
         app,

@@ -112,6 +112,7 @@ class ApiParts:
     api: ApiSettings
     calls: CallSettings
     credential_settings: CredentialSettings
+    console_logins: ConsoleLogins
 
     @classmethod
     def of(cls, service: OrchestratorService) -> ApiParts:
@@ -151,6 +152,7 @@ class ApiParts:
             api=ApiSettings.of(settings),
             calls=CallSettings.of(settings),
             credential_settings=CredentialSettings.of(settings),
+            console_logins=ConsoleLogins(service.store),
         )
 
 
@@ -324,3 +326,23 @@ async def run_reach_of(request: Request) -> RunReach:
 
 async def tool_call_parts_of(request: Request) -> ToolCallParts:
     return parts_of(request)
+
+
+# --- consoleparts ---
+
+
+class ConsoleLogins:
+    """The admin console's one write of its own: the audit row of each login (the console's
+    other changes are the services' calls, which write their own rows). A route gets this,
+    never the store."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+
+    def record(self, *, actor: str) -> None:
+        with self._store.write() as tx:
+            audit.record(tx, actor=actor, action="console.login")
+
+
+async def console_logins_of(request: Request) -> ConsoleLogins:
+    return parts_of(request).console_logins
