@@ -72,7 +72,6 @@ def create_app(service: OrchestratorService) -> FastAPI:
         redoc_url=None,
         **_NO_TELEMETRY,
     )
-    app.state.service = service
     parts = ApiParts.of(service)  # what routes depend on (orchestrator/http/parts.py)
     app.state.parts = parts
     api = parts.api  # the HTTP layer's settings section, built once

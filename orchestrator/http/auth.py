@@ -20,7 +20,6 @@ from mounts import ids
 from orchestrator.errors import Forbidden, InvalidInput, Unauthorized
 from orchestrator.http.openapi import ABSOLUTE_CAP
 from orchestrator.http.parts import api_settings_of, identities_of, users_of
-from orchestrator.service import OrchestratorService
 from orchestrator.settings import ApiSettings
 from orchestrator.users.identities import IdentityRepository, PlatformIdentity, parse_platform_identity
 from orchestrator.users.repository import UserRepository
@@ -33,11 +32,6 @@ class Caller:
     @property
     def actor(self) -> str:
         return self.role
-
-
-async def service_of(request: Request) -> OrchestratorService:
-    """The service whole: for the route modules not yet on their parts (orchestrator/http/parts.py)."""
-    return request.app.state.service
 
 
 def _bearer(authorization: str | None) -> str | None:

@@ -83,21 +83,8 @@ def _user_out(
         backend=record.backend if record else None,
         groups=groups,
         identities=people,
-        template=choice_out(templates, user_id),
+        template=TemplateChoiceOut.model_validate(templates.effective(user_id), from_attributes=True),
     )
-
-
-def choice_out(templates: TemplateService, user_id: int) -> TemplateChoiceOut:
-    """The template of the user's latest call and why (before any call since the last change:
-    the one of a call outside a group's session and a run)."""
-    choice = templates.effective(user_id)
-    return TemplateChoiceOut(name=choice.name, source=choice.source)
-
-
-def template_choice_out(service, user_id: int) -> TemplateChoiceOut:
-    """`choice_out` for routes_templates.py, which still passes the service whole (this goes
-    when that module takes its `templates` part)."""
-    return choice_out(service.templates, user_id)
 
 
 @router.put("/v1/users/{user_id}", response_model=UserOut, tags=["users"])
