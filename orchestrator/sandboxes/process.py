@@ -53,7 +53,7 @@ from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, S
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.sandboxes.spawn_thread import SpawnThread
 from orchestrator.sandboxes.warden import Warden
-from orchestrator.settings import Settings
+from orchestrator.settings import SandboxSettings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.peer import ExpectedPeer
 
@@ -99,7 +99,7 @@ class ProcessDriver(SandboxDriver):
 
     def __init__(
         self,
-        settings: Settings,
+        settings: SandboxSettings,
         layout: DataLayout,
         directories: UserDirectories,
         deployment: AgentDeployment,
@@ -323,7 +323,7 @@ class ProcessDriver(SandboxDriver):
                 command,
                 chdir=self.layout.home_dir(user_id),
                 system=HostSystem.inspect(),
-                shm_mb=self.settings.sandbox_shm_mb,
+                shm_mb=self.settings.shm_mb,
                 extra_read_only=(*interpreter_mounts(python), *self._ca_mounts()),
                 bwrap=binary,
             )
@@ -466,7 +466,7 @@ class ProcessBackend(LifecycleEngine):
     """The process backend: the lifecycle engine on `ProcessDriver`."""
 
     def __init__(
-        self, settings: Settings, layout: DataLayout, directories: UserDirectories, deployment: AgentDeployment, *,
+        self, settings: SandboxSettings, layout: DataLayout, directories: UserDirectories, deployment: AgentDeployment, *,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:  # fmt: skip
         self.driver: ProcessDriver = ProcessDriver(settings, layout, directories, deployment, start_timeout_s=start_timeout_s)
