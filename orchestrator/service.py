@@ -179,7 +179,7 @@ class OrchestratorService:
         self.agent_deployment = AgentDeployment(self.layout)
         sandbox_settings = SandboxSettings.of(settings)
         backends: dict[str, SandboxBackend] = {
-            "process": ProcessBackend(sandbox_settings, self.layout, self.directories, self.agent_deployment)
+            "process": ProcessBackend(sandbox_settings, self.directories, self.agent_deployment)
         }
         self.backend_choice = detect_backend(sandbox_settings)
         if self.backend_choice.docker:

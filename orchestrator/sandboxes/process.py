@@ -35,7 +35,6 @@ from typing import Any
 import psutil
 
 from mounts.fs.tree_removal import remove_tree
-from mounts.layout import DataLayout
 from orchestrator.clock import iso
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
@@ -100,14 +99,12 @@ class ProcessDriver(SandboxDriver):
     def __init__(
         self,
         settings: SandboxSettings,
-        layout: DataLayout,
         directories: UserDirectories,
         deployment: AgentDeployment,
         *,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         super().__init__(settings, directories, deployment)
-        self.layout = layout
         self.ready_timeout_s = start_timeout_s
         self._agents: dict[int, _Agent] = {}  # the running agents: this platform's only record
         self._lock = threading.Lock()  # guards `_agents`
@@ -466,10 +463,10 @@ class ProcessBackend(LifecycleEngine):
     """The process backend: the lifecycle engine on `ProcessDriver`."""
 
     def __init__(
-        self, settings: SandboxSettings, layout: DataLayout, directories: UserDirectories, deployment: AgentDeployment, *,
+        self, settings: SandboxSettings, directories: UserDirectories, deployment: AgentDeployment, *,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:  # fmt: skip
-        self.driver: ProcessDriver = ProcessDriver(settings, layout, directories, deployment, start_timeout_s=start_timeout_s)
+        self.driver: ProcessDriver = ProcessDriver(settings, directories, deployment, start_timeout_s=start_timeout_s)
         super().__init__(
             self.driver, settings, directories, deployment, known_user=lambda _: True,
             processes_run=lambda live, count: runs_processes(live, count),  # looked up at each call
