@@ -42,7 +42,7 @@ from bench.docker_backend import cold_start_samples, image_ref, remove_container
 from bench.measure import bench_dir, orchestrator_server, pct, print_load, timed_parallel  # noqa: E402
 from orchestrator.sandboxes.kubernetes_api import kube_configuration  # noqa: E402
 from orchestrator.sandboxes.kubernetes_forward import PodPortForwarder  # noqa: E402
-from orchestrator.settings import Settings  # noqa: E402
+from orchestrator.settings import KubernetesSettings, Settings  # noqa: E402
 from tests.kube_cluster import load_image_into_node  # noqa: E402
 
 KUBECONFIG = Path(os.environ.get("ORCH_BENCH_KUBECONFIG") or "/tmp/k8s-local/k8s/kubeconfig")
@@ -102,7 +102,7 @@ def warm_calls(data_dir: Path, env: dict[str, str], backend_name: str) -> tuple[
 
 def forward_connects(namespace: str, image: str, data_dir: Path) -> list[float]:
     """Opening (and closing) a port-forward to a running pod's agent port, in ms."""
-    configuration = kube_configuration(settings_of(data_dir, kube_env(namespace, image)))
+    configuration = kube_configuration(KubernetesSettings.of(settings_of(data_dir, kube_env(namespace, image))))
     with k8s.ApiClient(configuration) as api:
         pod = k8s.CoreV1Api(api).list_namespaced_pod(namespace).items[0].metadata.name
     forwarder = PodPortForwarder(configuration, namespace, pod, Settings().k8s_agent_port)

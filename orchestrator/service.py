@@ -66,6 +66,7 @@ from orchestrator.settings import (
     HostToolSettings,
     IdentitySettings,
     PreviewSettings,
+    SandboxSettings,
     Settings,
     TemplateSettings,
 )
@@ -178,13 +179,14 @@ class OrchestratorService:
             ),
         )
         self.agent_deployment = AgentDeployment(self.layout)
+        sandbox_settings = SandboxSettings.of(settings)
         backends: dict[str, SandboxBackend] = {
-            "process": ProcessBackend(settings, self.layout, self.directories, self.agent_deployment)
+            "process": ProcessBackend(sandbox_settings, self.directories, self.agent_deployment)
         }
-        self.backend_choice = detect_backend(settings)
+        self.backend_choice = detect_backend(sandbox_settings)
         if self.backend_choice.docker:
             backends["docker"] = DockerBackend(
-                settings,
+                sandbox_settings,
                 self.directories,
                 self.agent_deployment,
                 known_user=lambda user_id: self.users.get(user_id) is not None,
@@ -193,7 +195,7 @@ class OrchestratorService:
             from orchestrator.sandboxes.kubernetes import KubernetesBackend
 
             backends["kubernetes"] = KubernetesBackend(
-                settings,
+                sandbox_settings,
                 self.directories,
                 self.agent_deployment,
                 known_user=lambda user_id: self.users.get(user_id) is not None,
@@ -375,7 +377,7 @@ class OrchestratorService:
         self.status = SystemStatus(
             sandbox_network=settings.sandbox_network,
             uid_block=UidBlock.of(settings.sandbox_uid_base, settings.max_user_id),
-            kernel_boundary=kernel_boundaries(settings, backends),
+            kernel_boundary=kernel_boundaries(sandbox_settings, backends),
             switch=self.switch,
             backends=self.sandboxes.backends,
             default_backend=self.backend_choice.default,

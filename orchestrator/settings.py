@@ -594,16 +594,30 @@ class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
 
     @classmethod
+    def nested(cls) -> dict[str, type[Section]]:
+        """Pure: section field -> the section nested there (built from `Settings` by its own `of`)."""
+        return {
+            name: field.annotation
+            for name, field in cls.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, Section)
+        }
+
+    @classmethod
     def sources(cls) -> dict[str, str]:
-        """Pure: section field -> the `Settings` field or property it is read from."""
+        """Pure: section field -> the `Settings` field or property it is read from (a nested
+        section's fields are its own)."""
+        nested = cls.nested()
         return {
             name: field.validation_alias if isinstance(field.validation_alias, str) else name
             for name, field in cls.model_fields.items()
+            if name not in nested
         }
 
     @classmethod
     def of(cls, settings: Settings) -> Self:
-        return cls.model_validate({source: getattr(settings, source) for source in cls.sources().values()})
+        values: dict[str, object] = {source: getattr(settings, source) for source in cls.sources().values()}
+        values.update({name: section.of(settings) for name, section in cls.nested().items()})
+        return cls.model_validate(values)
 
 
 class EgressSettings(Section):
@@ -710,6 +724,66 @@ class CallSettings(Section):
     user_max_concurrent_calls: int
 
 
+class AgentSettings(Section):
+    """What each sandbox's agent is configured with (orchestrator/sandboxes/agent_launch.py):
+    the bounds of its answers and tools (a host client holds its answers to them too)."""
+
+    output_cap_bytes: int
+    shell_output_cap_bytes: int
+    shell_spool_max_bytes: int
+    read_bytes_max: int
+    tool_timeout_s: float
+    tool_timeout_max_s: float
+    grep_timeout_s: float
+    process_max_per_user: int
+    process_spool_bytes: int
+    process_max_runtime_s: float
+    kernels_per_user: int
+    kernel_idle_s: float
+    kernel_python: str
+    resolver: Literal["auto", "openat2", "walk"] = Field(validation_alias="agent_resolver")
+
+
+class KubernetesSettings(Section):
+    """The kubernetes backend (orchestrator/sandboxes/kubernetes*.py, docs/kubernetes.md)."""
+
+    namespace: str = Field(validation_alias="k8s_namespace")
+    kubeconfig: Path | None = Field(validation_alias="k8s_kubeconfig")
+    data_pvc: str | None = Field(validation_alias="k8s_data_pvc")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(validation_alias="k8s_image_pull_policy")
+    cpu_request: float | None = Field(validation_alias="k8s_cpu_request")
+    memory_request_mb: int | None = Field(validation_alias="k8s_memory_request_mb")
+    agent_port: int = Field(validation_alias="k8s_agent_port")
+    tolerations: tuple[K8sToleration, ...] = Field(validation_alias="k8s_tolerations")
+    runtime_class: str | None = Field(validation_alias="k8s_runtime_class")
+
+
+class SandboxSettings(Section):
+    """orchestrator/sandboxes/ but its calls (`CallSettings`): the backend choice, the lifecycle
+    engine and its drivers (docs/lifecycle.md), what every sandbox gets, its agent's
+    configuration (`agent`) and the kubernetes backend's own (`kubernetes`)."""
+
+    backend: Literal["auto", "docker", "process", "kubernetes"]
+    image: str = Field(validation_alias="sandbox_image")
+    network: str = Field(validation_alias="sandbox_network")
+    runtime: Literal["runc", "runsc"] = Field(validation_alias="sandbox_runtime")
+    process_sandbox: Literal["none", "bwrap"]
+    cpus: float = Field(validation_alias="sandbox_cpus")
+    memory_mb: int = Field(validation_alias="sandbox_memory_mb")
+    pids: int = Field(validation_alias="sandbox_pids")
+    shm_mb: int = Field(validation_alias="sandbox_shm_mb")
+    ready_timeout_s: float = Field(validation_alias="sandbox_ready_timeout_s")
+    idle_timeout_s: float
+    pause_after_s: float
+    dead_man_margin_s: float
+    egress: Literal["off", "allowlist"]
+    egress_forwarder_port: int
+    ca_bundle: Path = Field(validation_alias="sandbox_ca_bundle")  # what pip and npm there trust
+    layout: DataLayout
+    agent: AgentSettings
+    kubernetes: KubernetesSettings
+
+
 class ApiSettings(Section):
     """orchestrator/http/, orchestrator/console/ and the MCP endpoint: the tokens, the request
     guard's and the server's bounds, and the few values routes read."""
@@ -736,7 +810,6 @@ class ApiSettings(Section):
     egress: Literal["off", "allowlist"]
 
 
-
 class CollaborationSettings(Section):
     """orchestrator/collaboration/ (docs/collaboration.md): the bounds of requests between sessions."""
 
@@ -756,9 +829,11 @@ class IdentitySettings(Section):
     runtime_identity_set: bool  # given, not the default
     settings_file: Path | None
 
+
 SECTIONS: tuple[type[Section], ...] = (
     EgressSettings, PreviewSettings, DiskQuotaSettings, TemplateSettings, CredentialSettings, DescriptorSettings,
     HostToolSettings, CallSettings, ApiSettings, CollaborationSettings, IdentitySettings,
+    SandboxSettings, AgentSettings, KubernetesSettings,  # the last two: nested in SandboxSettings
 )  # fmt: skip
 
 

@@ -56,10 +56,11 @@ def agent_client(agent_service: OrchestratorService) -> Iterator[TestClient]:
         yield client
 
 
-def blocking_call(backend, user, tool: str, arguments: dict, *, cwd: str, context=None):  # type: ignore[no-untyped-def]
+def blocking_call(backend, user, tool: str, arguments: dict, *, cwd: str, context=None, calls=None):  # type: ignore[no-untyped-def]
     """One call to a backend's sandbox the router's way (`SandboxCaller`: ensure, count, the
     one retry, the error mapping), from a test thread: on an event loop of its own. A
-    sandbox's failure is raised as `router.call_blocking` raises it (a `ToolError`)."""
+    sandbox's failure is raised as `router.call_blocking` raises it (a `ToolError`). `calls`:
+    the calls' settings section (a backend has only the sandboxes'); unset, the defaults'."""
     import functools
 
     import anyio
@@ -69,7 +70,7 @@ def blocking_call(backend, user, tool: str, arguments: dict, *, cwd: str, contex
     from orchestrator.settings import CallSettings
     from sandbox_agent.errors import ToolFailure
 
-    caller = SandboxCaller(CallSettings.of(backend.settings))
+    caller = SandboxCaller(calls or CallSettings.of(make_settings(backend.settings.layout.root)))
     result = anyio.run(functools.partial(caller.call, backend, user, tool, arguments, cwd=cwd, context=context))
     if isinstance(result, ToolFailure):
         raise tool_error(result)

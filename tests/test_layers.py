@@ -5,6 +5,7 @@ row allows, and the outer rule holds (`mounts` imports nothing of `orchestrator`
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import re
 from dataclasses import dataclass
@@ -167,3 +168,39 @@ def test_the_rule_reader_allows_what_the_table_says(module: str, target: str, al
     assert layers.rows["sandboxes/"] == {ROOT, "users/", "sandbox_agent"}  # explanations name no units
     graph: Graph = {module: {target}}
     assert (violations(layers, graph) == []) is allowed
+
+
+# Who holds `Settings` whole: the composition root, the command line that builds it, and the
+# HTTP layer's parts (which build its sections once). Every other module receives its section.
+SETTINGS_HOLDERS = {"orchestrator/service.py", "orchestrator/cli.py", "orchestrator/http/parts.py"}
+
+
+def settings_importers(files: dict[str, str]) -> set[str]:
+    """Pure: the files (path -> source) that import the `Settings` class itself."""
+    found = set()
+    for path, source in files.items():
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom) and node.module == "orchestrator.settings":
+                if any(alias.name in ("Settings", "*") for alias in node.names):
+                    found.add(path)
+    return found
+
+
+def test_only_the_composition_root_holds_the_settings_whole() -> None:
+    files = {
+        path.relative_to(REPO).as_posix(): path.read_text()
+        for top in ("orchestrator", "mounts", "sandbox_agent")
+        for path in (REPO / top).rglob("*.py")
+        if path.name != "settings.py" or path.parent.name != "orchestrator"
+    }
+    assert settings_importers(files) == SETTINGS_HOLDERS
+
+
+def test_the_settings_reader_sees_each_way_of_importing_the_class() -> None:
+    files = {
+        "a.py": "from orchestrator.settings import Settings\n",
+        "b.py": "def f():\n    from orchestrator.settings import CallSettings, Settings\n",
+        "c.py": "from orchestrator.settings import CallSettings\n",
+        "d.py": "from orchestrator.settings import *\n",
+    }
+    assert settings_importers(files) == {"a.py", "b.py", "d.py"}

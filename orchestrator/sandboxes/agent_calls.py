@@ -8,7 +8,7 @@ from typing import Any
 
 from orchestrator.sandboxes.agent_launch import agent_limits
 from orchestrator.errors import ToolError
-from orchestrator.settings import CallSettings, Settings
+from orchestrator.settings import AgentSettings, CallSettings
 from sandbox_agent.answer_limits import AnswerLimits
 from sandbox_agent.errors import AgentTimedOut, AgentUnavailable, ToolFailure
 from sandbox_agent.wire import KERNEL_START_MARGIN_S, TIMED_TOOLS
@@ -42,7 +42,7 @@ def call_timeout_s(settings: CallSettings, tool: str, arguments: dict[str, Any])
     return min(shell, settings.tool_timeout_max_s) + SHELL_MARGIN_S + start
 
 
-def answer_limits(settings: Settings) -> AnswerLimits:
+def answer_limits(settings: AgentSettings) -> AnswerLimits:
     return AnswerLimits.of(agent_limits(settings))
 
 

@@ -23,7 +23,7 @@ from mounts.fs.atomic_write import replace_file_at
 from mounts.fs.nofollow import UnsafePath, closing_fd, open_regular_at
 from mounts.layout import AGENT_CONFIG_FILE, TOKEN_FILE, DataLayout
 from orchestrator.sandboxes.base import SandboxUser
-from orchestrator.settings import Settings
+from orchestrator.settings import AgentSettings, SandboxSettings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.wire import AgentConfig, AgentLimits, EgressConfig, RootConfig, TOKEN_BYTES, valid_token
 
@@ -71,7 +71,7 @@ def read_agent_token(directories: UserDirectories, user_id: int) -> str | None:
     return token if valid_token(token) else None
 
 
-def agent_limits(settings: Settings) -> AgentLimits:
+def agent_limits(settings: AgentSettings) -> AgentLimits:
     return AgentLimits(
         output_cap_bytes=settings.output_cap_bytes,
         shell_output_cap_bytes=settings.shell_output_cap_bytes,
@@ -120,14 +120,14 @@ def shell_environment(layout: DataLayout, user_id: int, user: SandboxUser | None
 
 
 def egress_config(
-    settings: Settings, layout: DataLayout, user_id: int, *, private_network: bool, hand_over: bool = True
+    settings: SandboxSettings, layout: DataLayout, user_id: int, *, private_network: bool, hand_over: bool = True
 ) -> EgressConfig | None:
     """Where the sandbox's forwarder listens and relays to; None with egress off. On the host's
     network (the bare process backend) a fixed port would collide between users: any free one.
     `hand_over`: the sandbox's sockets are the host kernel's, so connections can be passed."""
     if settings.egress == "off":
         return None
-    ca = settings.sandbox_ca_bundle
+    ca = settings.ca_bundle
     return EgressConfig(
         socket_path=str(layout.egress_socket_path(user_id)),
         port=settings.egress_forwarder_port if private_network else 0,
@@ -137,7 +137,7 @@ def egress_config(
 
 
 def prepare_agent_launch(
-    settings: Settings,
+    settings: SandboxSettings,
     directories: UserDirectories,
     user: SandboxUser,
     *,
@@ -170,14 +170,14 @@ def prepare_agent_launch(
         home=str(layout.home_dir(user_id)),
         tmp_dir=SANDBOX_TMP if in_sandbox else str(layout.tmp_dir(user_id)),
         roots=roots,
-        limits=agent_limits(settings),
-        resolver=settings.agent_resolver,
+        limits=agent_limits(settings.agent),
+        resolver=settings.agent.resolver,
         shell_env={**directories.credential_env(user_id), **shell_environment(layout, user_id, user)},
-        kernel_python=settings.kernel_python,
+        kernel_python=settings.agent.kernel_python,
         instance_id=secrets.token_hex(8),
         parent_pid=parent_pid,
         # Only for a uid of its own: RLIMIT_NPROC counts every process of the uid.
-        max_processes=settings.sandbox_pids if sandbox_uid is not None else None,
+        max_processes=settings.pids if sandbox_uid is not None else None,
         sweep_uid=sandbox_uid is not None,  # a uid of its own: every process of it is this sandbox's
         egress=(
             egress_config(settings, layout, user_id, private_network=private_network, hand_over=host_kernel)

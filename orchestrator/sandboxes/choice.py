@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.sandboxes.image.compat import ImageFit, expected_agent_lock, image_fit, stale_image_message
-from orchestrator.settings import Settings
+from orchestrator.settings import SandboxSettings
 
 
 @dataclass(frozen=True)
@@ -79,13 +79,13 @@ def image_labels(image: str, timeout: float = 3.0) -> dict[str, str] | None:
         return None
 
 
-def detect_backend(settings: Settings) -> BackendChoice:
+def detect_backend(settings: SandboxSettings) -> BackendChoice:
     """The choice for this host; asks the engine only when the setting can use it."""
-    name = settings.sandbox_image
+    name = settings.image
     if settings.backend == "kubernetes":
         from orchestrator.sandboxes.kubernetes_api import cluster_problem
 
-        return kubernetes_choice(cluster_problem(settings))
+        return kubernetes_choice(cluster_problem(settings.kubernetes))
     if settings.backend == "process":
         return choose_backend("process", engine_problem=None, image=ImageFit.ABSENT, image_name=name)
     problem = engine_problem()

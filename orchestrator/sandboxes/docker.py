@@ -55,7 +55,7 @@ from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
 from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxDriver, SandboxIdentity, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.sandboxes.warden import Warden
-from orchestrator.settings import Settings
+from orchestrator.settings import SandboxSettings
 from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.peer import ExpectedPeer
 
@@ -86,7 +86,7 @@ class DockerDriver(SandboxDriver):
     progress_every_s = 0.5
 
     def __init__(
-        self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment, engine: docker.DockerClient
+        self, settings: SandboxSettings, directories: UserDirectories, deployment: AgentDeployment, engine: docker.DockerClient
     ) -> None:
         super().__init__(settings, directories, deployment)
         self.engine = engine
@@ -101,7 +101,7 @@ class DockerDriver(SandboxDriver):
         self._leases.start()  # renews the leases of the managed ones (started or adopted) periodically
 
     def launch_options(self) -> dict[str, Any]:
-        return {"host_kernel": self.settings.sandbox_runtime == "runc"}
+        return {"host_kernel": self.settings.runtime == "runc"}
 
     def close(self) -> None:
         self._leases.close()
@@ -112,7 +112,7 @@ class DockerDriver(SandboxDriver):
     def wanted(self, user: SandboxUser) -> Wanted:
         limits = self.limits.for_user(user.cpus, user.memory_mb)
         desired = Desired(
-            user.plan.plan_hash, self._image_id(user), self.deployment.build, self.settings.sandbox_runtime,
+            user.plan.plan_hash, self._image_id(user), self.deployment.build, self.settings.runtime,
             limits=(round(limits.cpus, 6), limits.memory_mb),
         )  # fmt: skip
         return Wanted(desired.plan_hash, desired.image_id, desired.agent_build, desired)
@@ -174,7 +174,7 @@ class DockerDriver(SandboxDriver):
         if not self.directories.chown:
             return None
         assert slot.sandbox_id is not None
-        return sandbox_peer(self.settings.sandbox_runtime, self.directories.sandbox_uid(slot.user_id), slot.sandbox_id)
+        return sandbox_peer(self.settings.runtime, self.directories.sandbox_uid(slot.user_id), slot.sandbox_id)
 
     def create(self, slot: AgentSlot, user: SandboxUser, launch: AgentLaunch, release: AgentRelease) -> None:
         self._leases.renew(user.user_id)  # before the start: its supervisor reads it first
@@ -256,14 +256,14 @@ class DockerDriver(SandboxDriver):
             sandbox_uid=identity.uid,
             sandbox_gid=identity.gid,
             extra_gids=identity.extra_gids,
-            network=self.settings.sandbox_network,
+            network=self.settings.network,
             limits=self.limits.for_user(user.cpus, user.memory_mb),
             agent_dir=self.layout.agent_current,
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),
             lease_path=self.layout.lease_path(user.user_id),
             ca_bundle=self.ca_bundle(),
-            runtime=self.settings.sandbox_runtime,
+            runtime=self.settings.runtime,
         )
         try:
             return self._create_from(spec)
@@ -341,7 +341,7 @@ class DockerBackend(LifecycleEngine):
     """The docker backend: the lifecycle engine on `DockerDriver`."""
 
     def __init__(
-        self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment, *,
+        self, settings: SandboxSettings, directories: UserDirectories, deployment: AgentDeployment, *,
         known_user: Callable[[int], bool], client: docker.DockerClient | None = None,
     ) -> None:  # fmt: skip
         self.client = client or docker.from_env(timeout=60, max_pool_size=32)
@@ -355,4 +355,4 @@ class DockerBackend(LifecycleEngine):
         when the uid says nothing (runsc: `sandbox_peer`); None under runc. For the egress
         proxy, which also takes the sandbox's uid (a user on the process backend)."""
         slot = self._slots.get(user_id)
-        return slot.sandbox_id if slot is not None and self.settings.sandbox_runtime == "runsc" else None
+        return slot.sandbox_id if slot is not None and self.settings.runtime == "runsc" else None

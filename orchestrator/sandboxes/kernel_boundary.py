@@ -7,20 +7,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from orchestrator.settings import Settings
+from orchestrator.settings import SandboxSettings
 
 
-def kernel_boundaries(settings: Settings, backends: Iterable[str]) -> dict[str, dict[str, object]]:
+def kernel_boundaries(settings: SandboxSettings, backends: Iterable[str]) -> dict[str, dict[str, object]]:
     """Per registered backend: `kernel` is `host` (the machine's kernel, namespaces around it),
     `gvisor` (runsc's user-space kernel) or `runtime_class` (a kubernetes RuntimeClass decides:
     the node's kernel unless that class names a sandboxing runtime)."""
     out: dict[str, dict[str, object]] = {}
     for name in sorted(backends):
         if name == "docker":
-            runtime = settings.sandbox_runtime
+            runtime = settings.runtime
             out[name] = {"kernel": "gvisor" if runtime == "runsc" else "host", "runtime": runtime}
         elif name == "kubernetes":
-            runtime_class = settings.k8s_runtime_class
+            runtime_class = settings.kubernetes.runtime_class
             out[name] = {"kernel": "runtime_class" if runtime_class else "node", "runtime_class": runtime_class}
         elif name == "process":
             out[name] = {"kernel": "host", "sandbox": settings.process_sandbox}

@@ -46,7 +46,7 @@ from orchestrator.sandboxes.lifecycle_decision import Observed as SandboxState
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
 from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, SandboxDriver, SandboxIdentity, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
-from orchestrator.settings import Settings
+from orchestrator.settings import SandboxSettings
 from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
@@ -73,23 +73,23 @@ class KubernetesDriver(SandboxDriver):
     progress_every_s = 0.0  # each check reads the pod
 
     def __init__(
-        self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment, configuration: k8s.Configuration
+        self, settings: SandboxSettings, directories: UserDirectories, deployment: AgentDeployment, configuration: k8s.Configuration
     ) -> None:
         super().__init__(settings, directories, deployment)
-        self.namespace = settings.k8s_namespace
+        self.namespace = settings.kubernetes.namespace
         self.configuration = configuration
         self.pods = PodApi(configuration, self.namespace, self.instance)
-        self.data = DataVolume(self.layout.root, settings.k8s_data_pvc)
+        self.data = DataVolume(self.layout.root, settings.kubernetes.data_pvc)
         self.requests = Requests(
-            settings.k8s_cpu_request or settings.sandbox_cpus, settings.k8s_memory_request_mb or settings.sandbox_memory_mb
+            settings.kubernetes.cpu_request or settings.cpus, settings.kubernetes.memory_request_mb or settings.memory_mb
         )
         self._policy_made = False
 
     def launch_options(self) -> dict[str, Any]:
         return {
-            "listen_port": self.settings.k8s_agent_port,
+            "listen_port": self.settings.kubernetes.agent_port,
             "egress_reachable": self.data.claim is None,  # the egress socket is the node's own
-            "host_kernel": self.settings.k8s_runtime_class is None,  # e.g. gVisor's: no fd passing
+            "host_kernel": self.settings.kubernetes.runtime_class is None,  # e.g. gVisor's: no fd passing
         }
 
     def api_error(self, exc: BaseException) -> str:
@@ -102,7 +102,7 @@ class KubernetesDriver(SandboxDriver):
     def wanted(self, user: SandboxUser) -> Wanted:
         desired = DesiredPod(
             user.plan.plan_hash, self.image(user), self.deployment.build,
-            self.settings.k8s_runtime_class,
+            self.settings.kubernetes.runtime_class,
         )  # fmt: skip
         return Wanted(desired.plan_hash, desired.image, desired.agent_build, desired)
 
@@ -170,7 +170,7 @@ class KubernetesDriver(SandboxDriver):
         self.pods.delete(found.name, grace_s=KILL_GRACE_S)
 
     def client(self, slot: AgentSlot, token: str) -> AgentClient:
-        forwarder = PodPortForwarder(self.configuration, self.namespace, self.sandbox_name(slot.user_id), self.settings.k8s_agent_port)
+        forwarder = PodPortForwarder(self.configuration, self.namespace, self.sandbox_name(slot.user_id), self.settings.kubernetes.agent_port)
         return AgentClient(forwarder.where, token, connector=forwarder, answer_limits=self.answer_limits)
 
     def create(self, slot: AgentSlot, user: SandboxUser, launch: AgentLaunch, release: AgentRelease) -> None:
@@ -200,7 +200,7 @@ class KubernetesDriver(SandboxDriver):
         pod = self.pods.read(self.sandbox_name(slot.user_id))
         if pod is None:
             return Progress(failed="its pod was deleted while starting")
-        problem = pod_problem(pod, slot.image or self.settings.sandbox_image)
+        problem = pod_problem(pod, slot.image or self.settings.image)
         if problem is not None and not problem.waits:
             return Progress(failed=problem.message)
         return Progress(
@@ -226,7 +226,7 @@ class KubernetesDriver(SandboxDriver):
             instance=self.instance,
             plan=user.plan,
             image=self.image(user),
-            pull_policy=self.settings.k8s_image_pull_policy,
+            pull_policy=self.settings.kubernetes.image_pull_policy,
             agent_build=build,
             data=self.data,
             sandbox_uid=identity.uid,
@@ -239,8 +239,8 @@ class KubernetesDriver(SandboxDriver):
             home_dir=self.layout.home_dir(user.user_id),
             config_path=self.layout.agent_config_path(user.user_id),
             ca_bundle=self.ca_bundle(),
-            tolerations=[t.manifest() for t in self.settings.k8s_tolerations],
-            runtime_class=self.settings.k8s_runtime_class,
+            tolerations=[t.manifest() for t in self.settings.kubernetes.tolerations],
+            runtime_class=self.settings.kubernetes.runtime_class,
         )
 
     def ca_bundle(self) -> Path | None:
@@ -253,10 +253,10 @@ class KubernetesBackend(LifecycleEngine):
     """The kubernetes backend: the lifecycle engine on `KubernetesDriver`."""
 
     def __init__(
-        self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment, *,
+        self, settings: SandboxSettings, directories: UserDirectories, deployment: AgentDeployment, *,
         known_user: Callable[[int], bool], configuration: k8s.Configuration | None = None,
     ) -> None:  # fmt: skip
-        configuration = configuration or kube_configuration(settings)
+        configuration = configuration or kube_configuration(settings.kubernetes)
         self.driver: KubernetesDriver = KubernetesDriver(settings, directories, deployment, configuration)
         super().__init__(self.driver, settings, directories, deployment, known_user=known_user)
         self.namespace, self.data, self.configuration = self.driver.namespace, self.driver.data, self.driver.configuration

@@ -19,7 +19,7 @@ from urllib3.exceptions import HTTPError
 
 from orchestrator.log import kv
 from orchestrator.sandboxes.kubernetes_spec import CONTAINER, STOP_GRACE_S, network_policy, selector
-from orchestrator.settings import Settings
+from orchestrator.settings import KubernetesSettings
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +29,12 @@ POLL_S = 0.25  # how often a pod's status is read while waiting
 LOG_TAIL_MAX_BYTES = 16 * 1024  # of a failed pod's log (its last 20 lines), read on a failed start
 
 
-def kube_configuration(settings: Settings) -> k8s.Configuration:
+def kube_configuration(settings: KubernetesSettings) -> k8s.Configuration:
     """The API server and credentials: ORCH_K8S_KUBECONFIG, else the pod's service account
     when running in a cluster, else $KUBECONFIG or ~/.kube/config."""
     configuration = k8s.Configuration()
-    if settings.k8s_kubeconfig is not None:
-        k8s_config.load_kube_config(config_file=str(settings.k8s_kubeconfig), client_configuration=configuration)
+    if settings.kubeconfig is not None:
+        k8s_config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=configuration)
     elif os.environ.get("KUBERNETES_SERVICE_HOST"):
         k8s_config.load_incluster_config(client_configuration=configuration)
     else:
@@ -42,17 +42,17 @@ def kube_configuration(settings: Settings) -> k8s.Configuration:
     return configuration
 
 
-def cluster_problem(settings: Settings, timeout: float = 5.0) -> str | None:
+def cluster_problem(settings: KubernetesSettings, timeout: float = 5.0) -> str | None:
     """None when the cluster answers and the namespace exists, else why not (for start-up)."""
     try:
         api = k8s.ApiClient(kube_configuration(settings))
     except (k8s_config.ConfigException, OSError, ValueError) as exc:
         return f"no Kubernetes configuration: {exc}"
     try:
-        k8s.CoreV1Api(api).list_namespaced_pod(settings.k8s_namespace, limit=1, _request_timeout=timeout)
+        k8s.CoreV1Api(api).list_namespaced_pod(settings.namespace, limit=1, _request_timeout=timeout)
         return None
     except ApiException as exc:
-        return f"the Kubernetes API answered {exc.status} {exc.reason} for namespace {settings.k8s_namespace}"
+        return f"the Kubernetes API answered {exc.status} {exc.reason} for namespace {settings.namespace}"
     except (HTTPError, OSError) as exc:
         return f"the Kubernetes API does not answer: {exc}"
     finally:

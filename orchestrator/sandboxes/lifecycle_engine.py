@@ -38,7 +38,7 @@ from orchestrator.sandboxes.lifecycle_decision import (
 )
 from orchestrator.sandboxes.sandbox_driver import Inspection, SandboxDriver
 from orchestrator.sandboxes.slots import AgentSlot, SlotTable, live_agent, reconnect
-from orchestrator.settings import Settings
+from orchestrator.settings import SandboxSettings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
@@ -54,7 +54,7 @@ class LifecycleEngine:
     def __init__(
         self,
         driver: SandboxDriver,
-        settings: Settings,
+        settings: SandboxSettings,
         directories: UserDirectories,
         deployment: AgentDeployment,
         *,
@@ -96,7 +96,7 @@ class LifecycleEngine:
                     self.driver.adopt(slot, found)
                     slot.count.touch()
                     # Its agent may run background processes: ask before an idle stop.
-                    slot.count.note_processes(None, started_for_s=self.settings.process_max_runtime_s)
+                    slot.count.note_processes(None, started_for_s=self.settings.agent.process_max_runtime_s)
                     slot.stopped = not found.running
                 adopted.append(found.user_id)
                 log.info("adopted a sandbox %s", kv(user=found.user_id, sandbox=found.name, running=found.running))

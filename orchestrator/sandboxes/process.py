@@ -35,7 +35,6 @@ from typing import Any
 import psutil
 
 from mounts.fs.tree_removal import remove_tree
-from mounts.layout import DataLayout
 from orchestrator.clock import iso
 from orchestrator.errors import ToolError
 from orchestrator.log import kv
@@ -53,7 +52,7 @@ from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, S
 from orchestrator.sandboxes.slots import AgentSlot
 from orchestrator.sandboxes.spawn_thread import SpawnThread
 from orchestrator.sandboxes.warden import Warden
-from orchestrator.settings import Settings
+from orchestrator.settings import SandboxSettings
 from orchestrator.users.dirs import UnsafeDirectory, UserDirectories
 from sandbox_agent.peer import ExpectedPeer
 
@@ -99,15 +98,13 @@ class ProcessDriver(SandboxDriver):
 
     def __init__(
         self,
-        settings: Settings,
-        layout: DataLayout,
+        settings: SandboxSettings,
         directories: UserDirectories,
         deployment: AgentDeployment,
         *,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         super().__init__(settings, directories, deployment)
-        self.layout = layout
         self.ready_timeout_s = start_timeout_s
         self._agents: dict[int, _Agent] = {}  # the running agents: this platform's only record
         self._lock = threading.Lock()  # guards `_agents`
@@ -323,7 +320,7 @@ class ProcessDriver(SandboxDriver):
                 command,
                 chdir=self.layout.home_dir(user_id),
                 system=HostSystem.inspect(),
-                shm_mb=self.settings.sandbox_shm_mb,
+                shm_mb=self.settings.shm_mb,
                 extra_read_only=(*interpreter_mounts(python), *self._ca_mounts()),
                 bwrap=binary,
             )
@@ -466,10 +463,10 @@ class ProcessBackend(LifecycleEngine):
     """The process backend: the lifecycle engine on `ProcessDriver`."""
 
     def __init__(
-        self, settings: Settings, layout: DataLayout, directories: UserDirectories, deployment: AgentDeployment, *,
+        self, settings: SandboxSettings, directories: UserDirectories, deployment: AgentDeployment, *,
         start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:  # fmt: skip
-        self.driver: ProcessDriver = ProcessDriver(settings, layout, directories, deployment, start_timeout_s=start_timeout_s)
+        self.driver: ProcessDriver = ProcessDriver(settings, directories, deployment, start_timeout_s=start_timeout_s)
         super().__init__(
             self.driver, settings, directories, deployment, known_user=lambda _: True,
             processes_run=lambda live, count: runs_processes(live, count),  # looked up at each call

@@ -19,7 +19,7 @@ from orchestrator.sandboxes.base import SandboxStatus, SandboxUser, image_of
 from orchestrator.sandboxes.docker_spec import Limits, instance_id
 from orchestrator.sandboxes.lifecycle_decision import Observed
 from orchestrator.sandboxes.slots import AgentSlot
-from orchestrator.settings import Settings
+from orchestrator.settings import SandboxSettings
 from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentUnavailable
@@ -108,16 +108,16 @@ class SandboxDriver:
     ready_poll_s: tuple[float, float]  # first and longest pause between readiness checks
     progress_every_s: float  # how often a starting sandbox's state is read (0: each check)
 
-    def __init__(self, settings: Settings, directories: UserDirectories, deployment: AgentDeployment) -> None:
+    def __init__(self, settings: SandboxSettings, directories: UserDirectories, deployment: AgentDeployment) -> None:
         self.settings = settings
         self.layout = settings.layout
         self.directories = directories
         self.deployment = deployment
-        self.ready_timeout_s = settings.sandbox_ready_timeout_s
-        self.answer_limits = answer_limits(settings)
+        self.ready_timeout_s = settings.ready_timeout_s
+        self.answer_limits = answer_limits(settings.agent)
         self.instance = instance_id(self.layout.root)  # names and labels this data dir's sandboxes
         # ORCH_SANDBOX_CPUS / _MEMORY_MB / _PIDS: each sandbox's, unless an admin set a user's own.
-        self.limits = Limits(settings.sandbox_cpus, settings.sandbox_memory_mb, settings.sandbox_pids)
+        self.limits = Limits(settings.cpus, settings.memory_mb, settings.pids)
 
     def launch_options(self) -> dict[str, Any]:
         """`prepare_agent_launch`'s platform arguments (listen port, kernel, egress)."""
@@ -129,12 +129,12 @@ class SandboxDriver:
 
     def image(self, user: SandboxUser) -> str:
         """The image (reference) the user's sandbox runs: its template's, else ORCH_SANDBOX_IMAGE."""
-        return image_of(user, self.settings.sandbox_image)
+        return image_of(user, self.settings.image)
 
     def ca_bundle(self) -> Path | None:
         """The host's CA bundle for pip and npm behind the egress proxy (docs/egress.md), when
         egress is on and the bundle exists."""
-        bundle = self.settings.sandbox_ca_bundle
+        bundle = self.settings.ca_bundle
         return bundle if self.settings.egress != "off" and bundle.is_file() else None
 
     # --- facts ---

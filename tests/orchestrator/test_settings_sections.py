@@ -12,7 +12,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from orchestrator.settings import SECTIONS, PreviewSettings, Section, Settings
+from orchestrator.settings import SECTIONS, PreviewSettings, SandboxSettings, Section, Settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -113,3 +113,17 @@ def test_each_section_reads_only_what_settings_has(section: type[Section]) -> No
         assert source.endswith(name) or (name, source) in RENAMED, f"{section.__name__}.{name} reads {source}"
     built = section.of(settings)
     assert built.model_dump().keys() == section.model_fields.keys()
+
+
+def test_a_nested_section_is_built_by_its_own_of_and_checked_as_a_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCH_K8S_NAMESPACE", "sandboxes-two")
+    monkeypatch.setenv("ORCH_GREP_TIMEOUT_S", "3")
+    settings = Settings(_env_file=None, data_dir=Path("/srv/orchestrator-data"))  # type: ignore[call-arg]
+    nested = [(section, name, inner) for section in SECTIONS for name, inner in section.nested().items()]
+    assert nested, "no section nests another"
+    for section, name, inner in nested:
+        assert inner in SECTIONS, f"{inner.__name__} (in {section.__name__}.{name}) is not among SECTIONS: nothing checks it"
+        assert name not in section.sources()
+        assert getattr(section.of(settings), name) == inner.of(settings)
+    sandboxes = SandboxSettings.of(settings)
+    assert (sandboxes.kubernetes.namespace, sandboxes.agent.grep_timeout_s) == ("sandboxes-two", 3.0)

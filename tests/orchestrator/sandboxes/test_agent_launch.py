@@ -14,6 +14,7 @@ from mounts.layout import DataLayout
 from mounts.plan import plan_mounts
 from orchestrator.sandboxes.agent_launch import prepare_agent_launch, read_agent_token
 from orchestrator.sandboxes.base import SandboxUser
+from orchestrator.settings import SandboxSettings
 from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.wire import valid_token
 from tests.conftest import make_settings
@@ -28,7 +29,7 @@ def directories(traversable_tmp: Path) -> UserDirectories:
 
 
 def launch(directories: UserDirectories) -> str:
-    settings = make_settings(directories.layout.root)
+    settings = SandboxSettings.of(make_settings(directories.layout.root))
     user = SandboxUser(USER, plan_mounts(directories.layout, USER))
     return prepare_agent_launch(settings, directories, user, in_sandbox=True, parent_pid=None).token
 

@@ -25,6 +25,7 @@ from kubernetes.stream import stream
 from orchestrator.errors import ToolError
 from orchestrator.sandboxes.kubernetes_api import kube_configuration
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import KubernetesSettings
 from sandbox_agent.client import REUSE_IDLE_S
 from sandbox_agent.errors import ToolFailure
 from tests.orchestrator.sandboxes.call_wording import died_mid_call
@@ -81,7 +82,7 @@ def kill_agent(service: OrchestratorService, agent: int | str) -> None:
         "for p in filter(str.isdigit, os.listdir('/proc')):\n"
         "    if b'-m\\0sandbox_agent\\0' in open(f'/proc/{p}/cmdline', 'rb').read(): os.kill(int(p), 9)"
     )
-    with client.ApiClient(kube_configuration(service.settings)) as api:
+    with client.ApiClient(kube_configuration(KubernetesSettings.of(service.settings))) as api:
         session = stream(
             client.CoreV1Api(api).connect_get_namespaced_pod_exec, pod, namespace, container="sandbox",
             command=["python3", "-c", program], stderr=True, stdin=False, stdout=True, tty=False,
@@ -101,7 +102,7 @@ def make_unreachable(service: OrchestratorService, cwd: str) -> None:
         assert call(service, "blocking", "shell", {"command": f"rm {socket}"}, cwd)["exit_code"] == 0
         return
     namespace, pod = pod_of(service)
-    with client.ApiClient(kube_configuration(service.settings)) as api:
+    with client.ApiClient(kube_configuration(KubernetesSettings.of(service.settings))) as api:
         core = client.CoreV1Api(api)
         core.delete_namespaced_pod(pod, namespace)
         wait_for(lambda: ended(core, namespace, pod), "the deleted pod's agent did not end", 30)

@@ -25,6 +25,7 @@ from orchestrator.sandboxes.lifecycle_decision import Observed
 from orchestrator.sandboxes.lifecycle_engine import LifecycleEngine
 from orchestrator.sandboxes.sandbox_driver import Found, Inspection, Progress, Wanted
 from orchestrator.sandboxes.slots import AgentSlot
+from orchestrator.settings import SandboxSettings
 from orchestrator.users.dirs import UserDirectories
 from sandbox_agent.errors import AgentUnavailable
 from sandbox_agent.wire import Health
@@ -244,7 +245,7 @@ class World:
 def make_world(traversable_tmp: Path, **driver_options: bool) -> World:
     layout = DataLayout(traversable_tmp / "data")
     directories = UserDirectories(layout, 100000)
-    settings = make_settings(layout.root, pause_after_s=60.0, idle_timeout_s=600.0)
+    settings = SandboxSettings.of(make_settings(layout.root, pause_after_s=60.0, idle_timeout_s=600.0))
     driver = FakeDriver(layout, **driver_options)
     deployment = FakeDeployment()
     engine: LifecycleEngine = LifecycleEngine(

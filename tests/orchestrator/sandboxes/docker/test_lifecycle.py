@@ -27,6 +27,7 @@ from orchestrator.errors import ToolError
 from orchestrator.sandboxes.image.compat import expected_agent_lock
 from orchestrator.sandboxes.image.recipe import LABEL_AGENT_LOCK, LABEL_ROLE, ROLE_SANDBOX
 from orchestrator.service import OrchestratorService
+from orchestrator.settings import SandboxSettings
 from sandbox_agent.build import PACKAGE_DIR, compute_build_id
 from tests.orchestrator.sandboxes.docker.conftest import docker_settings, remove_containers
 from tests.sandbox_image import derived_image, ensure_sandbox_image
@@ -262,7 +263,7 @@ def test_a_new_agent_build_restarts_the_agent_in_the_same_container_when_idle(
 
     def backend_with(deployment: AgentDeployment) -> DockerBackend:
         return DockerBackend(
-            docker_service.settings, docker_service.directories, deployment, known_user=lambda _: True
+            SandboxSettings.of(docker_service.settings), docker_service.directories, deployment, known_user=lambda _: True
         )
 
     user = sandbox_user(docker_service)
