@@ -4,7 +4,7 @@ A route names the parts it uses as dependencies (`sessions: SessionService = Dep
 `create_app` builds `ApiParts` once from the service, and each `*_of` function below hands a route
 one field of it. So what the HTTP layer (and the console) can reach is this one list, each part
 typed, and a route's signature says which parts of the orchestrator it touches. The settings a
-route reads arrive as their section (`CallSettings`, `ApiSettings`, ...), built once here too.
+route reads arrive as their section (`ApiSettings`, `CredentialSettings`), built once here too.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from orchestrator.sessions.projects import ProjectRepository
     from orchestrator.sessions.records import SessionRepository
     from orchestrator.sessions.service import SessionService
-    from orchestrator.settings import ApiSettings, CallSettings, CredentialSettings, Settings
+    from orchestrator.settings import ApiSettings, CredentialSettings, Settings
     from orchestrator.skills.admin import SkillAdmin
     from orchestrator.system_status import SystemStatus
     from orchestrator.templates.service import TemplateService
@@ -73,6 +73,19 @@ class Records:
 
     def groups(self) -> list[GroupSummary]:
         return list_groups(self._store)
+
+
+class ConsoleLogins:
+    """The admin console's one write of its own: the audit row of each login (the console's
+    other changes are the services' calls, which write their own rows). A route gets this,
+    never the store."""
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
+
+    def record(self, *, actor: str) -> None:
+        with self._store.write() as tx:
+            audit.record(tx, actor=actor, action="console.login")
 
 
 @dataclass(frozen=True)
@@ -110,13 +123,12 @@ class ApiParts:
     previews: PreviewService | None
     records: Records
     api: ApiSettings
-    calls: CallSettings
     credential_settings: CredentialSettings
     console_logins: ConsoleLogins
 
     @classmethod
     def of(cls, service: OrchestratorService) -> ApiParts:
-        from orchestrator.settings import ApiSettings, CallSettings, CredentialSettings
+        from orchestrator.settings import ApiSettings, CredentialSettings
 
         settings: Settings = service.settings
         return cls(
@@ -150,7 +162,6 @@ class ApiParts:
             previews=service.previews,
             records=Records(service.store, service.layout),
             api=ApiSettings.of(settings),
-            calls=CallSettings.of(settings),
             credential_settings=CredentialSettings.of(settings),
             console_logins=ConsoleLogins(service.store),
         )
@@ -231,10 +242,6 @@ async def host_copies_of(request: Request) -> HostCopies:
     return parts_of(request).host_copies
 
 
-async def descriptors_of(request: Request) -> DescriptorBudget:
-    return parts_of(request).descriptors
-
-
 async def deliveries_of(request: Request) -> DeliveryStore:
     return parts_of(request).deliveries
 
@@ -253,10 +260,6 @@ async def skill_admin_of(request: Request) -> SkillAdmin:
 
 async def tools_of(request: Request) -> ToolRegistry:
     return parts_of(request).tools
-
-
-async def dispatcher_of(request: Request) -> ToolDispatcher:
-    return parts_of(request).dispatcher
 
 
 async def collaboration_of(request: Request) -> CollaborationService:
@@ -279,10 +282,6 @@ async def records_of(request: Request) -> Records:
     return parts_of(request).records
 
 
-async def call_settings_of(request: Request) -> CallSettings:
-    return parts_of(request).calls
-
-
 async def credential_settings_of(request: Request) -> CredentialSettings:
     return parts_of(request).credential_settings
 
@@ -291,11 +290,12 @@ async def api_settings_of(request: Request) -> ApiSettings:
     return parts_of(request).api
 
 
-# --- routesb ---
+async def console_logins_of(request: Request) -> ConsoleLogins:
+    return parts_of(request).console_logins
+
+
 # Typed views for a route that uses several parts together (whose run it is; a tool call's
-# answer): their getters hand out `ApiParts` seen through the view, no new object. The service
-# fits them too, for the modules that still pass it (routes_files.py, routes_mcp.py, the tool
-# call's fast path) until they take parts.
+# answer): their getters hand out `ApiParts` seen through the view, no new object.
 
 
 class RunReach(Protocol):
@@ -326,23 +326,3 @@ async def run_reach_of(request: Request) -> RunReach:
 
 async def tool_call_parts_of(request: Request) -> ToolCallParts:
     return parts_of(request)
-
-
-# --- consoleparts ---
-
-
-class ConsoleLogins:
-    """The admin console's one write of its own: the audit row of each login (the console's
-    other changes are the services' calls, which write their own rows). A route gets this,
-    never the store."""
-
-    def __init__(self, store: StateStore) -> None:
-        self._store = store
-
-    def record(self, *, actor: str) -> None:
-        with self._store.write() as tx:
-            audit.record(tx, actor=actor, action="console.login")
-
-
-async def console_logins_of(request: Request) -> ConsoleLogins:
-    return parts_of(request).console_logins
