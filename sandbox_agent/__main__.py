@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
         serve(load_config(args.config))
         code = 0
     except SystemExit as stop:  # SIGTERM, after uvicorn's graceful shutdown (server.py)
-        code = stop.code if isinstance(stop.code, int) else 0
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:  # a refusal to start (a bad token file, a directory at the socket path): say why
+            print(stop.code, file=sys.stderr)
+            code = 1
     # serve() has cleaned up (its processes, kernels, socket): exit without the interpreter's
     # teardown of every module and object, a good part of each sandbox's stop.
     logging.shutdown()

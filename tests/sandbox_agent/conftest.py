@@ -83,7 +83,10 @@ class LiveAgent:
     config: AgentConfig
 
 
-def start_agent(tree: Tree, *, resolver: str = "auto", listen_port: int | None = None, **limits: object) -> LiveAgent:
+def write_agent_config(
+    tree: Tree, *, resolver: str = "auto", listen_port: int | None = None, **limits: object
+) -> tuple[AgentConfig, Path]:
+    """An agent's token file and config for user 17 of `tree`: the config and its file."""
     sockets = tree.p("sockets/17")
     sockets.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
@@ -106,6 +109,12 @@ def start_agent(tree: Tree, *, resolver: str = "auto", listen_port: int | None =
     )
     config_file = sockets / "agent.json"
     config_file.write_text(config.model_dump_json())
+    return config, config_file
+
+
+def start_agent(tree: Tree, *, resolver: str = "auto", listen_port: int | None = None, **limits: object) -> LiveAgent:
+    config, config_file = write_agent_config(tree, resolver=resolver, listen_port=listen_port, **limits)
+    token = Path(config.token_file).read_text()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandbox_agent", "--config", str(config_file)],
         stdin=subprocess.DEVNULL,

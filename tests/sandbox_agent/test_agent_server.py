@@ -17,7 +17,7 @@ import pytest
 from sandbox_agent.build import own_build_id
 from sandbox_agent.client import AgentClient
 from sandbox_agent.errors import AgentToolError, AgentUnavailable
-from tests.sandbox_agent.conftest import LiveAgent, build_tree, start_agent, stop_agent
+from tests.sandbox_agent.conftest import LiveAgent, build_tree, start_agent, stop_agent, write_agent_config
 
 
 @pytest.fixture(params=["openat2", "walk"])
@@ -172,3 +172,23 @@ def test_the_agent_accepts_only_a_token_of_the_form_the_host_writes(tmp_path: Pa
     token_file.unlink()
     token_file.write_text("A-_z" + "0" * 39 + "\n")
     assert load_token(str(token_file)) == "A-_z" + "0" * 39
+
+
+@pytest.mark.parametrize("planted", ["socket_dir", "empty_token"])
+def test_an_agent_that_cannot_start_says_why_and_exits_with_a_failure(tmp_path: Path, planted: str) -> None:
+    # Its stop on SIGTERM exits at once (os._exit, an int code); a refusal to start is a message
+    # and must stay a failure with its reason: exit 0 would read as a clean stop to the backends.
+    config, config_file = write_agent_config(build_tree(tmp_path))
+    if planted == "socket_dir":
+        os.mkdir(config.socket_path)
+        reason = "is a directory"
+    else:
+        Path(config.token_file).write_text("")
+        reason = "holds no usable token"
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox_agent", "--config", str(config_file)],
+        stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )  # fmt: skip
+    assert done.returncode == 1, done
+    assert reason in done.stderr.decode(), done.stderr
