@@ -229,10 +229,11 @@ class OrchestratorService:
                 peer_container=docker_backend.peer_container if isinstance(docker_backend, DockerBackend) else lambda _: None,
                 credentials=injection,
             )  # fmt: skip
+        call_settings = CallSettings.of(settings)  # the router's and a repeat's wait
         self.sandboxes = SandboxRouter(
-            CallSettings.of(settings),
+            call_settings,
             self.layout, self.users, self.group_gids, backends, self.backend_choice.default,
-            process_sandbox=settings.process_sandbox, ledger=self.call_ledger,
+            process_sandbox=sandbox_settings.process_sandbox, ledger=self.call_ledger,
             # over quota (scan), over a share of a shared place
             call_guards=[self.disk_quotas.refuse_write] if quotas_on else [],
             call_hooks=[self.egress.before_call] if self.egress is not None else [],
@@ -334,7 +335,7 @@ class OrchestratorService:
                 max_result_bytes=settings.tool_call_result_max_bytes,
                 copies=self.host_copies,
             ),
-            repeat_wait_s=partial(repeat_wait_s, CallSettings.of(settings)),
+            repeat_wait_s=partial(repeat_wait_s, call_settings),
             transfers=host_tools.transfers,  # a large read_bytes takes a slot like send_file
         )
         with self.store.read() as tx:  # the counters start from what is on disk: one query each
