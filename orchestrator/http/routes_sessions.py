@@ -289,7 +289,8 @@ async def answer_tool_call(
 ) -> Response:  # fmt: skip
     """A tool call's answer, once its request is known to be well formed (this route and the
     fast path of orchestrator/http/tool_call_fast_path.py both end here). `person`: the
-    `X-Acting-User`, checked against the run where the dispatcher reads it, once."""
+    `X-Acting-User`, checked against the run where the dispatcher reads it (a streamed call's
+    route also checks it first, before the stream's descriptors are held)."""
     # The hot path (docs/performance.md): the dispatcher awaits the sandbox on the loop and does its
     # blocking work in threads of its own, never in the default pool; its outcome is plain
     # JSON already, so it skips FastAPI's response validation.
